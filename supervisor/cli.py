@@ -1,0 +1,185 @@
+"""The `herder` command line.
+
+`herder run` resolves and validates the configuration here, in the click process,
+then replaces itself (exec) with the watchdog: the pid a service manager started
+stays the watchdog's, which is what systemd's Type=notify and KillMode=mixed need.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from supervisor import __version__
+from supervisor.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError, parse_worker_command
+from watchdog.provenance import exit_if_shadowed
+
+
+def default_state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/run/herder"
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return os.path.join(base, f"herder-{os.getuid()}")
+
+
+def prepare_state_dir(path: str) -> str:
+    """The state dir holds the control socket and logs: 0700, ours, not a symlink."""
+    p = Path(path).absolute()
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = p.lstat()
+    if p.is_symlink() or st.st_uid != os.geteuid():
+        raise ConfigError("state_dir", f"{p} must be a directory owned by uid {os.geteuid()}, not a symlink")
+    if st.st_mode & 0o077:
+        os.chmod(p, 0o700)
+    return str(p)
+
+
+def _option(name: str, *dest: str, **kw):
+    """A `herder run` flag that can also come from HERDER_<NAME> in the environment."""
+    env = "HERDER_" + name.lstrip("-").replace("-", "_").upper()
+    return click.option(name, *dest, envvar=env, show_envvar=True, **kw)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="herder")
+def cli() -> None:
+    """herder: keeps a fleet of RQ workers alive, right-sized and honest."""
+
+
+@cli.command()
+@_option("--redis-url", help="Redis URL, e.g. redis://:password@host:6379/0.")
+@_option("--queue", "queues", multiple=True, help="Queue to work on (repeatable), in priority order.")
+@_option("--workers", type=int, default=2, show_default=True, help="Number of workers.")
+@_option(
+    "--job-timeout",
+    type=float,
+    default=180.0,
+    show_default=True,
+    help="Seconds a job may run when it does not set its own timeout.",
+)
+@_option(
+    "--job-timeout-grace",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds past its timeout before herder kills a job's worker.",
+)
+@_option(
+    "--heartbeat-interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between a worker's heartbeat lines.",
+)
+@_option(
+    "--heartbeat-timeout",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds of worker silence before it is killed as unresponsive.",
+)
+@_option(
+    "--start-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds a new worker has to say `ready`.",
+)
+@_option(
+    "--stop-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds a stopping worker has to finish its job before it is killed.",
+)
+@_option(
+    "--kill-timeout", type=float, default=5.0, show_default=True, help="Seconds from SIGTERM to SIGKILL."
+)
+@_option(
+    "--max-requeues",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Times a job whose worker died is requeued before it is failed.",
+)
+@_option(
+    "--min-uptime",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="A worker exiting sooner than this after spawning died young: its slot backs off.",
+)
+@_option(
+    "--master-heartbeat-timeout",
+    type=float,
+    default=15.0,
+    show_default=True,
+    help="Seconds of master silence before the watchdog restarts it.",
+)
+@_option(
+    "--max-restarts",
+    type=int,
+    default=5,
+    show_default=True,
+    help="Master restarts allowed within --restart-window before the watchdog gives up.",
+)
+@_option("--restart-window", type=float, default=60.0, show_default=True, help="Seconds.")
+@_option("--path", "paths", multiple=True, help="Directory to import job modules from (repeatable).")
+@_option("--worker-command", help="Run this program as the worker instead (it must speak docs/protocol.md).")
+@_option(
+    "--state-dir",
+    help="Directory for herder's state (0700).  [default: /run/herder as root, "
+    "else $XDG_RUNTIME_DIR/herder-UID]",
+)
+@_option("--log-level", default="INFO", show_default=True)
+@click.pass_context
+def run(ctx: click.Context, **opts) -> None:
+    """Run herder in the foreground (what a service unit's ExecStart calls)."""
+    exit_if_shadowed()
+    sources = {
+        key: "command line" if src == ParameterSource.COMMANDLINE else "environment"
+        for key in opts
+        if (src := ctx.get_parameter_source(key))
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
+    try:
+        cfg = build_config(opts)
+        cfg.validate(sources)
+        if cfg.redis_url is None:
+            raise ConfigError("redis_url", "not set: pass --redis-url or set HERDER_REDIS_URL")
+        cfg.state_dir = prepare_state_dir(cfg.state_dir)
+    except ConfigError as exc:
+        if exc.source == "command line" and exc.key == "workers":
+            raise click.BadParameter(str(exc), param_hint="--workers") from None
+        click.echo(f"herder: {exc}", err=True)
+        sys.exit(EX_CONFIG)
+    env = dict(os.environ)
+    env[ENV_RESOLVED] = cfg.to_env()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "watchdog"], env)
+
+
+def build_config(opts: dict) -> Config:
+    cfg = Config()
+    for key, value in opts.items():
+        if value is None or value == ():
+            continue
+        if key == "worker_command":
+            value = parse_worker_command(value)
+        elif key in ("queues", "paths"):
+            value = [item for v in value for item in v.split(",") if item] if key == "queues" else list(value)
+        setattr(cfg, key, value)
+    cfg.state_dir = cfg.state_dir or default_state_dir()
+    return cfg
+
+
+def main() -> None:
+    cli(prog_name="herder")
+
+
+if __name__ == "__main__":
+    main()

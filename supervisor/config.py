@@ -1,0 +1,130 @@
+"""herder's settings: one dataclass, validated in one place.
+
+The CLI resolves flags and environment into a Config, validates it (a bad value exits
+78, EX_CONFIG, naming the key and where it came from), then hands it to the watchdog
+and master as JSON in the environment: never on argv, where a Redis password would be
+visible in the process list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import asdict, dataclass, field, fields
+from urllib.parse import urlsplit, urlunsplit
+
+EX_CONFIG = 78
+ENV_RESOLVED = "HERDER_RESOLVED_CONFIG"
+
+
+class ConfigError(Exception):
+    def __init__(self, key: str, message: str, source: str = "default") -> None:
+        super().__init__(f"config key {key!r} (from {source}): {message}")
+        self.key = key
+        self.source = source
+
+
+@dataclass
+class Config:
+    redis_url: str | None = None
+    queues: list[str] = field(default_factory=lambda: ["default"])
+    workers: int = 2
+    # Deadline for a job whose busy line carries no timeout (RQ's own default is 180 s).
+    job_timeout: float = 180.0
+    # How long past its timeout a job may run before herder kills it. RQ's in-process
+    # alarm fires at the timeout; this is the backstop for code that alarm cannot stop.
+    job_timeout_grace: float = 10.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    start_timeout: float = 30.0
+    stop_timeout: float = 30.0
+    kill_timeout: float = 5.0
+    max_requeues: int = 3
+    # A worker that exits sooner than this after its spawn "died young": its slot backs off.
+    min_uptime: float = 1.0
+    backoff_initial: float = 0.1
+    backoff_max: float = 30.0
+    paths: list[str] = field(default_factory=list)
+    worker_command: list[str] | None = None
+    state_dir: str = ""
+    log_level: str = "INFO"
+    # Watchdog: master silence deadline and restart intensity.
+    master_heartbeat_timeout: float = 15.0
+    max_restarts: int = 5
+    restart_window: float = 60.0
+
+    def validate(self, sources: dict[str, str] | None = None) -> None:
+        src = sources or {}
+
+        def bad(key: str, message: str) -> ConfigError:
+            return ConfigError(key, message, src.get(key, "default"))
+
+        if self.workers < 1:
+            raise bad("workers", f"must be at least 1, got {self.workers}")
+        if not self.queues or any(not q or not q.isprintable() or " " in q for q in self.queues):
+            raise bad("queues", "needs one or more queue names without spaces")
+        positive = [
+            "job_timeout",
+            "heartbeat_interval",
+            "heartbeat_timeout",
+            "start_timeout",
+            "kill_timeout",
+            "backoff_initial",
+            "backoff_max",
+            "master_heartbeat_timeout",
+            "restart_window",
+        ]
+        for key in positive:
+            if not getattr(self, key) > 0:
+                raise bad(key, f"must be greater than 0, got {getattr(self, key)}")
+        for key in ("job_timeout_grace", "stop_timeout", "min_uptime"):
+            if getattr(self, key) < 0:
+                raise bad(key, f"must not be negative, got {getattr(self, key)}")
+        if self.heartbeat_timeout <= self.heartbeat_interval:
+            raise bad("heartbeat_timeout", "must be longer than heartbeat_interval")
+        if self.max_requeues < 0:
+            raise bad("max_requeues", "must not be negative")
+        if self.max_restarts < 1:
+            raise bad("max_restarts", "must be at least 1")
+        if self.redis_url is not None:
+            scheme = urlsplit(self.redis_url).scheme
+            if scheme not in ("redis", "rediss", "unix"):
+                raise bad("redis_url", f"scheme must be redis://, rediss:// or unix://, got {scheme!r}")
+        if self.worker_command is not None and not self.worker_command:
+            raise bad("worker_command", "is empty")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise bad("log_level", f"must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+
+    # ---- hand-over between processes ---------------------------------------------
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> Config:
+        raw = (environ or os.environ).get(ENV_RESOLVED)
+        if not raw:
+            raise ConfigError(ENV_RESOLVED, "not set: start herder with `herder run`", "environment")
+        data = json.loads(raw)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def parse_worker_command(text: str) -> list[str]:
+    """Split a --worker-command the way a shell would, without running a shell."""
+    return shlex.split(text)
+
+
+def redact_url(url: str | None) -> str:
+    """A Redis URL fit for logs: any password becomes ***."""
+    if not url:
+        return "(none)"
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))

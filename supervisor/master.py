@@ -1,0 +1,545 @@
+"""The master: one reconcile loop that spawns, watches, stops and replaces workers.
+
+Shaped like gunicorn's arbiter: wait for an event (a wake-up byte from a reader thread,
+a signal, or the tick), then reap the dead, then murder the unresponsive, then manage
+the fleet towards its target. Signal handlers only record the signal; the loop acts.
+Only this loop changes a worker's state, and every change is logged with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+from redis import Redis
+
+from supervisor.config import ENV_RESOLVED, Config, redact_url
+from supervisor.requeue import forget_worker, requeue_or_fail
+from supervisor.states import WorkerState
+from supervisor.uplink import Uplink
+from supervisor.workerproc import Observations, WorkerProcess
+
+log = logging.getLogger("herder")
+
+TICK = 0.25  # the loop looks at deadlines at least this often
+COUNTER_REPORT_INTERVAL = 5.0
+EOF_GRACE = 1.0  # seconds a worker may live on after closing its stdout
+
+
+@dataclass
+class Slot:
+    """A place in the fleet. It outlives the workers that fill it, and remembers how
+    they died, so a slot whose workers keep dying young backs off."""
+
+    index: int
+    young_deaths: int = 0
+    next_spawn_at: float = 0.0
+
+
+@dataclass
+class Totals:
+    spawned: int = 0
+    exited: int = 0
+    killed: int = 0
+    requeued: int = 0
+    failed: int = 0
+    malformed: int = 0
+    oversized: int = 0
+    throttled: int = 0
+    jobs_ok: int = 0
+    jobs_failed: int = 0
+
+
+@dataclass
+class Reported:
+    """Counter values already logged for one worker, so logs say what is new."""
+
+    malformed: int = 0
+    oversized: int = 0
+    throttled: int = 0
+    at: float = 0.0
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class Master:
+    cfg: Config
+    uplink: Uplink | None = None
+    target: int = 0
+    workers: dict[int, WorkerProcess] = field(default_factory=dict)
+    slots: dict[int, Slot] = field(default_factory=dict)
+    totals: Totals = field(default_factory=Totals)
+    stopping: bool = False
+    pending_requeues: list[tuple[str, str]] = field(default_factory=list)
+    _signals: list[int] = field(default_factory=list)
+    _reported: dict[int, Reported] = field(default_factory=dict)
+    _ready_sent: bool = False
+    _last_alive: float = 0.0
+    _next_requeue_try: float = 0.0
+    _sigint_count: int = 0
+
+    def __post_init__(self) -> None:
+        self.target = self.target or self.cfg.workers
+        self.redis = (
+            Redis.from_url(self.cfg.redis_url, socket_timeout=5, socket_connect_timeout=3)
+            if self.cfg.redis_url
+            else None
+        )
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.hostname = socket.gethostname()
+
+    # ---- events ----------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Called by reader threads: something worth a look happened."""
+        try:
+            os.write(self._wake_w, b".")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is awake anyway
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)  # set_wakeup_fd wakes the loop
+
+    def install_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        signal.set_wakeup_fd(self._wake_w)
+
+    def wait(self, timeout: float) -> None:
+        try:
+            readable, _, _ = select.select([self._wake_r], [], [], timeout)
+        except InterruptedError:
+            return
+        if readable:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def handle_signals(self) -> None:
+        while self._signals:
+            sig = self._signals.pop(0)
+            if sig == signal.SIGCHLD:
+                continue  # reap() looks at every worker each pass
+            if sig == signal.SIGHUP:
+                log.warning("SIGHUP: config reload is not supported yet; ignored")
+            elif sig == signal.SIGQUIT:
+                self.begin_stop(hurry=True, why="SIGQUIT")
+            elif sig == signal.SIGINT:
+                self._sigint_count += 1
+                self.begin_stop(
+                    hurry=self._sigint_count > 1, why="second SIGINT" if self._sigint_count > 1 else "SIGINT"
+                )
+            elif sig == signal.SIGTERM:
+                self.begin_stop(hurry=False, why="SIGTERM")
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.install_signals()
+        log.info(
+            "master %d starting: %d workers on queues %s, redis %s",
+            os.getpid(),
+            self.target,
+            ",".join(self.cfg.queues),
+            redact_url(self.cfg.redis_url),
+        )
+        for i in range(self.target):
+            self.slots[i] = Slot(i)
+        while True:
+            self.handle_signals()
+            self.reap()
+            self.retry_requeues()
+            self.murder()
+            self.manage()
+            self.report_counters()
+            self.heartbeat()
+            if self.stopping and not self.workers:
+                break
+            self.wait(TICK)
+        if self.pending_requeues:
+            self.retry_requeues(force=True)
+        t = self.totals
+        log.info(
+            "master %d stopped: spawned %d, exited %d, killed %d, jobs ok %d failed %d, requeued %d, "
+            "failed by herder %d, malformed lines %d, oversized lines %d, "
+            "jobs not requeued for want of Redis %d",
+            os.getpid(),
+            t.spawned,
+            t.exited,
+            t.killed,
+            t.jobs_ok,
+            t.jobs_failed,
+            t.requeued,
+            t.failed,
+            t.malformed,
+            t.oversized,
+            len(self.pending_requeues),
+        )
+        return 0
+
+    def heartbeat(self) -> None:
+        if not self.uplink:
+            return
+        now = time.monotonic()
+        if now - self._last_alive >= self.cfg.heartbeat_interval:
+            self._last_alive = now
+            self.uplink.alive()
+        if (
+            not self._ready_sent
+            and self.workers
+            and all(w.state not in (WorkerState.STARTING,) for w in self.workers.values())
+            and len(self.workers) == self.target
+        ):
+            self._ready_sent = True
+            self.uplink.ready()
+            log.info("all %d workers ready", self.target)
+        if not self.stopping and self.uplink.watchdog_gone():
+            log.warning("the watchdog is gone (parent changed or its pipe closed): stopping")
+            self.begin_stop(hurry=False, why="watchdog gone")
+
+    # ---- state --------------------------------------------------------------------------
+
+    def set_state(self, w: WorkerProcess, state: WorkerState, reason: str) -> None:
+        if w.state == state:
+            return
+        level = logging.DEBUG if {w.state, state} <= {WorkerState.IDLE, WorkerState.BUSY} else logging.INFO
+        log.log(level, "slot %d pid %d: %s -> %s (%s)", w.slot, w.pid, w.state, state, reason)
+        w.state = state
+
+    def observe(self, w: WorkerProcess, obs: Observations) -> None:
+        """Derive the state from what the worker said, unless the master's own action rules."""
+        if w.state in (WorkerState.KILLING, WorkerState.STOPPING):
+            return
+        if not obs.ready:
+            return
+        if obs.job_id is not None:
+            self.set_state(w, WorkerState.BUSY, f"job {obs.job_id}")
+        else:
+            self.set_state(w, WorkerState.IDLE, "ready" if w.state == WorkerState.STARTING else "job done")
+
+    # ---- reap: the dead ------------------------------------------------------------------
+
+    def reap(self) -> None:
+        for slot_index, w in list(self.workers.items()):
+            if not w.has_exited():
+                continue
+            code = w.reap()
+            obs = w.snapshot()
+            del self.workers[slot_index]
+            self.totals.exited += 1
+            self.totals.jobs_ok += obs.jobs_ok
+            self.totals.jobs_failed += obs.jobs_failed
+            lived = time.monotonic() - w.spawned_at
+            how = describe_exit(code)
+            graceful = w.stop_sent_at is not None and code == 0 and not w.kill_reason
+            cause = f"killed by herder: {w.kill_reason}" if w.kill_reason else f"worker died ({how})"
+            if graceful:
+                log.info(
+                    "slot %d pid %d: stopped (%s) after %.1f s, %d jobs ok, %d failed",
+                    w.slot,
+                    w.pid,
+                    how,
+                    lived,
+                    obs.jobs_ok,
+                    obs.jobs_failed,
+                )
+            else:
+                log.warning(
+                    "slot %d pid %d: %s -> exited (%s, %s) after %.1f s",
+                    w.slot,
+                    w.pid,
+                    w.state,
+                    how,
+                    w.kill_reason or "unexpected",
+                    lived,
+                )
+                self._forget_rq_worker(w)
+            self.report_counters_for(w, obs, final=True)
+            w.state = WorkerState.EXITED
+            if obs.job_id is not None:
+                self.requeue(obs.job_id, f"{cause} while running the job")
+            self._after_exit(w, graceful, lived)
+
+    def _after_exit(self, w: WorkerProcess, graceful: bool, lived: float) -> None:
+        slot = self.slots.get(w.slot)
+        if slot is None or self.stopping:
+            return
+        now = time.monotonic()
+        if graceful or lived >= self.cfg.min_uptime:
+            slot.young_deaths = 0
+            slot.next_spawn_at = now
+            return
+        slot.young_deaths += 1
+        delay = min(self.cfg.backoff_max, self.cfg.backoff_initial * 2 ** (slot.young_deaths - 1))
+        slot.next_spawn_at = now + delay
+        log.warning(
+            "slot %d: %s (died %d times in a row within %.1f s of spawning); next spawn in %.2f s",
+            w.slot,
+            WorkerState.BACKOFF,
+            slot.young_deaths,
+            self.cfg.min_uptime,
+            delay,
+        )
+
+    def _forget_rq_worker(self, w: WorkerProcess) -> None:
+        if self.redis is None or self.cfg.worker_command is not None:
+            return
+        try:
+            forget_worker(self.redis, f"herder.{self.hostname}.{w.slot}.{w.pid}")
+        except Exception as exc:  # Redis down: RQ's own TTL cleans it up later
+            log.debug("could not unregister RQ worker of pid %d: %s", w.pid, exc)
+
+    # ---- requeue -------------------------------------------------------------------------
+
+    def requeue(self, job_id: str, reason: str) -> None:
+        if self.redis is None:
+            log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
+            return
+        try:
+            outcome = requeue_or_fail(self.redis, job_id, reason, self.cfg.max_requeues)
+        except Exception as exc:
+            log.error(
+                "job %s: could not requeue yet (%s: %s); will retry", job_id, exc.__class__.__name__, exc
+            )
+            self.pending_requeues.append((job_id, reason))
+            return
+        if outcome.action == "requeued":
+            self.totals.requeued += 1
+            log.warning("job %s: requeued at the front of its queue (%s)", job_id, outcome.detail)
+        elif outcome.action == "failed":
+            self.totals.failed += 1
+            log.error("job %s: moved to the failed job registry: %s", job_id, outcome.detail)
+        else:
+            log.info("job %s: not requeued (%s)", job_id, outcome.detail)
+
+    def retry_requeues(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.pending_requeues or (now < self._next_requeue_try and not force):
+            return
+        self._next_requeue_try = now + 1.0
+        pending, self.pending_requeues = self.pending_requeues, []
+        for job_id, reason in pending:
+            self.requeue(job_id, reason)
+
+    # ---- murder: the unresponsive ----------------------------------------------------------
+
+    def murder(self) -> None:
+        now = time.monotonic()
+        cfg = self.cfg
+        for w in list(self.workers.values()):
+            obs = w.snapshot()
+            self.observe(w, obs)
+            if w.state == WorkerState.KILLING:
+                if not w.sigkilled and now - (w.kill_started_at or now) >= cfg.kill_timeout:
+                    log.warning(
+                        "slot %d pid %d: still alive %.1f s after SIGTERM: SIGKILL",
+                        w.slot,
+                        w.pid,
+                        cfg.kill_timeout,
+                    )
+                    w.signal_group(signal.SIGKILL)
+                    w.sigkilled = True
+                continue
+            reason = self.unresponsive_reason(w, obs, now)
+            if reason:
+                self.kill(w, reason)
+
+    def unresponsive_reason(self, w: WorkerProcess, obs: Observations, now: float) -> str | None:
+        cfg = self.cfg
+        if obs.stdout_eof:
+            # EOF comes a moment before the exit that caused it: allow the process time to go.
+            grace = cfg.kill_timeout if obs.said_stop else EOF_GRACE
+            if now - obs.eof_at > grace:
+                return "closed its stdout" + (" after saying stop" if obs.said_stop else " but kept running")
+            return None
+        stopping_for = now - w.stop_sent_at if w.stop_sent_at is not None else 0.0
+        if w.state == WorkerState.STOPPING and stopping_for > cfg.stop_timeout:
+            busy = f", job {obs.job_id} still running" if obs.job_id else ""
+            return f"still running {cfg.stop_timeout:g} s after `stop`{busy}"
+        if not obs.ready:
+            if now - w.spawned_at > cfg.start_timeout:
+                return f"no `ready` within the start timeout of {cfg.start_timeout:g} s"
+            return None
+        silent = now - obs.last_seen
+        if silent > cfg.heartbeat_timeout:
+            return f"silent for {silent:.1f} s (heartbeat timeout {cfg.heartbeat_timeout:g} s)"
+        if obs.job_id is not None:
+            timeout = obs.job_timeout if obs.job_timeout is not None else cfg.job_timeout
+            elapsed = now - obs.job_started
+            if timeout >= 0 and elapsed > timeout + cfg.job_timeout_grace:
+                return f"busy {elapsed - timeout:.0f} s past its {timeout:g} s timeout"
+        return None
+
+    def kill(self, w: WorkerProcess, reason: str) -> None:
+        self.set_state(w, WorkerState.KILLING, reason)
+        w.kill_reason = reason
+        w.kill_started_at = time.monotonic()
+        self.totals.killed += 1
+        log.warning("slot %d pid %d: SIGTERM to its process group: %s", w.slot, w.pid, reason)
+        w.signal_group(signal.SIGTERM)
+        w.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+
+    # ---- manage: towards the target -------------------------------------------------------
+
+    def manage(self) -> None:
+        if self.stopping:
+            return
+        now = time.monotonic()
+        for slot in self.slots.values():
+            if slot.index in self.workers or slot.index >= self.target:
+                continue
+            if now < slot.next_spawn_at:
+                continue
+            self.spawn(slot)
+
+    def worker_argv(self) -> list[str]:
+        if self.cfg.worker_command:
+            return list(self.cfg.worker_command)
+        argv = [
+            sys.executable,
+            "-P",
+            "-m",
+            "worker",
+            "--heartbeat-interval",
+            f"{self.cfg.heartbeat_interval:g}",
+            "--log-level",
+            self.cfg.log_level.upper(),
+        ]
+        for q in self.cfg.queues:
+            argv += ["--queue", q]
+        for p in self.cfg.paths:
+            argv += ["--path", p]
+        if self.cfg.state_dir:
+            argv += ["--orphan-log", os.path.join(self.cfg.state_dir, "orphaned-workers.log")]
+        return argv
+
+    def worker_env(self, slot: Slot) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != ENV_RESOLVED}
+        env.update(
+            HERDER_SLOT=str(slot.index),
+            HERDER_QUEUES=",".join(self.cfg.queues),
+            HERDER_HEARTBEAT_INTERVAL=f"{self.cfg.heartbeat_interval:g}",
+            HERDER_PROTOCOL_VERSION="1",
+            PYTHONUNBUFFERED="1",
+        )
+        if self.cfg.redis_url:
+            env["HERDER_REDIS_URL"] = self.cfg.redis_url
+        return env
+
+    def spawn(self, slot: Slot) -> None:
+        try:
+            w = WorkerProcess.spawn(slot.index, self.worker_argv(), self.worker_env(slot), self.wake)
+        except OSError as exc:
+            slot.young_deaths += 1
+            delay = min(self.cfg.backoff_max, self.cfg.backoff_initial * 2 ** (slot.young_deaths - 1))
+            slot.next_spawn_at = time.monotonic() + delay
+            log.error("slot %d: cannot spawn worker (%s); next try in %.2f s", slot.index, exc, delay)
+            return
+        self.workers[slot.index] = w
+        self.totals.spawned += 1
+        log.info("slot %d pid %d: spawned -> %s", slot.index, w.pid, w.state)
+
+    # ---- stop -----------------------------------------------------------------------------
+
+    def begin_stop(self, hurry: bool, why: str) -> None:
+        if not self.stopping:
+            self.stopping = True
+            log.info(
+                "%s: stopping %d workers (each finishes its job; stop timeout %g s)",
+                why,
+                len(self.workers),
+                self.cfg.stop_timeout,
+            )
+            if self.uplink:
+                self.uplink.stopping()
+            now = time.monotonic()
+            for w in self.workers.values():
+                if w.state != WorkerState.KILLING:
+                    w.send_stop()
+                    w.stop_sent_at = now
+                    self.set_state(w, WorkerState.STOPPING, why)
+        if hurry:
+            log.warning("%s: stopping now; jobs still running go back on their queues", why)
+            for w in list(self.workers.values()):
+                if w.state != WorkerState.KILLING:
+                    self.kill(w, f"herder is stopping in a hurry ({why})")
+
+    # ---- counters -------------------------------------------------------------------------
+
+    def report_counters(self) -> None:
+        now = time.monotonic()
+        for w in self.workers.values():
+            rep = self._reported.setdefault(w.pid, Reported())
+            if now - rep.at >= COUNTER_REPORT_INTERVAL:
+                self.report_counters_for(w, w.snapshot())
+
+    def report_counters_for(self, w: WorkerProcess, obs: Observations, final: bool = False) -> None:
+        rep = self._reported.setdefault(w.pid, Reported())
+        new_malformed = obs.malformed - rep.malformed
+        new_oversized = obs.oversized - rep.oversized
+        new_throttled = obs.throttled - rep.throttled
+        if new_malformed or new_oversized or new_throttled:
+            log.warning(
+                "slot %d pid %d: %d malformed and %d oversized protocol lines, throttled %d times "
+                "(totals %d, %d, %d; last problem: %s)",
+                w.slot,
+                w.pid,
+                new_malformed,
+                new_oversized,
+                new_throttled,
+                obs.malformed,
+                obs.oversized,
+                obs.throttled,
+                obs.last_error or "-",
+            )
+            self.totals.malformed += new_malformed
+            self.totals.oversized += new_oversized
+            self.totals.throttled += new_throttled
+        rep.malformed, rep.oversized, rep.throttled, rep.at = (
+            obs.malformed,
+            obs.oversized,
+            obs.throttled,
+            time.monotonic(),
+        )
+        if final:
+            self._reported.pop(w.pid, None)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=level.upper(),
+        format="%(asctime)s herder[%(process)d] %(levelname)s %(message)s",
+    )
+
+
+def main() -> int:
+    from watchdog.provenance import exit_if_shadowed
+
+    exit_if_shadowed()
+    cfg = Config.from_env()
+    setup_logging(cfg.log_level)
+    uplink = Uplink()
+    return Master(cfg, uplink=uplink).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""The master's end of the master -> watchdog channel (docs/protocol.md, "uplink").
+
+Like a worker, the master keeps a private duplicate of its stdout for these lines and
+points fd 1 at stderr. Heartbeats are sent from the reconcile loop itself, so a hung
+loop goes silent and the watchdog restarts the master.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+class Uplink:
+    def __init__(self) -> None:
+        self._fd: int | None = os.dup(1)
+        os.dup2(2, 1)
+        self._parent = os.getppid()
+
+    def _send(self, line: str) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, (line[:4000] + "\n").encode())
+        except OSError:
+            self._fd = None  # the watchdog is gone; watchdog_gone() reports it
+
+    def ready(self) -> None:
+        self._send(f"ready {os.getpid()} {time.time():.6f} 1")
+
+    def alive(self) -> None:
+        self._send(f"alive {time.time():.6f}")
+
+    def status(self, text: str) -> None:
+        self._send(f"status {' '.join(text.split())}")
+
+    def stopping(self) -> None:
+        self._send(f"stopping {time.time():.6f}")
+
+    def watchdog_gone(self) -> bool:
+        return self._fd is None or os.getppid() != self._parent

@@ -1,0 +1,253 @@
+"""One worker subprocess and the two reader threads that watch its pipes.
+
+Readers only record what they saw (Go-style: one reader per pipe); the master's loop
+reads a snapshot and decides. Whatever a worker writes, the master's memory stays
+bounded: lines are length-capped, stderr is rate-limited, a stdout flood is slowed by
+back-pressure (the reader pauses, the worker blocks on its full pipe).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from supervisor.protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
+from supervisor.states import WorkerState
+
+log = logging.getLogger("herder")
+
+# A well-behaved worker sends a few lines a second; allow bursts far above that.
+STDOUT_LINES_PER_SECOND = 2000
+STDERR_LINES_PER_SECOND = 200
+CHUNK = 65536
+
+
+@dataclass
+class Observations:
+    """What the stdout reader saw. Written by the reader under `lock`, read by the loop."""
+
+    last_seen: float  # monotonic time of the last valid line
+    ready: bool = False
+    job_id: str | None = None
+    job_started: float = 0.0  # monotonic, on receipt of `busy`
+    job_timeout: float | None = None
+    jobs_ok: int = 0
+    jobs_failed: int = 0
+    last_done_wall: float | None = None  # the worker's completion timestamp
+    said_stop: bool = False
+    stdout_eof: bool = False
+    eof_at: float = 0.0  # monotonic
+    malformed: int = 0
+    oversized: int = 0
+    throttled: int = 0  # times the reader paused a flooding worker
+    stderr_dropped: int = 0
+    last_error: str = ""
+
+
+@dataclass
+class WorkerProcess:
+    slot: int
+    popen: subprocess.Popen[bytes]
+    spawned_at: float
+    obs: Observations
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    state: WorkerState = WorkerState.STARTING
+    stop_sent_at: float | None = None
+    kill_started_at: float | None = None
+    kill_reason: str = ""
+    sigkilled: bool = False
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @classmethod
+    def spawn(
+        cls, slot: int, argv: list[str], env: dict[str, str], wake: Callable[[], None]
+    ) -> WorkerProcess:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+            # Its own process group: herder signals the worker and any children its job
+            # started together, and a Ctrl-C at the terminal reaches only the master,
+            # which drains the workers instead.
+            process_group=0,
+        )
+        assert popen.stdin and popen.stdout and popen.stderr
+        os.set_blocking(popen.stdin.fileno(), False)  # the master never blocks on a worker
+        now = time.monotonic()
+        proc = cls(slot=slot, popen=popen, spawned_at=now, obs=Observations(last_seen=now))
+        proc.readers = [
+            threading.Thread(
+                target=proc._read_stdout, args=(wake,), name=f"out-{slot}-{popen.pid}", daemon=True
+            ),
+            threading.Thread(target=proc._read_stderr, name=f"err-{slot}-{popen.pid}", daemon=True),
+        ]
+        for t in proc.readers:
+            t.start()
+        return proc
+
+    # ---- readers -------------------------------------------------------------------
+
+    def _read_stdout(self, wake: Callable[[], None]) -> None:
+        assert self.popen.stdout
+        fd = self.popen.stdout.fileno()
+        splitter = LineSplitter(MAX_LINE_BYTES)
+        window_start, lines_in_window = time.monotonic(), 0
+        while True:
+            try:
+                chunk = os.read(fd, CHUNK)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            important = False
+            for raw, truncated in splitter.feed(chunk):
+                lines_in_window += 1
+                if truncated:
+                    with self.lock:
+                        self.obs.oversized += 1
+                        self.obs.last_error = f"line longer than {MAX_LINE_BYTES} bytes"
+                    continue
+                important |= self._record(raw)
+            if important:
+                wake()
+            now = time.monotonic()
+            if now - window_start >= 1.0:
+                window_start, lines_in_window = now, 0
+            elif lines_in_window > STDOUT_LINES_PER_SECOND:
+                with self.lock:
+                    self.obs.throttled += 1
+                time.sleep(1.0 - (now - window_start))
+        with self.lock:
+            self.obs.stdout_eof = True
+            self.obs.eof_at = time.monotonic()
+        self.popen.stdout.close()  # the reader owns its pipe: no fd is closed under a read
+        wake()
+
+    def _record(self, raw: bytes) -> bool:
+        """Record one stdout line; True if the master should look now."""
+        now = time.monotonic()
+        try:
+            msg = parse_line(raw)
+        except ProtocolError as exc:
+            with self.lock:
+                self.obs.malformed += 1
+                self.obs.last_error = str(exc)
+            return False
+        with self.lock:
+            o = self.obs
+            o.last_seen = now
+            match msg.verb:
+                case "ready":
+                    o.ready = True
+                    return True
+                case "busy":
+                    o.job_id, o.job_started, o.job_timeout = msg.job_id, now, msg.timeout
+                case "done":
+                    if msg.ok:
+                        o.jobs_ok += 1
+                    else:
+                        o.jobs_failed += 1
+                    o.last_done_wall = msg.ts
+                    if o.job_id == msg.job_id:
+                        o.job_id = None
+                case "stop":
+                    o.said_stop = True
+                    return True
+        return False
+
+    def _read_stderr(self) -> None:
+        assert self.popen.stderr
+        fd = self.popen.stderr.fileno()
+        splitter = LineSplitter(MAX_LINE_BYTES)
+        window_start, logged, dropped = time.monotonic(), 0, 0
+        prefix = f"slot {self.slot} pid {self.pid}"
+        while True:
+            try:
+                chunk = os.read(fd, CHUNK)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            now = time.monotonic()
+            if now - window_start >= 1.0:
+                if dropped:
+                    log.warning(
+                        "%s: dropped %d stderr lines (more than %d/s)",
+                        prefix,
+                        dropped,
+                        STDERR_LINES_PER_SECOND,
+                    )
+                window_start, logged, dropped = now, 0, 0
+            for raw, truncated in splitter.feed(chunk):
+                if logged >= STDERR_LINES_PER_SECOND:
+                    dropped += 1
+                    with self.lock:
+                        self.obs.stderr_dropped += 1
+                    continue
+                logged += 1
+                text = raw.decode("utf-8", "replace").rstrip()
+                log.info("%s: %s%s", prefix, text, " [line truncated]" if truncated else "")
+        tail = splitter.flush()
+        if tail:
+            log.info("%s: %s", prefix, tail.decode("utf-8", "replace").rstrip())
+        self.popen.stderr.close()
+
+    # ---- actions (called by the master loop only) -----------------------------------------
+
+    def snapshot(self) -> Observations:
+        with self.lock:
+            return Observations(**vars(self.obs))
+
+    def send_stop(self) -> None:
+        assert self.popen.stdin
+        try:
+            os.write(self.popen.stdin.fileno(), b"stop\n")
+        except (BlockingIOError, BrokenPipeError, OSError):
+            pass  # a worker that does not read stdin is killed at the stop timeout
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        """Signal the worker's process group, which holds the children its jobs started."""
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def has_exited(self) -> bool:
+        """True once the worker is a zombie, without reaping it.
+
+        Not reaping keeps its pid and process group reserved, so the master can still
+        SIGKILL stragglers in the group before the group id can be reused.
+        """
+        if self.popen.returncode is not None:
+            return True
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
+
+    def reap(self) -> int:
+        """Kill what is left of the process group, reap the worker, close pipes."""
+        self.signal_group(signal.SIGKILL)
+        code = self.popen.wait()
+        # The stdout reader may still hold the worker's last lines (its final `done`).
+        self.readers[0].join(timeout=1.0)
+        try:
+            if self.popen.stdin:
+                self.popen.stdin.close()
+        except OSError:
+            pass
+        return code

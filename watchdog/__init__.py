@@ -1,0 +1,1 @@
+"""herder's watchdog: restarts the master. Standard library only, on purpose."""

@@ -1,0 +1,294 @@
+"""The watchdog: keeps one master alive. Standard library only, and small, on purpose:
+it must be very hard to crash, and if it dies the service manager restarts it.
+
+It watches the master the way the master watches workers: a pipe, a line protocol
+(docs/protocol.md, "uplink"), a deadline. Silence past the deadline means hung; EOF or
+exit means dead. Either way it starts a new master, with exponential backoff, and gives
+up (exit 1, so systemd or launchd takes over) past max_restarts within restart_window.
+
+On Linux it is a child subreaper: when a master dies, its workers (finishing their last
+job) become the watchdog's children, so the watchdog reaps them and, when asked to
+stop, waits for them before it exits (under systemd's KillMode=mixed, exiting early
+would get them SIGKILLed mid-job).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+
+log = logging.getLogger("herder.watchdog")
+
+PR_SET_CHILD_SUBREAPER = 36
+EX_CONFIG = 78
+EX_SOFTWARE = 70
+# Exit codes of a master that a restart cannot fix: give them to the service manager.
+FATAL_MASTER_CODES = {EX_CONFIG, EX_SOFTWARE}
+MAX_LINE = 4096
+TICK = 0.25
+
+
+def become_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class Watchdog:
+    def __init__(
+        self,
+        master_argv: list[str],
+        heartbeat_timeout: float = 15.0,
+        max_restarts: int = 5,
+        restart_window: float = 60.0,
+        stop_grace: float = 60.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 10.0,
+    ) -> None:
+        self.master_argv = master_argv
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_restarts = max_restarts
+        self.restart_window = restart_window
+        self.stop_grace = stop_grace
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.master: subprocess.Popen[bytes] | None = None
+        self.master_seen = 0.0
+        self.master_ready = False
+        self.master_killed = False
+        self.restarts: deque[float] = deque()
+        self.next_start = 0.0
+        self.stopping = False
+        self.stop_started = 0.0
+        self.exit_code = 0
+        self._buf = b""
+        self._signals: list[int] = []
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    # ---- signals ---------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)
+
+    def install_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        signal.set_wakeup_fd(self._wake_w)
+
+    def handle_signals(self) -> None:
+        while self._signals:
+            sig = self._signals.pop(0)
+            if sig == signal.SIGCHLD:
+                continue
+            name = signal.Signals(sig).name
+            if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT) and not self.stopping:
+                self.stopping = True
+                self.stop_started = time.monotonic()
+                log.info("%s: stopping (the master drains its workers)", name)
+            if self.master and self.master.returncode is None:
+                log.info("forwarding %s to master %d", name, self.master.pid)
+                try:
+                    self.master.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+
+    # ---- master --------------------------------------------------------------------
+
+    def start_master(self) -> None:
+        self.master = subprocess.Popen(
+            self.master_argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+            # Own process group: a Ctrl-C at the terminal reaches only the watchdog,
+            # which forwards it once; the master must not see it twice.
+            process_group=0,
+        )
+        assert self.master.stdout
+        os.set_blocking(self.master.stdout.fileno(), False)
+        self.master_seen = time.monotonic()
+        self.master_ready = False
+        self._buf = b""
+        log.info("master %d started", self.master.pid)
+
+    def read_master(self) -> None:
+        assert self.master and self.master.stdout
+        try:
+            chunk = os.read(self.master.stdout.fileno(), 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.master.stdout.close()
+            return
+        self._buf += chunk
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            self.on_master_line(line[:MAX_LINE].decode("utf-8", "replace").split())
+        if len(self._buf) > MAX_LINE:
+            self._buf = b""  # a line too long to be ours: drop it, stay bounded
+
+    def on_master_line(self, fields: list[str]) -> None:
+        if not fields:
+            return
+        self.master_seen = time.monotonic()
+        if fields[0] == "ready" and not self.master_ready:
+            self.master_ready = True
+            log.info("master %d ready", self.master.pid if self.master else -1)
+
+    def master_stdout_open(self) -> bool:
+        return bool(self.master and self.master.stdout and not self.master.stdout.closed)
+
+    def reap(self) -> None:
+        """Reap every child: the master, and orphaned workers we adopted as subreaper."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.master and pid == self.master.pid:
+                self.master.returncode = os.waitstatus_to_exitcode(status)
+                self.on_master_exit(self.master.returncode)
+            else:
+                log.debug("reaped adopted process %d", pid)
+
+    @staticmethod
+    def has_children() -> bool:
+        """Any child left, running or not yet reaped (ECHILD means none at all)."""
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return True
+
+    def on_master_exit(self, code: int) -> None:
+        assert self.master
+        pid = self.master.pid
+        if self.master.stdout and not self.master.stdout.closed:
+            self.master.stdout.close()
+        if self.stopping:
+            log.info("master %d exited (%s) while stopping", pid, describe(code))
+            self.exit_code = 0 if code in (0, -signal.SIGTERM) else 1
+            return
+        if code in FATAL_MASTER_CODES:
+            log.error("master %d exited with %d, which a restart cannot fix: giving up", pid, code)
+            self.exit_code = code
+            self.stopping = True
+            self.stop_started = time.monotonic()
+            return
+        self.schedule_restart(f"master {pid} exited unexpectedly ({describe(code)})")
+
+    def schedule_restart(self, why: str) -> None:
+        now = time.monotonic()
+        while self.restarts and now - self.restarts[0] > self.restart_window:
+            self.restarts.popleft()
+        if len(self.restarts) >= self.max_restarts:
+            log.error(
+                "%s; %d restarts within %g s already: giving up so the service manager takes over",
+                why,
+                len(self.restarts),
+                self.restart_window,
+            )
+            self.exit_code = 1
+            self.stopping = True
+            self.stop_started = now
+            return
+        delay = min(self.backoff_max, self.backoff_initial * 2 ** len(self.restarts))
+        self.restarts.append(now)
+        self.next_start = now + delay
+        log.warning("%s; restarting it in %.2f s", why, delay)
+
+    def check_silence(self) -> None:
+        if not self.master or self.master.returncode is not None:
+            return
+        silent = time.monotonic() - self.master_seen
+        if silent > self.heartbeat_timeout:
+            log.error(
+                "master %d silent for %.1f s (deadline %g s): SIGKILL; its workers finish their jobs "
+                "and exit by themselves",
+                self.master.pid,
+                silent,
+                self.heartbeat_timeout,
+            )
+            self.master_seen = time.monotonic()  # do not repeat while it dies
+            try:
+                self.master.kill()
+            except ProcessLookupError:
+                pass
+
+    # ---- loop ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.install_signals()
+        if become_subreaper():
+            log.debug("watchdog %d is a child subreaper", os.getpid())
+        while True:
+            self.handle_signals()
+            self.reap()
+            now = time.monotonic()
+            master_running = self.master is not None and self.master.returncode is None
+            if not master_running and not self.stopping and now >= self.next_start:
+                self.start_master()
+                master_running = True
+            if self.stopping and not master_running:
+                if not self.has_children():
+                    return self.exit_code
+                if now - self.stop_started > 2 * self.stop_grace:
+                    log.error(
+                        "orphaned workers still running %g s after the stop began: leaving them",
+                        2 * self.stop_grace,
+                    )
+                    return self.exit_code
+            if self.stopping and master_running and now - self.stop_started > self.stop_grace:
+                assert self.master
+                if not self.master_killed:
+                    log.error(
+                        "master %d still running %g s after the stop began: SIGKILL",
+                        self.master.pid,
+                        self.stop_grace,
+                    )
+                    self.master.kill()
+                    self.master_killed = True
+            if not self.stopping:
+                self.check_silence()
+            fds = [self._wake_r]
+            if self.master_stdout_open():
+                assert self.master and self.master.stdout
+                fds.append(self.master.stdout.fileno())
+            try:
+                readable, _, _ = select.select(fds, [], [], TICK)
+            except InterruptedError:
+                continue
+            if self._wake_r in readable:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            if len(fds) > 1 and fds[1] in readable:
+                self.read_master()
+
+
+def describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

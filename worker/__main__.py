@@ -1,0 +1,60 @@
+"""Entry point: python -P -m worker --queue Q [--queue Q2] [--path DIR] ...
+
+The Redis URL comes from the environment (HERDER_REDIS_URL), never from argv, so a
+password cannot be read from the process list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+try:
+    from watchdog.provenance import exit_if_shadowed
+except ImportError as exc:  # our own watchdog package is shadowed by another one
+    sys.exit(f"herder: cannot import herder's watchdog package ({exc}); is another 'watchdog' installed?")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m worker")
+    p.add_argument("--queue", action="append", dest="queues", default=[])
+    p.add_argument("--path", action="append", dest="paths", default=[])
+    p.add_argument("--name")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0)
+    p.add_argument("--orphan-log")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    exit_if_shadowed()
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    # The channel goes first: from here on fd 1 is stderr and only the channel
+    # writes protocol lines.
+    from worker.channel import Channel
+
+    channel = Channel(heartbeat_interval=args.heartbeat_interval, orphan_log=args.orphan_log)
+    # Job modules are imported after herder's own packages, so a user module named
+    # like one of ours cannot replace it (and is reported if it tries).
+    for path in reversed(args.paths):
+        sys.path.insert(0, os.path.abspath(path))
+
+    from redis import Redis
+
+    from worker.rq_worker import HerderWorker
+
+    url = os.environ.get("HERDER_REDIS_URL", "redis://127.0.0.1:6379/0")
+    connection = Redis.from_url(url)
+    slot = os.environ.get("HERDER_SLOT", "0")
+    name = args.name or f"herder.{socket.gethostname()}.{slot}.{os.getpid()}"
+    w = HerderWorker(args.queues or ["default"], name=name, connection=connection)
+    w.attach(channel)
+    w.work(logging_level=args.log_level, log_format="%(levelname)s %(message)s")
+    channel.stopped()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

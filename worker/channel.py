@@ -1,0 +1,126 @@
+"""The worker's end of the protocol (docs/protocol.md).
+
+At start the channel keeps a private duplicate of fd 1 for protocol lines and points
+fd 1 at stderr, so a job's print, a C extension or a child process writes to the log
+and can never corrupt the channel.
+
+A sentinel thread watches the master: `stop` or EOF on stdin, or a changed parent pid,
+asks the worker to stop after its current job. While a job runs, the sentinel also
+sends `beat` lines so the master can tell a long job from a frozen (SIGSTOPped or
+swapped-out) process. Idle heartbeats are *not* sent from this thread: they come from
+the worker's main loop, so a stuck main loop goes silent and gets noticed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+import time
+
+PROTOCOL_VERSION = 1
+
+
+class Channel:
+    def __init__(self, heartbeat_interval: float = 1.0, orphan_log: str | None = None) -> None:
+        self.heartbeat_interval = heartbeat_interval
+        self.orphan_log = orphan_log
+        self._fd = os.dup(1)  # private protocol fd; os.dup makes it non-inheritable
+        os.dup2(2, 1)  # fd 1 -> stderr, for stray prints and child processes
+        self._lock = threading.Lock()
+        self._job_id: str | None = None
+        self._parent = os.getppid()
+        self._stop_reason: str | None = None
+        self._orphaned = False
+        self._sentinel = threading.Thread(target=self._watch_master, name="herder-sentinel", daemon=True)
+
+    # ---- lines to the master -------------------------------------------------
+
+    def _send(self, line: str) -> None:
+        data = (line + "\n").encode()
+        with self._lock:
+            if self._orphaned:
+                return
+            try:
+                os.write(self._fd, data)  # < PIPE_BUF, so one atomic write
+            except (BrokenPipeError, OSError):
+                self._master_gone("protocol pipe closed")
+
+    def ready(self) -> None:
+        self._send(f"ready {os.getpid()} {time.time():.6f} {PROTOCOL_VERSION}")
+        self._sentinel.start()
+
+    def idle(self) -> None:
+        self._send(f"idle {time.time():.6f}")
+
+    def busy(self, job_id: str, timeout: float | None) -> None:
+        with self._lock:
+            self._job_id = job_id
+        field = "" if timeout is None else f" {int(timeout) if timeout == int(timeout) else timeout}"
+        self._send(f"busy {job_id} {time.time():.6f}{field}")
+
+    def done(self, job_id: str, ok: bool) -> None:
+        with self._lock:
+            self._job_id = None
+        self._send(f"done {job_id} {time.time():.6f} {'ok' if ok else 'failed'}")
+
+    def stopped(self) -> None:
+        self._send(f"stop {time.time():.6f}")
+
+    # ---- requests from the master ---------------------------------------------
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._stop_reason
+
+    def request_stop(self, reason: str) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            print(f"herder worker: stopping after the current job ({reason})", file=sys.stderr, flush=True)
+
+    def _master_gone(self, reason: str) -> None:
+        """The master is dead: stop after this job, and move our output off its pipes.
+
+        Without this a job that prints would get EPIPE and fail for no fault of its own.
+        """
+        self.request_stop(reason)
+        if self._orphaned:
+            return
+        self._orphaned = True
+        try:
+            target = os.open(self.orphan_log or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError:
+            target = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        os.close(target)
+
+    def _watch_master(self) -> None:
+        stdin_open = True
+        buf = b""
+        while True:
+            if stdin_open:
+                readable, _, _ = select.select([0], [], [], self.heartbeat_interval)
+                if readable:
+                    chunk = os.read(0, 4096)
+                    if not chunk:
+                        stdin_open = False
+                        if os.getppid() != self._parent:
+                            self._master_gone("stdin closed and the parent changed: the master is gone")
+                        else:
+                            self.request_stop("stdin closed")
+                    buf = (buf + chunk)[-4096:]
+                    while b"\n" in buf:
+                        line, buf = buf.split(b"\n", 1)
+                        if line.strip() == b"stop":
+                            self.request_stop("stop from the master")
+                    continue
+            else:
+                time.sleep(self.heartbeat_interval)
+            if os.getppid() != self._parent:
+                self._master_gone(f"parent changed from {self._parent} to {os.getppid()}")
+            with self._lock:
+                job_id = self._job_id
+            if job_id is not None:
+                self._send(f"beat {job_id} {time.time():.6f}")
