@@ -8,6 +8,7 @@ turns the blocking dequeue into one-interval slices so the main loop can heartbe
 
 from __future__ import annotations
 
+import signal
 import time
 
 from rq.exceptions import StopRequested
@@ -23,6 +24,14 @@ class HerderWorker(SimpleWorker):
 
     def attach(self, channel: Channel) -> None:
         self.channel = channel
+
+    def _install_signal_handlers(self) -> None:
+        # Graceful stop is `stop` on stdin (or EOF). A signal from herder means "now":
+        # RQ's warm shutdown would let an unresponsive job run on, and its cold shutdown
+        # raises SystemExit inside the job, which RQ then records as a failed job. With
+        # the default action the process just ends and the master requeues the job.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     def bootstrap(self, *args, **kwargs) -> None:  # type: ignore[override]
         super().bootstrap(*args, **kwargs)

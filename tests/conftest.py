@@ -1,0 +1,333 @@
+"""Test harness: real redis-server, real `herder run`, real processes and signals.
+
+- One redis-server per test session on a free loopback port (never 6379), flushed
+  before each test.
+- The pytest process is a child subreaper, so workers orphaned by a killed master
+  come back to it and are reaped here: a zombie left behind is a finding, not noise.
+- Every process a test starts carries HERDER_TEST_TAG in its environment; after the
+  test, any process still carrying it is a leftover: the test fails and it is killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from redis import Redis
+
+TESTS = Path(__file__).resolve().parent
+JOBS_DIR = TESTS / "jobs"
+FAKE_WORKERS = TESTS / "fakeworkers"
+HERDER = str(Path(sys.executable).with_name("herder"))
+TAG_VAR = "HERDER_TEST_TAG"
+
+# Short timeouts keep the suite fast; each test may override.
+FAST = {
+    "--heartbeat-interval": "1",
+    "--heartbeat-timeout": "3",
+    "--kill-timeout": "1",
+    "--stop-timeout": "15",
+    "--start-timeout": "20",
+    "--job-timeout-grace": "1",
+    "--min-uptime": "0.5",
+    "--master-heartbeat-timeout": "5",
+}
+
+
+def _become_subreaper() -> None:
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+_become_subreaper()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float, interval: float = 0.05, what: str = ""
+) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def reap_adopted() -> None:
+    """Reap zombies that were re-parented to us (orphaned workers), and only those."""
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.NoSuchProcess, ChildProcessError):
+            pass
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get(TAG_VAR) == tag and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def zombies_of(tag_pids: set[int]) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        if p.info["pid"] in tag_pids and p.info["status"] == psutil.STATUS_ZOMBIE:
+            out.append(p.info["pid"])
+    return out
+
+
+# ---- Redis ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not on PATH; scripts/test installs it (apt-get install redis-server)")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = Redis.from_url(url)
+
+    def up() -> bool:
+        try:
+            return bool(client.ping())
+        except Exception:
+            return False
+
+    wait_for(up, 10, what="redis-server to answer")
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> str:
+    Redis.from_url(redis_server).flushall()
+    return redis_server
+
+
+@pytest.fixture
+def conn(redis_url: str) -> Redis:
+    return Redis.from_url(redis_url)
+
+
+# ---- herder ---------------------------------------------------------------------------
+
+
+class Herder:
+    """One `herder run` process tree, started the way a user or a unit would."""
+
+    def __init__(self, redis_url: str, workdir: Path, tag: str, args: dict[str, str | list[str] | None]):
+        self.redis_url = redis_url
+        self.workdir = workdir
+        self.tag = tag
+        self.log_path = workdir / "herder.log"
+        opts = dict(FAST)
+        opts.update(
+            {"--redis-url": redis_url, "--state-dir": str(workdir / "state"), "--path": str(JOBS_DIR)}
+        )
+        opts.update(args)
+        self.argv = [HERDER, "run"]
+        for key, value in opts.items():
+            if value is None:
+                continue
+            for v in value if isinstance(value, list) else [value]:
+                self.argv += [key, v]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.seen_pids: set[int] = set()
+
+    def start(self) -> Herder:
+        env = dict(os.environ, **{TAG_VAR: self.tag})
+        env.pop("HERDER_RESOLVED_CONFIG", None)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in cleanup()
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, pattern: str, timeout: float = 20, count: int = 1) -> list[re.Match[str]]:
+        rx = re.compile(pattern)
+
+        def found() -> list[re.Match[str]] | None:
+            matches = list(rx.finditer(self.log()))
+            return matches if len(matches) >= count else None
+
+        return wait_for(found, timeout, what=f"{count}x /{pattern}/ in the herder log")  # type: ignore[return-value]
+
+    def master(self) -> psutil.Process | None:
+        try:
+            kids = psutil.Process(self.pid).children()
+        except psutil.NoSuchProcess:
+            return None
+        for k in kids:
+            try:
+                if "supervisor.master" in " ".join(k.cmdline()):
+                    return k
+            except psutil.NoSuchProcess:
+                pass
+        return None
+
+    def workers(self, master: psutil.Process | None = None) -> list[psutil.Process]:
+        m = master or self.master()
+        if m is None:
+            return []
+        out = []
+        try:
+            for k in m.children():
+                if k.status() != psutil.STATUS_ZOMBIE:
+                    out.append(k)
+        except psutil.NoSuchProcess:
+            return []
+        self.seen_pids.update(p.pid for p in out)
+        return out
+
+    def wait_workers(self, n: int, timeout: float = 20) -> list[psutil.Process]:
+        def ready() -> list[psutil.Process] | None:
+            m = self.master()
+            if m is None:
+                return None
+            ws = self.workers(m)
+            ready_pids = {int(x) for x in re.findall(r"pid (\d+): starting -> idle", self.log())}
+            live_ready = [w for w in ws if w.pid in ready_pids]
+            return live_ready if len(live_ready) == n and len(ws) == n else None
+
+        return wait_for(ready, timeout, what=f"{n} ready workers")  # type: ignore[return-value]
+
+    def worker_for_job(self, conn: Redis, job_id: str, timeout: float = 10) -> int:
+        """The pid of the worker running a job, from RQ's own record of it."""
+        from rq.job import Job
+
+        def pid() -> int | None:
+            name = Job.fetch(job_id, connection=conn).worker_name
+            return int(name.rsplit(".", 1)[1]) if name else None
+
+        return wait_for(pid, timeout, what=f"a worker to take job {job_id}")  # type: ignore[return-value]
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        assert self.proc
+        return self.proc.wait(timeout)
+
+    def cleanup(self) -> list[str]:
+        """Kill whatever is left; return a description of leftovers (should be none)."""
+        leftovers = []
+        if self.proc and self.proc.poll() is None:
+            leftovers.append(f"herder run {self.proc.pid}")
+            self.proc.kill()
+            self.proc.wait(10)
+        for p in tagged(self.tag):
+            try:
+                leftovers.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.05)
+        reap_adopted()
+        self._log.close()
+        return leftovers
+
+    def assert_nothing_left(self, timeout: float = 10) -> None:
+        """No process of this herder left running, none left a zombie."""
+        wait_for(lambda: not tagged(self.tag), timeout, what="every herder process to exit")
+        reap_adopted()
+        assert not zombies_of(self.seen_pids), "zombie workers left behind"
+
+
+@pytest.fixture
+def herder(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Herder]]:
+    started: list[Herder] = []
+
+    def make(**args: str | list[str] | None) -> Herder:
+        flags = {"--" + k.replace("_", "-"): v for k, v in args.items()}
+        h = Herder(redis_url, tmp_path, uuid.uuid4().hex, flags)
+        started.append(h)
+        return h.start()
+
+    yield make
+    problems = []
+    for h in started:
+        problems += h.cleanup()
+    if problems:
+        pytest.fail("processes left behind: " + "; ".join(problems))
+
+
+@pytest.fixture
+def jobs(conn: Redis):
+    """Enqueue test jobs from tests/jobs/herder_testjobs.py and read what they recorded."""
+    return JobsHelper(conn)
+
+
+class JobsHelper:
+    def __init__(self, conn: Redis) -> None:
+        from rq import Queue
+
+        self.conn = conn
+        self.queue = Queue("default", connection=conn)
+
+    def enqueue(self, func: str, *args: object, **kw: object):
+        return self.queue.enqueue(f"herder_testjobs.{func}", *args, **kw)
+
+    def started(self, tag: str) -> list[str]:
+        return [x.decode() for x in self.conn.lrange(f"started:{tag}", 0, -1)]
+
+    def finished(self, tag: str) -> list[str]:
+        return [x.decode() for x in self.conn.lrange(f"finished:{tag}", 0, -1)]
+
+    def status(self, job_id: str) -> str:
+        from rq.job import Job
+
+        return Job.fetch(job_id, connection=self.conn).get_status().value

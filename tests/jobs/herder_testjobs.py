@@ -1,0 +1,55 @@
+"""Jobs the tests enqueue. Each records its start and its finish in Redis lists
+(started:<tag>, finished:<tag>), so a test can tell done-once from done-twice from lost."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+from rq import get_current_job
+
+
+def _mark(kind: str, tag: str) -> None:
+    job = get_current_job()
+    assert job is not None
+    job.connection.rpush(f"{kind}:{tag}", job.id)
+
+
+def record(tag: str, seconds: float = 0.0) -> str:
+    _mark("started", tag)
+    time.sleep(seconds)
+    _mark("finished", tag)
+    return tag
+
+
+def chatty(tag: str) -> str:
+    """Prints to stdout, including lines that look like protocol lines."""
+    _mark("started", tag)
+    print("hello from a job")
+    print("done not-a-job 1.0 ok")
+    print("stop 1.0", flush=True)
+    sys.stdout.write("x" * 10000 + "\n")
+    os.write(1, b"ready 1 1.0\n")  # straight to fd 1, as a C extension would
+    _mark("finished", tag)
+    return tag
+
+
+def hang(tag: str) -> None:
+    """Never returns, and RQ's in-process timeout (SIGALRM) cannot stop it."""
+    _mark("started", tag)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    while True:
+        time.sleep(1)
+
+
+def exit_hard(tag: str) -> None:
+    _mark("started", tag)
+    os._exit(3)
+
+
+def segfault(tag: str) -> None:
+    _mark("started", tag)
+    ctypes.string_at(0)

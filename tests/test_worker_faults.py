@@ -1,0 +1,101 @@
+"""A worker dies, freezes, hangs or crashes mid-job: replaced, and its job not lost."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+from conftest import wait_for
+from rq.job import Job
+from rq.registry import FailedJobRegistry
+
+
+def failure_reason(conn, job_id: str) -> str:
+    result = Job.fetch(job_id, connection=conn).latest_result()
+    assert result is not None
+    return result.exc_string or ""
+
+
+def test_kill_9_worker_mid_job_is_replaced_and_job_completes_elsewhere(herder, jobs, conn):
+    h = herder(workers="2")
+    h.wait_workers(2)
+    job = jobs.enqueue("record", "t", 2)
+    victim = h.worker_for_job(conn, job.id)
+    os.kill(victim, signal.SIGKILL)
+    h.wait_log(rf"pid {victim}: .*exited \(killed by SIGKILL")
+    wait_for(lambda: jobs.finished("t"), 15, what="the job to finish on another worker")
+    assert jobs.status(job.id) == "finished"
+    assert jobs.started("t") == [job.id, job.id]  # once interrupted, once completed
+    assert jobs.finished("t") == [job.id]
+    assert Job.fetch(job.id, connection=conn).worker_name.rsplit(".", 1)[1] != str(victim)
+    assert re.search(rf"job {job.id}: requeued", h.log())
+    workers = h.wait_workers(2)
+    assert victim not in {w.pid for w in workers}
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+
+
+def test_sigstopped_worker_is_killed_within_heartbeat_timeout_and_job_requeued(herder, jobs, conn):
+    heartbeat_timeout = 3.0
+    h = herder(workers="2", heartbeat_timeout=str(heartbeat_timeout))
+    h.wait_workers(2)
+    job = jobs.enqueue("record", "t", 4)
+    victim = h.worker_for_job(conn, job.id)
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    h.wait_log(rf"pid {victim}: .*exited", timeout=heartbeat_timeout + 5)
+    replaced_after = time.monotonic() - stopped_at
+    assert replaced_after <= heartbeat_timeout + 1.0, f"took {replaced_after:.2f} s"
+    assert re.search(rf"pid {victim}: SIGTERM to its process group: silent for", h.log())
+    wait_for(lambda: jobs.finished("t"), 15, what="the requeued job to finish")
+    assert jobs.status(job.id) == "finished"
+    assert jobs.finished("t") == [job.id]
+    h.wait_workers(2)
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+
+
+def test_hanging_job_is_killed_after_its_timeout_requeued_then_failed_with_reason(herder, jobs, conn):
+    h = herder(workers="2", max_requeues="1", job_timeout_grace="1")
+    h.wait_workers(2)
+    job = jobs.enqueue("hang", "t", job_timeout=2)
+    # Attempt 1 killed at ~3 s, requeued once; attempt 2 killed, then failed.
+    wait_for(lambda: jobs.status(job.id) == "failed", 20, what="the hanging job to be failed")
+    assert len(jobs.started("t")) == 2
+    assert jobs.finished("t") == []
+    assert job.id in FailedJobRegistry("default", connection=conn).get_job_ids()
+    reason = failure_reason(conn, job.id)
+    assert re.search(r"killed by herder: busy \d+ s past its 2 s timeout", reason), reason
+    assert "requeued 1 times already (limit 1)" in reason
+    log = h.log()
+    assert log.count("past its 2 s timeout") >= 2
+    h.wait_workers(2)  # both slots refilled
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+
+
+def test_job_that_kills_its_interpreter_is_handled_and_worker_replaced(herder, jobs, conn):
+    h = herder(workers="2", max_requeues="1")
+    h.wait_workers(2)
+    exits = jobs.enqueue("exit_hard", "exit")
+    wait_for(lambda: jobs.status(exits.id) == "failed", 20, what="the os._exit job to be failed")
+    assert len(jobs.started("exit")) == 2
+    assert "worker died (exit code 3) while running the job" in failure_reason(conn, exits.id)
+
+    segv = jobs.enqueue("segfault", "segv")
+    wait_for(lambda: jobs.status(segv.id) == "failed", 20, what="the segfaulting job to be failed")
+    assert len(jobs.started("segv")) == 2
+    assert "worker died (killed by SIGSEGV) while running the job" in failure_reason(conn, segv.id)
+
+    # The fleet is whole again and still works.
+    h.wait_workers(2)
+    ok = jobs.enqueue("record", "ok")
+    wait_for(lambda: jobs.finished("ok") == [ok.id], 10, what="a normal job after the crashes")
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
