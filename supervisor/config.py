@@ -117,14 +117,18 @@ def parse_worker_command(text: str) -> list[str]:
 
 
 def redact_url(url: str | None) -> str:
-    """A Redis URL fit for logs: any password becomes ***."""
+    """A Redis URL fit for logs: any password (in the userinfo or ?password=) becomes ***."""
     if not url:
         return "(none)"
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    netloc = parts.netloc
+    if parts.password is not None:
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        netloc = f"{parts.username or ''}:***@{host}"
+    query = "&".join(
+        f"{k}=***" if k.lower() == "password" else (f"{k}={v}" if sep else k)
+        for k, sep, v in (item.partition("=") for item in parts.query.split("&") if item)
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

@@ -23,7 +23,7 @@ from supervisor.config import ENV_RESOLVED, Config, redact_url
 from supervisor.requeue import forget_worker, requeue_or_fail
 from supervisor.states import WorkerState
 from supervisor.uplink import Uplink
-from supervisor.workerproc import Observations, WorkerProcess
+from supervisor.workerproc import STDERR_LINES_PER_SECOND, Observations, WorkerProcess
 
 log = logging.getLogger("herder")
 
@@ -63,6 +63,7 @@ class Reported:
     malformed: int = 0
     oversized: int = 0
     throttled: int = 0
+    stderr_dropped: int = 0
     at: float = 0.0
 
 
@@ -496,29 +497,29 @@ class Master:
         new_malformed = obs.malformed - rep.malformed
         new_oversized = obs.oversized - rep.oversized
         new_throttled = obs.throttled - rep.throttled
-        if new_malformed or new_oversized or new_throttled:
+        new_dropped = obs.stderr_dropped - rep.stderr_dropped
+        if new_malformed or new_oversized or new_throttled or new_dropped:
             log.warning(
-                "slot %d pid %d: %d malformed and %d oversized protocol lines, throttled %d times "
-                "(totals %d, %d, %d; last problem: %s)",
+                "slot %d pid %d: %d malformed and %d oversized protocol lines, throttled %d times, "
+                "dropped %d stderr lines over %d/s (totals %d, %d, %d, %d; last problem: %s)",
                 w.slot,
                 w.pid,
                 new_malformed,
                 new_oversized,
                 new_throttled,
+                new_dropped,
+                STDERR_LINES_PER_SECOND,
                 obs.malformed,
                 obs.oversized,
                 obs.throttled,
+                obs.stderr_dropped,
                 obs.last_error or "-",
             )
             self.totals.malformed += new_malformed
             self.totals.oversized += new_oversized
             self.totals.throttled += new_throttled
-        rep.malformed, rep.oversized, rep.throttled, rep.at = (
-            obs.malformed,
-            obs.oversized,
-            obs.throttled,
-            time.monotonic(),
-        )
+        rep.malformed, rep.oversized, rep.throttled = obs.malformed, obs.oversized, obs.throttled
+        rep.stderr_dropped, rep.at = obs.stderr_dropped, time.monotonic()
         if final:
             self._reported.pop(w.pid, None)
 

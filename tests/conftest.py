@@ -293,7 +293,9 @@ def herder(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Herder]]:
 
     def make(**args: str | list[str] | None) -> Herder:
         flags = {"--" + k.replace("_", "-"): v for k, v in args.items()}
-        h = Herder(redis_url, tmp_path, uuid.uuid4().hex, flags)
+        workdir = tmp_path / f"herder{len(started)}"
+        workdir.mkdir()
+        h = Herder(redis_url, workdir, uuid.uuid4().hex, flags)
         started.append(h)
         return h.start()
 

@@ -8,6 +8,7 @@ import signal
 import time
 
 import psutil
+
 from conftest import reap_adopted, wait_for
 
 

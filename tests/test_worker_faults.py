@@ -7,9 +7,10 @@ import re
 import signal
 import time
 
-from conftest import wait_for
 from rq.job import Job
 from rq.registry import FailedJobRegistry
+
+from conftest import wait_for
 
 
 def failure_reason(conn, job_id: str) -> str:

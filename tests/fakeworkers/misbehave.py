@@ -1,7 +1,7 @@
 """A custom worker (--worker-command) that speaks the protocol badly on purpose.
 
 usage: misbehave.py MODE   where MODE is one of
-  flood        ready, then garbage, unknown verbs, a 10 MB line and 200k lines fast,
+  flood        ready, then garbage, unknown verbs, a 10 MB line and 60k lines fast,
                while still heartbeating; then behaves
   close-stdout ready, then closes stdout but keeps running
   ignore-stop  ready and heartbeats, but never stops on `stop`
@@ -31,7 +31,7 @@ if mode == "flood":
     os.write(out, b"\xff\xfe\n")  # not UTF-8
     os.write(out, b"y" * 10_000_000 + b"\n")  # a 10 MB line
     chunk = ("bogus flood line\n" * 1000).encode()
-    for _ in range(200):
+    for _ in range(60):
         os.write(out, chunk)
         say(f"idle {time.time()}")
     sys.stderr.write("stderr flood\n" * 50000)

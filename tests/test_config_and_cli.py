@@ -1,0 +1,159 @@
+"""Configuration errors, secrets in logs, and herder's own packages being shadowed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from conftest import HERDER, free_port, wait_for
+from supervisor.config import EX_CONFIG, Config, ConfigError, redact_url
+
+
+def run_herder(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 20
+) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HERDER_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [HERDER, "run", *args], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+
+
+def test_redact_url_hides_passwords() -> None:
+    assert redact_url("redis://:s3cret@host:6380/0") == "redis://:***@host:6380/0"
+    assert redact_url("redis://user:s3cret@host/0") == "redis://user:***@host/0"
+    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert "s3cret" not in redact_url("redis://host/0?password=s3cret")
+    assert redact_url(None) == "(none)"
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"workers": 0}, "workers"),
+        ({"heartbeat_timeout": 0.5, "heartbeat_interval": 1.0}, "heartbeat_timeout"),
+        ({"stop_timeout": -1}, "stop_timeout"),
+        ({"queues": []}, "queues"),
+        ({"redis_url": "http://x"}, "redis_url"),
+        ({"log_level": "LOUD"}, "log_level"),
+    ],
+)
+def test_config_validation_names_the_key(change: dict, key: str) -> None:
+    cfg = Config(**change)
+    with pytest.raises(ConfigError) as err:
+        cfg.validate({key: "environment"})
+    assert err.value.key == key
+    assert f"'{key}' (from environment)" in str(err.value)
+
+
+def test_bad_value_from_environment_exits_78_naming_key_and_source(tmp_path: Path) -> None:
+    r = run_herder(
+        "--state-dir",
+        str(tmp_path),
+        env={"HERDER_REDIS_URL": "redis://127.0.0.1:1/0", "HERDER_STOP_TIMEOUT": "-3"},
+    )
+    assert r.returncode == EX_CONFIG
+    assert "stop_timeout" in r.stderr and "environment" in r.stderr
+
+
+def test_missing_redis_url_exits_78(tmp_path: Path) -> None:
+    r = run_herder("--state-dir", str(tmp_path))
+    assert r.returncode == EX_CONFIG
+    assert "redis_url" in r.stderr
+
+
+def test_zero_workers_on_the_command_line_is_a_usage_error(tmp_path: Path) -> None:
+    r = run_herder("--redis-url", "redis://127.0.0.1:1/0", "--workers", "0", "--state-dir", str(tmp_path))
+    assert r.returncode == 2
+    assert "--workers" in r.stderr
+
+
+def test_a_shadowing_package_is_named_with_its_location(tmp_path: Path) -> None:
+    fake = tmp_path / "watchdog"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("# the file-watcher library, say\n")
+    r = run_herder(
+        "--redis-url",
+        "redis://127.0.0.1:1/0",
+        "--state-dir",
+        str(tmp_path / "s"),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert r.returncode == 70
+    assert "'watchdog'" in r.stderr and str(fake) in r.stderr
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--requirepass",
+            "hunter2-s3cret",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    client = Redis(port=port, password="hunter2-s3cret")
+
+    def up() -> bool:
+        try:
+            return bool(client.ping())
+        except Exception:
+            return False
+
+    wait_for(up, 10, what="password redis")
+    yield port
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_redis_password_never_appears_in_logs(herder, password_redis: int, tmp_path: Path) -> None:
+    from rq import Queue
+
+    good = f"redis://:hunter2-s3cret@127.0.0.1:{password_redis}/0"
+    h = herder(redis_url=good, workers="1")
+    h.wait_workers(1)
+    job = Queue(connection=Redis.from_url(good)).enqueue("herder_testjobs.record", "pw")
+    wait_for(lambda: Redis.from_url(good).llen("finished:pw") == 1, 10, what="a job on the password Redis")
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    assert job.id
+    # And with a wrong password: every error path logs, none shows the secret.
+    bad = f"redis://:wrong-hunter2-s3cret@127.0.0.1:{password_redis}/0"
+    h2 = herder(redis_url=bad, workers="1")
+    h2.wait_log(r"exited", timeout=20)
+    h2.signal(signal.SIGTERM)
+    h2.wait_exit(30)
+    for log in (h.log(), h2.log()):
+        assert "hunter2-s3cret" not in log
+        assert ":***@127.0.0.1" in log
+    assert "invalid username-password pair" in h2.log() or "AuthenticationError" in h2.log()
+    h.assert_nothing_left()
+    h2.assert_nothing_left()
+
+
+def test_state_dir_is_private(herder, tmp_path: Path) -> None:
+    h = herder(workers="1")
+    h.wait_workers(1)
+    mode = (h.workdir / "state").stat().st_mode & 0o777
+    assert mode == 0o700
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()

@@ -1,0 +1,88 @@
+"""Custom workers (--worker-command) that break the protocol never take the master down."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import time
+
+import psutil
+
+from conftest import FAKE_WORKERS, wait_for
+
+MISBEHAVE = f"{sys.executable} {FAKE_WORKERS / 'misbehave.py'}"
+
+
+def test_flooding_malformed_worker_is_counted_and_master_unaffected(herder):
+    h = herder(workers="2", worker_command=f"{MISBEHAVE} flood", heartbeat_timeout="5")
+    h.wait_log(r"starting -> idle \(ready\)", count=2)
+    # Every kind of bad line is counted and reported, per worker.
+    matches = h.wait_log(
+        r"slot \d pid \d+: \d+ malformed and \d+ oversized protocol lines", timeout=30, count=2
+    )
+    master = h.master()
+    assert master is not None
+    totals = {}
+    for _ in range(40):
+        for m in re.finditer(r"slot (\d) pid \d+: \d+ malformed .*?\(totals (\d+), (\d+), (\d+);", h.log()):
+            totals[m.group(1)] = (int(m.group(2)), int(m.group(3)), int(m.group(4)))
+        if all(t[0] >= 60_005 for t in totals.values()) and len(totals) == 2:
+            break
+        time.sleep(0.5)
+    assert len(matches) >= 2
+    for malformed, oversized, throttled in totals.values():
+        assert malformed == 60_000 + 5  # the flood plus garbage, unknown verb, bad fields, bad utf-8
+        assert oversized == 1  # the 10 MB line, cut and discarded
+        assert throttled >= 1  # the flood was slowed by back-pressure, not buffered
+    # The master's memory stayed bounded despite 10 MB lines and floods.
+    assert master.memory_info().rss < 150 * 2**20
+    # The workers kept heartbeating through the flood, so nobody was killed...
+    assert "SIGTERM to its process group" not in h.log()
+    # ...and stderr floods were rate-limited in the log, with the count of what was dropped.
+    assert re.search(r"dropped [1-9]\d* stderr lines over 200/s", h.log())
+    # The master is healthy: it still answers the watchdog and stops on request.
+    # (misbehave.py ignores `stop`, so the stop timeout applies.)
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(40) == 0
+    h.assert_nothing_left()
+
+
+def test_worker_that_closes_stdout_but_keeps_running_is_killed(herder):
+    h = herder(workers="1", worker_command=f"{MISBEHAVE} close-stdout")
+    first = h.wait_log(r"slot 0 pid (\d+): SIGTERM to its process group: closed its stdout but kept running")
+    pid = int(first[0].group(1))
+    h.wait_log(rf"pid {pid}: .*exited")
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 5)
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+
+
+def test_worker_that_ignores_stop_is_killed_at_the_stop_timeout(herder):
+    h = herder(workers="1", worker_command=f"{MISBEHAVE} ignore-stop", stop_timeout="2")
+    h.wait_log(r"starting -> idle \(ready\)")
+    started = time.monotonic()
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(20) == 0
+    took = time.monotonic() - started
+    assert 2 <= took < 2 + 1 + 3  # stop timeout, kill timeout, slack
+    assert re.search(r"SIGTERM to its process group: still running 2 s after `stop`", h.log())
+    h.assert_nothing_left()
+
+
+def test_crash_looping_worker_command_backs_off(herder):
+    h = herder(workers="2", worker_command=f"{sys.executable} -c 'import sys; sys.exit(1)'")
+    time.sleep(6)
+    log = h.log()
+    spawns = log.count(": spawned -> starting")
+    # Backoff doubles from 0.1 s per slot: ~7 spawns per slot in 6 s, not hundreds.
+    assert 4 <= spawns <= 20, spawns
+    assert "backoff (died" in log
+    delays = [float(x) for x in re.findall(r"next spawn in ([\d.]+) s", log)]
+    assert max(delays) >= 1.6  # it really grew
+    master = h.master()
+    assert master is not None and master.cpu_percent(interval=1.0) < 50
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(20) == 0
+    h.assert_nothing_left()
