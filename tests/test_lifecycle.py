@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import time
 
@@ -29,7 +30,7 @@ def test_500_jobs_on_4_workers_all_complete_once(herder, jobs):
     assert_exactly_once(jobs, "t", ids)
     log = h.log()
     # Printing jobs did not disturb the protocol: no malformed lines, no kills, no respawns.
-    assert "malformed" not in log
+    assert not re.search(r"[1-9]\d* malformed|[1-9]\d* oversized", log)
     assert "SIGTERM to its process group" not in log
     assert log.count(": spawned -> starting") == 4
     assert "hello from a job" in log  # a job's stdout went to the log instead

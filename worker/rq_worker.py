@@ -21,6 +21,8 @@ from worker.channel import Channel
 
 class HerderWorker(SimpleWorker):
     channel: Channel
+    # One log line less per job: the result TTL is the same for every job and says little.
+    log_result_lifespan = False
 
     def attach(self, channel: Channel) -> None:
         self.channel = channel
