@@ -1,0 +1,73 @@
+"""The watchdog: hung masters, crash-looping masters, and hurried stops."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+from conftest import wait_for
+
+
+def test_hung_master_is_replaced_after_its_heartbeat_deadline(herder, jobs):
+    h = herder(workers="2", master_heartbeat_timeout="3")
+    h.wait_workers(2)
+    master = h.master()
+    assert master is not None
+    old_workers = h.workers(master)
+    os.kill(master.pid, signal.SIGSTOP)  # alive, but its loop is silent
+    new_master = wait_for(lambda: (m := h.master()) and m.pid != master.pid and m, 10, what="a new master")
+    assert re.search(rf"master {master.pid} silent for [\d.]+ s \(deadline 3 s\): SIGKILL", h.log())
+    wait_for(lambda: len(h.workers(new_master)) == 2, 20, what="a new fleet")
+    # The old workers noticed their master died and left by themselves.
+    wait_for(lambda: not any(w.is_running() and w.status() != "zombie" for w in old_workers), 10,
+             what="old workers to exit")
+    job = jobs.enqueue("record", "after")
+    wait_for(lambda: jobs.finished("after") == [job.id], 10, what="the new fleet to work")
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+
+
+def test_watchdog_gives_up_past_the_restart_intensity_cap(herder):
+    h = herder(workers="1", max_restarts="2", restart_window="60")
+    for _ in range(3):
+        master = wait_for(h.master, 10, what="a master")
+        h.wait_log(rf"master {master.pid} ready")
+        master.kill()
+        wait_for(lambda m=master: h.master() is None or h.master().pid != m.pid, 10, what="the master to die")
+    # Third death within the window: the watchdog exits non-zero for systemd to handle.
+    assert h.wait_exit(20) == 1
+    assert "2 restarts within 60 s already: giving up" in h.log()
+    h.assert_nothing_left()
+
+
+def test_second_sigint_hurries_and_requeues_the_running_job(herder, jobs):
+    h = herder(workers="1", stop_timeout="60")
+    h.wait_workers(1)
+    job = jobs.enqueue("record", "t", 30)
+    wait_for(lambda: jobs.started("t"), 10, what="the long job to start")
+    h.signal(signal.SIGINT)
+    h.wait_log(r"SIGINT: stopping 1 workers")
+    time.sleep(0.5)
+    started = time.monotonic()
+    h.signal(signal.SIGINT)
+    assert h.wait_exit(15) == 0
+    assert time.monotonic() - started < 10  # did not wait for the 30 s job
+    assert "second SIGINT: stopping now" in h.log()
+    # Interrupted, not lost: back at the front of its queue for the next start.
+    assert jobs.status(job.id) == "queued"
+    assert jobs.queue.job_ids[0] == job.id
+    h.assert_nothing_left()
+
+
+def test_sigterm_while_master_is_in_restart_backoff_exits_cleanly(herder):
+    h = herder(workers="1")
+    master = wait_for(h.master, 10, what="a master")
+    h.wait_log(rf"master {master.pid} ready")
+    master.kill()
+    h.wait_log(r"restarting it in")
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(20) == 0
+    h.assert_nothing_left()
