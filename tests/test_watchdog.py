@@ -21,8 +21,11 @@ def test_hung_master_is_replaced_after_its_heartbeat_deadline(herder, jobs):
     assert re.search(rf"master {master.pid} silent for [\d.]+ s \(deadline 3 s\): SIGKILL", h.log())
     wait_for(lambda: len(h.workers(new_master)) == 2, 20, what="a new fleet")
     # The old workers noticed their master died and left by themselves.
-    wait_for(lambda: not any(w.is_running() and w.status() != "zombie" for w in old_workers), 10,
-             what="old workers to exit")
+    wait_for(
+        lambda: not any(w.is_running() and w.status() != "zombie" for w in old_workers),
+        10,
+        what="old workers to exit",
+    )
     job = jobs.enqueue("record", "after")
     wait_for(lambda: jobs.finished("after") == [job.id], 10, what="the new fleet to work")
     h.signal(signal.SIGTERM)
@@ -70,4 +73,20 @@ def test_sigterm_while_master_is_in_restart_backoff_exits_cleanly(herder):
     h.wait_log(r"restarting it in")
     h.signal(signal.SIGTERM)
     assert h.wait_exit(20) == 0
+    h.assert_nothing_left()
+
+
+def test_master_drains_when_its_watchdog_is_killed(herder, jobs):
+    h = herder(workers="2")
+    h.wait_workers(2)
+    job = jobs.enqueue("record", "t", 2)
+    wait_for(lambda: jobs.started("t"), 10, what="the job to start")
+    master = h.master()
+    assert master is not None
+    os.kill(h.pid, signal.SIGKILL)
+    h.wait_exit(5)
+    # No unsupervised fleet: the master notices, lets the job finish, and exits.
+    h.wait_log(r"the watchdog is gone .*: stopping")
+    wait_for(lambda: jobs.finished("t") == [job.id], 10, what="the running job to finish")
+    h.wait_log(r"master \d+ stopped:")
     h.assert_nothing_left()

@@ -34,6 +34,10 @@ def test_kill_9_worker_mid_job_is_replaced_and_job_completes_elsewhere(herder, j
     assert re.search(rf"job {job.id}: requeued", h.log())
     workers = h.wait_workers(2)
     assert victim not in {w.pid for w in workers}
+    # The live master reaped it: no zombie under it (pytest, a subreaper, would hide one later).
+    master = h.master()
+    assert master is not None
+    assert not [c.pid for c in master.children() if c.status() == "zombie"]
     h.signal(signal.SIGTERM)
     assert h.wait_exit(30) == 0
     h.assert_nothing_left()
@@ -55,6 +59,19 @@ def test_sigstopped_worker_is_killed_within_heartbeat_timeout_and_job_requeued(h
     assert jobs.status(job.id) == "finished"
     assert jobs.finished("t") == [job.id]
     h.wait_workers(2)
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+
+
+def test_sigstopped_idle_worker_is_killed_and_replaced(herder):
+    h = herder(workers="1", heartbeat_timeout="3")
+    (victim,) = h.wait_workers(1)
+    os.kill(victim.pid, signal.SIGSTOP)
+    h.wait_log(rf"pid {victim.pid}: SIGTERM to its process group: silent for", timeout=3 + 2)
+    h.wait_log(rf"pid {victim.pid}: .*exited")
+    (replacement,) = h.wait_workers(1)
+    assert replacement.pid != victim.pid
     h.signal(signal.SIGTERM)
     assert h.wait_exit(30) == 0
     h.assert_nothing_left()
