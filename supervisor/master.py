@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from redis import Redis
 
 from supervisor.config import ENV_RESOLVED, Config, redact_url
-from supervisor.requeue import forget_worker, requeue_or_fail
+from supervisor.requeuer import Requeuer
 from supervisor.states import WorkerState
 from supervisor.uplink import Uplink
 from supervisor.workerproc import STDERR_LINES_PER_SECOND, Observations, WorkerProcess
@@ -85,24 +85,25 @@ class Master:
     slots: dict[int, Slot] = field(default_factory=dict)
     totals: Totals = field(default_factory=Totals)
     stopping: bool = False
-    pending_requeues: list[tuple[str, str]] = field(default_factory=list)
     _signals: list[int] = field(default_factory=list)
     _reported: dict[int, Reported] = field(default_factory=dict)
     _ready_sent: bool = False
     _last_alive: float = 0.0
-    _next_requeue_try: float = 0.0
     _sigint_count: int = 0
 
     def __post_init__(self) -> None:
         self.target = self.target or self.cfg.workers
-        self.redis = (
-            Redis.from_url(self.cfg.redis_url, socket_timeout=5, socket_connect_timeout=3)
-            if self.cfg.redis_url
-            else None
-        )
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self.requeuer = (
+            Requeuer(
+                Redis.from_url(self.cfg.redis_url, socket_timeout=5, socket_connect_timeout=3),
+                self.cfg.max_requeues,
+            )
+            if self.cfg.redis_url
+            else None
+        )
         self.hostname = socket.gethostname()
 
     # ---- events ----------------------------------------------------------------------
@@ -167,7 +168,6 @@ class Master:
         while True:
             self.handle_signals()
             self.reap()
-            self.retry_requeues()
             self.murder()
             self.manage()
             self.report_counters()
@@ -175,8 +175,15 @@ class Master:
             if self.stopping and not self.workers:
                 break
             self.wait(TICK)
-        if self.pending_requeues:
-            self.retry_requeues(force=True)
+        left = self.requeuer.drain(timeout=10.0) if self.requeuer else 0
+        if left:
+            log.error(
+                "%d jobs could not be requeued (Redis unreachable); RQ's abandoned-job sweep will "
+                "find them in their StartedJobRegistry",
+                left,
+            )
+        if self.requeuer:
+            self.totals.requeued, self.totals.failed = self.requeuer.requeued, self.requeuer.failed
         t = self.totals
         log.info(
             "master %d stopped: spawned %d, exited %d, killed %d, jobs ok %d failed %d, requeued %d, "
@@ -192,7 +199,7 @@ class Master:
             t.failed,
             t.malformed,
             t.oversized,
-            len(self.pending_requeues),
+            left,
         )
         return 0
 
@@ -301,44 +308,17 @@ class Master:
         )
 
     def _forget_rq_worker(self, w: WorkerProcess) -> None:
-        if self.redis is None or self.cfg.worker_command is not None:
-            return
-        try:
-            forget_worker(self.redis, f"herder.{self.hostname}.{w.slot}.{w.pid}")
-        except Exception as exc:  # Redis down: RQ's own TTL cleans it up later
-            log.debug("could not unregister RQ worker of pid %d: %s", w.pid, exc)
+        """A killed RQ worker cannot unregister itself: do it, so `rq info` shows no ghost."""
+        if self.requeuer is not None and self.cfg.worker_command is None:
+            self.requeuer.forget(f"herder.{self.hostname}.{w.slot}.{w.pid}")
 
     # ---- requeue -------------------------------------------------------------------------
 
     def requeue(self, job_id: str, reason: str) -> None:
-        if self.redis is None:
+        if self.requeuer is None:
             log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
             return
-        try:
-            outcome = requeue_or_fail(self.redis, job_id, reason, self.cfg.max_requeues)
-        except Exception as exc:
-            log.error(
-                "job %s: could not requeue yet (%s: %s); will retry", job_id, exc.__class__.__name__, exc
-            )
-            self.pending_requeues.append((job_id, reason))
-            return
-        if outcome.action == "requeued":
-            self.totals.requeued += 1
-            log.warning("job %s: requeued at the front of its queue (%s)", job_id, outcome.detail)
-        elif outcome.action == "failed":
-            self.totals.failed += 1
-            log.error("job %s: moved to the failed job registry: %s", job_id, outcome.detail)
-        else:
-            log.info("job %s: not requeued (%s)", job_id, outcome.detail)
-
-    def retry_requeues(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.pending_requeues or (now < self._next_requeue_try and not force):
-            return
-        self._next_requeue_try = now + 1.0
-        pending, self.pending_requeues = self.pending_requeues, []
-        for job_id, reason in pending:
-            self.requeue(job_id, reason)
+        self.requeuer.requeue(job_id, reason)
 
     # ---- murder: the unresponsive ----------------------------------------------------------
 

@@ -105,13 +105,12 @@ def zombies_of(tag_pids: set[int]) -> list[int]:
 # ---- Redis ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def start_redis(workdir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A private redis-server on a free loopback port; waits until it answers."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.fail("redis-server is not on PATH; scripts/test installs it (apt-get install redis-server)")
     port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(
         [
             exe,
@@ -125,11 +124,12 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "no",
             "--dir",
             str(workdir),
+            *extra,
         ],
         stdout=subprocess.DEVNULL,
     )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = Redis.from_url(url)
+    password = extra[extra.index("--requirepass") + 1] if "--requirepass" in extra else None
+    client = Redis(port=port, password=password)
 
     def up() -> bool:
         try:
@@ -138,6 +138,13 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             return False
 
     wait_for(up, 10, what="redis-server to answer")
+    return proc, port
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, port = start_redis(tmp_path_factory.mktemp("redis"))
+    url = f"redis://127.0.0.1:{port}/0"
     yield url
     proc.terminate()
     proc.wait(10)
@@ -147,6 +154,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def redis_url(redis_server: str) -> str:
     Redis.from_url(redis_server).flushall()
     return redis_server
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A redis-server for one test, which the test may stop, freeze or restart."""
+    proc, port = start_redis(tmp_path)
+    yield proc, port
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        proc.wait(10)
 
 
 @pytest.fixture

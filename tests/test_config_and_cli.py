@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from conftest import HERDER, free_port, wait_for
+from conftest import HERDER, start_redis, wait_for
 from supervisor.config import EX_CONFIG, Config, ConfigError, redact_url
 
 
@@ -91,34 +90,7 @@ def test_a_shadowing_package_is_named_with_its_location(tmp_path: Path) -> None:
 
 @pytest.fixture
 def password_redis(tmp_path: Path):
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            shutil.which("redis-server") or "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--requirepass",
-            "hunter2-s3cret",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = Redis(port=port, password="hunter2-s3cret")
-
-    def up() -> bool:
-        try:
-            return bool(client.ping())
-        except Exception:
-            return False
-
-    wait_for(up, 10, what="password redis")
+    proc, port = start_redis(tmp_path, "--requirepass", "hunter2-s3cret")
     yield port
     proc.terminate()
     proc.wait(10)

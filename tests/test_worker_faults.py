@@ -117,3 +117,34 @@ def test_job_that_kills_its_interpreter_is_handled_and_worker_replaced(herder, j
     h.signal(signal.SIGTERM)
     assert h.wait_exit(30) == 0
     h.assert_nothing_left()
+
+
+def test_redis_hanging_does_not_stall_the_master_and_the_job_is_requeued_after(herder, own_redis, jobs):
+    from rq import Queue
+
+    proc, port = own_redis
+    url = f"redis://127.0.0.1:{port}/0"
+    from redis import Redis
+
+    q = Queue(connection=Redis.from_url(url))
+    h = herder(redis_url=url, workers="1", master_heartbeat_timeout="3")
+    h.wait_workers(1)
+    master = h.master()
+    assert master is not None
+    job = q.enqueue("herder_testjobs.record", "frozen", 3)
+    victim = h.worker_for_job(Redis.from_url(url), job.id)
+    os.kill(victim, signal.SIGKILL)
+    proc.send_signal(signal.SIGSTOP)  # Redis hangs: connections open, nothing answers
+    h.wait_log(rf"pid {victim}: .*exited")
+    time.sleep(8)  # well past the watchdog's 3 s deadline for the master
+    proc.send_signal(signal.SIGCONT)
+    r = Redis.from_url(url)
+    wait_for(lambda: r.llen("finished:frozen") == 1, 30, what="the requeued job to finish")
+    log = h.log()
+    assert h.master() is not None and h.master().pid == master.pid, "the watchdog replaced a healthy master"
+    assert "silent for" not in log
+    assert re.search(rf"job {job.id}: requeued", log)
+    assert r.llen("started:frozen") == 2
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
