@@ -53,7 +53,41 @@ def cli() -> None:
 @cli.command()
 @_option("--redis-url", help="Redis URL, e.g. redis://:password@host:6379/0.")
 @_option("--queue", "queues", multiple=True, help="Queue to work on (repeatable), in priority order.")
-@_option("--workers", type=int, default=2, show_default=True, help="Number of workers.")
+@_option("--workers", type=int, default=2, show_default=True, help="Number of workers (fixed).")
+@_option("--min-workers", type=int, help="Autoscale: never fewer workers than this.  [default: 1]")
+@_option("--max-workers", type=int, help="Autoscale between --min-workers and this (turns autoscaling on).")
+@_option(
+    "--scale-interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between load readings (one Redis round trip each).",
+)
+@_option(
+    "--scale-down-delay",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds the load must stay low before workers are stopped.",
+)
+@_option(
+    "--drain-target",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Size the fleet to empty the backlog within this many seconds.",
+)
+@_option("--host-id", help="This host's name in a cluster.  [default: hostname:pid]")
+@_option(
+    "--cluster-max-workers", type=int, help="Cap on the workers of all hosts sharing this Redis together."
+)
+@_option(
+    "--host-ttl",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds after which a silent host is forgotten and its share taken over.",
+)
 @_option(
     "--job-timeout",
     type=float,
@@ -148,6 +182,10 @@ def run(ctx: click.Context, **opts) -> None:
     }
     try:
         cfg = build_config(opts)
+        if "workers" in sources and cfg.max_workers is not None:
+            raise ConfigError(
+                "workers", "a fixed count conflicts with max_workers (autoscaling)", sources["workers"]
+            )
         cfg.validate(sources)
         if cfg.redis_url is None:
             raise ConfigError("redis_url", "not set: pass --redis-url or set HERDER_REDIS_URL")

@@ -49,6 +49,16 @@ class Config:
     worker_command: list[str] | None = None
     state_dir: str = ""
     log_level: str = "INFO"
+    # Autoscaling: on when max_workers is set (then `workers` is ignored).
+    min_workers: int | None = None
+    max_workers: int | None = None
+    scale_interval: float = 1.0
+    scale_down_delay: float = 30.0
+    drain_target: float = 30.0
+    # Several hosts on one Redis: a cap on the whole cluster's workers.
+    host_id: str = ""  # default hostname:pid of the master
+    cluster_max_workers: int | None = None
+    host_ttl: float = 10.0
     # Watchdog: master silence deadline and restart intensity.
     master_heartbeat_timeout: float = 15.0
     max_restarts: int = 5
@@ -62,6 +72,23 @@ class Config:
 
         if self.workers < 1:
             raise bad("workers", f"must be at least 1, got {self.workers}")
+        if self.min_workers is not None and self.max_workers is None:
+            raise bad("min_workers", "needs max_workers too (autoscaling is on when max_workers is set)")
+        if self.max_workers is not None:
+            if self.max_workers < 1:
+                raise bad("max_workers", f"must be at least 1, got {self.max_workers}")
+            if self.min_workers is not None and not 0 <= self.min_workers <= self.max_workers:
+                raise bad(
+                    "min_workers",
+                    f"must be between 0 and max_workers ({self.max_workers}), got {self.min_workers}",
+                )
+        if self.cluster_max_workers is not None:
+            if self.max_workers is None:
+                raise bad("cluster_max_workers", "needs max_workers (autoscaling) too")
+            if self.cluster_max_workers < 1:
+                raise bad("cluster_max_workers", f"must be at least 1, got {self.cluster_max_workers}")
+        if self.host_ttl <= self.scale_interval:
+            raise bad("host_ttl", "must be longer than scale_interval")
         if not self.queues or any(not q or not q.isprintable() or " " in q for q in self.queues):
             raise bad("queues", "needs one or more queue names without spaces")
         positive = [
@@ -74,6 +101,9 @@ class Config:
             "backoff_max",
             "master_heartbeat_timeout",
             "restart_window",
+            "scale_interval",
+            "scale_down_delay",
+            "drain_target",
         ]
         for key in positive:
             if not getattr(self, key) > 0:
@@ -97,6 +127,22 @@ class Config:
             raise bad("log_level", f"must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
 
     # ---- hand-over between processes ---------------------------------------------
+
+    @property
+    def autoscale(self) -> bool:
+        return self.max_workers is not None
+
+    @property
+    def floor(self) -> int:
+        """The fewest workers herder runs."""
+        if self.max_workers is None:
+            return self.workers
+        return 1 if self.min_workers is None else self.min_workers
+
+    @property
+    def ceiling(self) -> int:
+        """The most workers herder runs."""
+        return self.workers if self.max_workers is None else self.max_workers
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))

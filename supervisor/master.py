@@ -19,8 +19,11 @@ from dataclasses import dataclass, field
 
 from redis import Redis
 
+from supervisor.cluster import share_of
 from supervisor.config import ENV_RESOLVED, Config, redact_url
+from supervisor.observer import ClusterSettings, Observer
 from supervisor.requeuer import Requeuer
+from supervisor.scaling import ScaleConfig, ScaleState, decide, learn_rate, pick_idle_to_stop
 from supervisor.states import WorkerState
 from supervisor.uplink import Uplink
 from supervisor.workerproc import STDERR_LINES_PER_SECOND, Observations, WorkerProcess
@@ -54,6 +57,7 @@ class Totals:
     throttled: int = 0
     jobs_ok: int = 0
     jobs_failed: int = 0
+    busy_seconds: float = 0.0
 
 
 @dataclass
@@ -90,9 +94,13 @@ class Master:
     _ready_sent: bool = False
     _last_alive: float = 0.0
     _sigint_count: int = 0
+    scale_state: ScaleState = field(default_factory=ScaleState)
+    grant: int | None = None  # cluster grant; None when there is no cluster cap
+    _done_seen: tuple[int, float] = (0, 0.0)  # jobs and busy seconds already folded into the rate
 
     def __post_init__(self) -> None:
-        self.target = self.target or self.cfg.workers
+        self.target = self.target or self.cfg.floor
+        self.host_id = self.cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -105,6 +113,28 @@ class Master:
             else None
         )
         self.hostname = socket.gethostname()
+        self.observer: Observer | None = None
+        if self.cfg.autoscale and self.cfg.redis_url:
+            cluster = None
+            if self.cfg.cluster_max_workers is not None:
+                cluster = ClusterSettings(self.host_id, self.cfg.cluster_max_workers, self.cfg.host_ttl)
+                self.grant = 0  # spawn nothing until the cluster grants it
+            self.observer = Observer(
+                Redis.from_url(self.cfg.redis_url, socket_timeout=5, socket_connect_timeout=3),
+                self.cfg.queues,
+                self.cfg.scale_interval,
+                self.wake,
+                cluster,
+            )
+        # The policy decides for the whole cluster when there is a cap, else for this host.
+        self.scale_cfg = ScaleConfig(
+            min_workers=self.cfg.floor,
+            max_workers=self.cfg.cluster_max_workers or self.cfg.ceiling,
+            interval=self.cfg.scale_interval,
+            scale_down_delay=self.cfg.scale_down_delay,
+            drain_target=self.cfg.drain_target,
+        )
+        self.cluster_desired = self.target
 
     # ---- events ----------------------------------------------------------------------
 
@@ -163,18 +193,31 @@ class Master:
             ",".join(self.cfg.queues),
             redact_url(self.cfg.redis_url),
         )
-        for i in range(self.target):
+        for i in range(self.cfg.ceiling):
             self.slots[i] = Slot(i)
+        if self.observer:
+            log.info(
+                "autoscaling between %d and %d workers%s",
+                self.cfg.floor,
+                self.cfg.ceiling,
+                f", host {self.host_id} in a cluster of at most {self.cfg.cluster_max_workers}"
+                if self.cfg.cluster_max_workers is not None
+                else "",
+            )
+            self.observer.start()
         while True:
             self.handle_signals()
             self.reap()
             self.murder()
+            self.autoscale()
             self.manage()
             self.report_counters()
             self.heartbeat()
             if self.stopping and not self.workers:
                 break
             self.wait(TICK)
+        if self.observer:
+            self.observer.stop()
         left = self.requeuer.drain(timeout=10.0) if self.requeuer else 0
         if left:
             log.error(
@@ -210,15 +253,17 @@ class Master:
         if now - self._last_alive >= self.cfg.heartbeat_interval:
             self._last_alive = now
             self.uplink.alive()
+        wanted = self.target if self.grant is None else min(self.target, self.grant)
+        live = self.live_workers()
         if (
             not self._ready_sent
-            and self.workers
-            and all(w.state not in (WorkerState.STARTING,) for w in self.workers.values())
-            and len(self.workers) == self.target
+            and (self.observer is None or self.scale_state.last is not None)  # a first load reading
+            and len(live) >= wanted
+            and all(w.state != WorkerState.STARTING for w in live)
         ):
             self._ready_sent = True
             self.uplink.ready()
-            log.info("all %d workers ready", self.target)
+            log.info("all %d workers ready", len(live))
         if not self.stopping and self.uplink.watchdog_gone():
             log.warning("the watchdog is gone (parent changed or its pipe closed): stopping")
             self.begin_stop(hurry=False, why="watchdog gone")
@@ -255,6 +300,7 @@ class Master:
             self.totals.exited += 1
             self.totals.jobs_ok += obs.jobs_ok
             self.totals.jobs_failed += obs.jobs_failed
+            self.totals.busy_seconds += obs.busy_seconds
             lived = time.monotonic() - w.spawned_at
             how = describe_exit(code)
             graceful = w.stop_sent_at is not None and code == 0 and not w.kill_reason
@@ -284,14 +330,15 @@ class Master:
             w.state = WorkerState.EXITED
             if obs.job_id is not None:
                 self.requeue(obs.job_id, f"{cause} while running the job")
-            self._after_exit(w, graceful, lived)
+            self._after_exit(w, graceful, lived, obs.ready)
 
-    def _after_exit(self, w: WorkerProcess, graceful: bool, lived: float) -> None:
+    def _after_exit(self, w: WorkerProcess, graceful: bool, lived: float, was_ready: bool) -> None:
         slot = self.slots.get(w.slot)
         if slot is None or self.stopping:
             return
         now = time.monotonic()
-        if graceful or lived >= self.cfg.min_uptime:
+        # Died young: before `ready` (a failed start, however long it took) or soon after.
+        if graceful or (was_ready and lived >= self.cfg.min_uptime):
             slot.young_deaths = 0
             slot.next_spawn_at = now
             return
@@ -299,7 +346,8 @@ class Master:
         delay = min(self.cfg.backoff_max, self.cfg.backoff_initial * 2 ** (slot.young_deaths - 1))
         slot.next_spawn_at = now + delay
         log.warning(
-            "slot %d: %s (died %d times in a row within %.1f s of spawning); next spawn in %.2f s",
+            "slot %d: %s (died %d times in a row, before `ready` or within %.1f s of its start); "
+            "next spawn in %.2f s",
             w.slot,
             WorkerState.BACKOFF,
             slot.young_deaths,
@@ -356,6 +404,12 @@ class Master:
             busy = f", job {obs.job_id} still running" if obs.job_id else ""
             return f"still running {cfg.stop_timeout:g} s after `stop`{busy}"
         if not obs.ready:
+            if obs.last_seen > w.spawned_at:
+                # Heartbeats before `ready`: alive, waiting (for Redis, say); judged by silence.
+                silent = now - obs.last_seen
+                if silent > cfg.heartbeat_timeout:
+                    return f"silent for {silent:.1f} s before `ready` (limit {cfg.heartbeat_timeout:g} s)"
+                return None
             if now - w.spawned_at > cfg.start_timeout:
                 return f"no `ready` within the start timeout of {cfg.start_timeout:g} s"
             return None
@@ -380,16 +434,77 @@ class Master:
 
     # ---- manage: towards the target -------------------------------------------------------
 
+    def live_workers(self) -> list[WorkerProcess]:
+        """Workers that count towards the target: not on their way out."""
+        return [
+            w for w in self.workers.values() if w.state not in (WorkerState.STOPPING, WorkerState.KILLING)
+        ]
+
     def manage(self) -> None:
         if self.stopping:
             return
+        live = self.live_workers()
+        if len(live) > self.target:
+            states = {w.slot: str(w.state) for w in live}
+            for slot in pick_idle_to_stop(states, len(live) - self.target):
+                w = self.workers[slot]
+                w.send_stop()
+                w.stop_sent_at = time.monotonic()
+                self.set_state(w, WorkerState.STOPPING, f"scale down to {self.target}")
+            return
         now = time.monotonic()
+        # A cluster grant counts every process still running, stopping ones included.
+        room = self.target - len(live)
+        if self.grant is not None:
+            room = min(room, self.grant - len(self.workers))
         for slot in self.slots.values():
-            if slot.index in self.workers or slot.index >= self.target:
+            if room <= 0:
+                break
+            if slot.index in self.workers:
                 continue
-            if now < slot.next_spawn_at:
-                continue
-            self.spawn(slot)
+            room -= 1  # a slot in backoff still takes its place: a crash loop cannot spill over
+            if now >= slot.next_spawn_at:
+                self.spawn(slot)
+
+    def autoscale(self) -> None:
+        """Fold the newest load reading into the policy and set the target."""
+        if self.observer is None or self.stopping:
+            return
+        reading = self.observer.take()
+        if reading is None:
+            return
+        jobs, busy = self.jobs_and_busy_seconds()
+        seen_jobs, seen_busy = self._done_seen
+        self._done_seen = (jobs, busy)
+        state = learn_rate(self.scale_state, jobs - seen_jobs, busy - seen_busy, self.scale_cfg)
+        load = reading.load
+        if load is not None and state.per_worker is not None:
+            completions = load.running * state.per_worker  # cluster-wide: every host's busy workers
+        else:
+            completions = (jobs - seen_jobs) / self.cfg.scale_interval
+        decision, self.scale_state = decide(state, load, self.cluster_desired, completions, self.scale_cfg)
+        self.cluster_desired = decision.desired
+        target = decision.desired
+        if self.cfg.cluster_max_workers is not None:
+            hosts = reading.grant.hosts if reading.grant else (self.host_id,)
+            target = max(
+                self.cfg.floor, min(self.cfg.ceiling, share_of(decision.desired, hosts, self.host_id))
+            )
+            self.observer.tell(wanted=target, running=len(self.workers))
+            if reading.grant is not None:
+                self.grant = reading.grant.granted
+        if target != self.target:
+            granted = f", cluster grant {self.grant}" if self.grant is not None else ""
+            log.info("scale: %d -> %d workers (%s%s)", self.target, target, decision.reason, granted)
+            self.target = target
+
+    def jobs_and_busy_seconds(self) -> tuple[int, float]:
+        jobs, busy = self.totals.jobs_ok + self.totals.jobs_failed, self.totals.busy_seconds
+        for w in self.workers.values():
+            o = w.snapshot()
+            jobs += o.jobs_ok + o.jobs_failed
+            busy += o.busy_seconds
+        return jobs, busy
 
     def worker_argv(self) -> list[str]:
         if self.cfg.worker_command:

@@ -40,6 +40,7 @@ class Observations:
     jobs_ok: int = 0
     jobs_failed: int = 0
     last_done_wall: float | None = None  # the worker's completion timestamp
+    busy_seconds: float = 0.0  # summed busy->done durations, for the per-worker job rate
     said_stop: bool = False
     stdout_eof: bool = False
     eof_at: float = 0.0  # monotonic
@@ -156,6 +157,8 @@ class WorkerProcess:
                 case "busy":
                     o.job_id, o.job_started, o.job_timeout = msg.job_id, now, msg.timeout
                 case "done":
+                    if o.job_id == msg.job_id:
+                        o.busy_seconds += now - o.job_started
                     if msg.ok:
                         o.jobs_ok += 1
                     else:

@@ -10,6 +10,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 
 try:
     from watchdog.provenance import exit_if_shadowed
@@ -28,6 +29,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def wait_for_redis(connection, channel) -> bool:
+    """Wait until Redis answers, heartbeating meanwhile; False if asked to stop first.
+
+    A worker started during a Redis outage waits instead of exiting, so the fleet keeps
+    its size instead of churning through crash-and-respawn. A wrong password or another
+    configuration error is not an outage: it raises, and the worker exits.
+    """
+    from redis.exceptions import AuthenticationError, ConnectionError, TimeoutError
+
+    logged = False
+    while True:
+        try:
+            connection.ping()
+            if logged:
+                print("herder worker: Redis answers, starting", file=sys.stderr, flush=True)
+            return True
+        except AuthenticationError:
+            raise
+        except (ConnectionError, TimeoutError) as exc:
+            if not logged:
+                print(f"herder worker: waiting for Redis ({exc})", file=sys.stderr, flush=True)
+                logged = True
+        if channel.stop_reason:
+            return False
+        channel.idle()
+        time.sleep(channel.heartbeat_interval)
+
+
 def main(argv: list[str] | None = None) -> int:
     exit_if_shadowed()
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -36,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from worker.channel import Channel
 
     channel = Channel(heartbeat_interval=args.heartbeat_interval, orphan_log=args.orphan_log)
+    channel.start()
     # Job modules are imported after herder's own packages, so a user module named
     # like one of ours cannot replace it (and is reported if it tries).
     for path in reversed(args.paths):
@@ -47,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
     url = os.environ.get("HERDER_REDIS_URL", "redis://127.0.0.1:6379/0")
     connection = Redis.from_url(url)
+    if not wait_for_redis(connection, channel):
+        channel.stopped()
+        return 0
     slot = os.environ.get("HERDER_SLOT", "0")
     name = args.name or f"herder.{socket.gethostname()}.{slot}.{os.getpid()}"
     w = HerderWorker(args.queues or ["default"], name=name, connection=connection)

@@ -33,6 +33,7 @@ class Channel:
         self._parent = os.getppid()
         self._stop_reason: str | None = None
         self._orphaned = False
+        self._last_idle = 0.0
         self._sentinel = threading.Thread(target=self._watch_master, name="herder-sentinel", daemon=True)
 
     # ---- lines to the master -------------------------------------------------
@@ -47,12 +48,19 @@ class Channel:
             except (BrokenPipeError, OSError):
                 self._master_gone("protocol pipe closed")
 
-    def ready(self) -> None:
-        self._send(f"ready {os.getpid()} {time.time():.6f} {PROTOCOL_VERSION}")
+    def start(self) -> None:
+        """Start watching the master (stdin, parent pid) and beating while busy."""
         self._sentinel.start()
 
+    def ready(self) -> None:
+        self._send(f"ready {os.getpid()} {time.time():.6f} {PROTOCOL_VERSION}")
+
     def idle(self) -> None:
-        self._send(f"idle {time.time():.6f}")
+        """The main loop's heartbeat; at most twice per interval, however often it is called."""
+        now = time.monotonic()
+        if now - self._last_idle >= self.heartbeat_interval / 2:
+            self._last_idle = now
+            self._send(f"idle {time.time():.6f}")
 
     def busy(self, job_id: str, timeout: float | None) -> None:
         with self._lock:

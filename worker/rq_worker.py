@@ -23,6 +23,9 @@ class HerderWorker(SimpleWorker):
     channel: Channel
     # One log line less per job: the result TTL is the same for every job and says little.
     log_result_lifespan = False
+    # While Redis is unreachable RQ retries inside its dequeue loop; herder's heartbeat
+    # rides on those retries (see heartbeat()), so they must come at least that often.
+    max_connection_wait_time = 1.0
 
     def attach(self, channel: Channel) -> None:
         self.channel = channel
@@ -52,12 +55,19 @@ class HerderWorker(SimpleWorker):
         while True:
             if self.channel.stop_reason:
                 raise StopRequested()
-            self.channel.idle()
             result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
             if result is not None:
                 return result
             if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                 return None
+
+    def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:  # type: ignore[override]
+        # RQ calls this on its main loop before every dequeue attempt, including each retry
+        # while Redis is down: the `idle` line goes first, so an outage does not make a
+        # healthy worker look hung. Calls inside a job's bookkeeping come with a pipeline.
+        if pipeline is None and self.get_state() != "busy":
+            self.channel.idle()
+        super().heartbeat(timeout, pipeline)
 
     def perform_job(self, job: Job, queue: Queue, execution) -> bool:  # type: ignore[override]
         self.channel.busy(job.id, job.timeout)
