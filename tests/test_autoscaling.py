@@ -72,7 +72,7 @@ def test_redis_down_holds_the_count_and_scaling_resumes(herder, tmp_path: Path):
             samples.append(count_workers(h))
             time.sleep(0.5)
         assert samples == [4] * len(samples), samples
-        assert h.master() is not None and h.master().pid == master.pid
+        assert (cur := h.master()) is not None and cur.pid == master.pid
         assert h.log().count("cannot read the load from Redis") == 1  # logged once, not every second
         assert "SIGTERM to its process group" not in h.log()  # no idle worker was killed for the outage
         proc = subprocess.Popen(

@@ -39,7 +39,9 @@ def test_watchdog_gives_up_past_the_restart_intensity_cap(herder):
         master = wait_for(h.master, 10, what="a master")
         h.wait_log(rf"master {master.pid} ready")
         master.kill()
-        wait_for(lambda m=master: h.master() is None or h.master().pid != m.pid, 10, what="the master to die")
+        wait_for(
+            lambda m=master: (cur := h.master()) is None or cur.pid != m.pid, 10, what="the master to die"
+        )
     # Third death within the window: the watchdog exits non-zero for systemd to handle.
     assert h.wait_exit(20) == 1
     assert "2 restarts within 60 s already: giving up" in h.log()

@@ -141,7 +141,7 @@ def test_redis_hanging_does_not_stall_the_master_and_the_job_is_requeued_after(h
     r = Redis.from_url(url)
     wait_for(lambda: r.llen("finished:frozen") == 1, 30, what="the requeued job to finish")
     log = h.log()
-    assert h.master() is not None and h.master().pid == master.pid, "the watchdog replaced a healthy master"
+    assert (cur := h.master()) is not None and cur.pid == master.pid, "the watchdog replaced a healthy master"
     assert "silent for" not in log
     assert re.search(rf"job {job.id}: requeued", log)
     assert r.llen("started:frozen") == 2
