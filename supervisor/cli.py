@@ -7,14 +7,17 @@ stays the watchdog's, which is what systemd's Type=notify and KillMode=mixed nee
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
-from supervisor import __version__
+from supervisor import __version__, control
+from supervisor import status as status_mod
 from supervisor.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError, parse_worker_command
 from watchdog.provenance import exit_if_shadowed
 
@@ -199,6 +202,95 @@ def run(ctx: click.Context, **opts) -> None:
     env[ENV_RESOLVED] = cfg.to_env()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-P", "-m", "watchdog"], env)
+
+
+def state_dir_option(f):
+    return click.option(
+        "--state-dir",
+        envvar="HERDER_STATE_DIR",
+        show_envvar=True,
+        help="The state dir of the herder to talk to (as given to `herder run`).",
+    )(f)
+
+
+def ask(state_dir: str | None, body: dict) -> dict:
+    """One request to the running herder; exit 4 (like supervisorctl) if it cannot be reached."""
+    path = state_dir or default_state_dir()
+    try:
+        reply = control.call(path, body)
+    except (OSError, ValueError) as exc:
+        click.echo(f"herder: no herder answering at {path} ({exc.__class__.__name__}: {exc})", err=True)
+        sys.exit(status_mod.EXIT_UNREACHABLE)
+    if not reply.get("ok"):
+        click.echo(f"herder: {reply.get('error', 'request failed')}", err=True)
+        sys.exit(1)
+    return reply
+
+
+@cli.command()
+@state_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
+def status(state_dir: str | None, as_json: bool, watch: bool) -> None:
+    """Show the fleet. Exit 0: all running; 3: something is not; 4: herder not reachable."""
+    while True:
+        reply = ask(state_dir, {"cmd": "status"})
+        if as_json:
+            click.echo(json.dumps(reply, indent=2, default=str))
+        else:
+            if watch:
+                click.clear()
+            click.echo(status_mod.render(reply))
+        if not watch:
+            sys.exit(status_mod.exit_code(reply))
+        time.sleep(1.0)
+
+
+@cli.command()
+@state_dir_option
+@click.argument("workers", type=click.IntRange(min=1), required=False)
+@click.option("--min", "min_workers", type=click.IntRange(min=0), help="Autoscaling: new minimum.")
+@click.option("--max", "max_workers", type=click.IntRange(min=1), help="Autoscaling: new maximum.")
+def scale(
+    state_dir: str | None, workers: int | None, min_workers: int | None, max_workers: int | None
+) -> None:
+    """Set the number of workers (N), or the autoscaling bounds (--min/--max)."""
+    if workers is None and min_workers is None and max_workers is None:
+        raise click.UsageError("give a worker count N, or --min and/or --max")
+    if workers is not None and (min_workers is not None or max_workers is not None):
+        raise click.UsageError("give either N or --min/--max, not both")
+    body: dict = {"cmd": "scale"}
+    if workers is not None:
+        body["workers"] = workers
+    if min_workers is not None:
+        body["min"] = min_workers
+    if max_workers is not None:
+        body["max"] = max_workers
+    reply = ask(state_dir, body)
+    click.echo(f"desired {reply['desired']} workers (min {reply['min']}, max {reply['max']})")
+
+
+@cli.command()
+@state_dir_option
+@click.option("--timeout", type=click.FloatRange(min=0), help="Seconds each worker gets to finish its job.")
+@click.option("--no-wait", is_flag=True, help="Return at once instead of waiting for herder to exit.")
+def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
+    """Stop herder gracefully: every running job finishes (up to the stop timeout)."""
+    body: dict = {"cmd": "stop"}
+    if timeout is not None:
+        body["timeout"] = timeout
+    path = state_dir or default_state_dir()
+    reply = ask(path, body)
+    click.echo(f"stopping {reply['stopping']} workers")
+    if no_wait:
+        return
+    while True:
+        try:
+            control.call(path, {"cmd": "ping"}, timeout=2)
+        except (OSError, ValueError):
+            click.echo("stopped")
+            return
+        time.sleep(0.2)
 
 
 def build_config(opts: dict) -> Config:

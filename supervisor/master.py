@@ -15,16 +15,18 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from redis import Redis
 
 from supervisor.cluster import share_of
 from supervisor.config import ENV_RESOLVED, Config, redact_url
+from supervisor.control import ControlServer, Request
 from supervisor.observer import ClusterSettings, Observer
 from supervisor.requeuer import Requeuer
 from supervisor.scaling import ScaleConfig, ScaleState, decide, learn_rate, pick_idle_to_stop
 from supervisor.states import WorkerState
+from supervisor.status import build_status
 from supervisor.uplink import Uplink
 from supervisor.workerproc import STDERR_LINES_PER_SECOND, Observations, WorkerProcess
 
@@ -114,7 +116,7 @@ class Master:
         )
         self.hostname = socket.gethostname()
         self.observer: Observer | None = None
-        if self.cfg.autoscale and self.cfg.redis_url:
+        if self.cfg.redis_url:  # status shows queue lengths even for a fixed count
             cluster = None
             if self.cfg.cluster_max_workers is not None:
                 cluster = ClusterSettings(self.host_id, self.cfg.cluster_max_workers, self.cfg.host_ttl)
@@ -135,6 +137,11 @@ class Master:
             drain_target=self.cfg.drain_target,
         )
         self.cluster_desired = self.target
+        self.started_at = time.time()
+        self.queue_stats: dict[str, dict[str, float]] = {}  # name -> backlog, running, growth
+        self.control: ControlServer | None = None
+        if self.cfg.state_dir:
+            self.control = ControlServer(self.cfg.state_dir, self.wake, self.answer_directly)
 
     # ---- events ----------------------------------------------------------------------
 
@@ -195,7 +202,13 @@ class Master:
         )
         for i in range(self.cfg.ceiling):
             self.slots[i] = Slot(i)
-        if self.observer:
+        if self.control:
+            try:
+                self.control.start()
+            except OSError as exc:
+                log.error("cannot open the control socket %s: %s", self.control.path, exc)
+                self.control = None
+        if self.observer and self.cfg.autoscale:
             log.info(
                 "autoscaling between %d and %d workers%s",
                 self.cfg.floor,
@@ -204,6 +217,7 @@ class Master:
                 if self.cfg.cluster_max_workers is not None
                 else "",
             )
+        if self.observer:
             self.observer.start()
         while True:
             self.handle_signals()
@@ -211,6 +225,7 @@ class Master:
             self.murder()
             self.autoscale()
             self.manage()
+            self.handle_requests()
             self.report_counters()
             self.heartbeat()
             if self.stopping and not self.workers:
@@ -218,6 +233,9 @@ class Master:
             self.wait(TICK)
         if self.observer:
             self.observer.stop()
+        self.handle_requests()  # answer what arrived during the last pass
+        if self.control:
+            self.control.close()
         left = self.requeuer.drain(timeout=10.0) if self.requeuer else 0
         if left:
             log.error(
@@ -257,7 +275,7 @@ class Master:
         live = self.live_workers()
         if (
             not self._ready_sent
-            and (self.observer is None or self.scale_state.last is not None)  # a first load reading
+            and (not self.cfg.autoscale or self.scale_state.last is not None)  # a first load reading
             and len(live) >= wanted
             and all(w.state != WorkerState.STARTING for w in live)
         ):
@@ -473,6 +491,9 @@ class Master:
         reading = self.observer.take()
         if reading is None:
             return
+        self.record_queue_stats(reading.per_queue)
+        if not self.cfg.autoscale:
+            return
         jobs, busy = self.jobs_and_busy_seconds()
         seen_jobs, seen_busy = self._done_seen
         self._done_seen = (jobs, busy)
@@ -497,6 +518,86 @@ class Master:
             granted = f", cluster grant {self.grant}" if self.grant is not None else ""
             log.info("scale: %d -> %d workers (%s%s)", self.target, target, decision.reason, granted)
             self.target = target
+
+    def record_queue_stats(self, per_queue: tuple[tuple[str, int, int], ...]) -> None:
+        now = time.monotonic()
+        for name, backlog, running in per_queue:
+            prev = self.queue_stats.get(name)
+            growth = 0.0
+            if prev is not None and now > prev["at"]:
+                sample = (backlog - prev["backlog"]) / (now - prev["at"])
+                growth = self.scale_cfg.alpha * sample + (1 - self.scale_cfg.alpha) * prev["growth"]
+            self.queue_stats[name] = {"backlog": backlog, "running": running, "growth": growth, "at": now}
+
+    # ---- control requests ------------------------------------------------------------------
+
+    def answer_directly(self, body: dict) -> dict | None:
+        """Requests the control thread answers itself (no fleet state involved)."""
+        if body["cmd"] == "ping":
+            return {"ok": True, "pid": os.getpid()}
+        return None
+
+    def handle_requests(self) -> None:
+        if self.control is None:
+            return
+        while True:
+            try:
+                request: Request = self.control.requests.get_nowait()
+            except Exception:
+                return
+            try:
+                reply = self.answer(request.body)
+            except Exception as exc:  # a bad request must never take the loop down
+                log.exception("control request %r failed", request.body.get("cmd"))
+                reply = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+            request.reply.set_result(reply)
+
+    def answer(self, body: dict) -> dict:
+        cmd = body["cmd"]
+        if cmd == "status":
+            return build_status(self)
+        if cmd == "scale":
+            return self.rescale(body)
+        if cmd == "stop":
+            if "timeout" in body:
+                self.cfg.stop_timeout = float(body["timeout"])
+            self.begin_stop(hurry=False, why="herder stop")
+            return {"ok": True, "stopping": len(self.workers)}
+        return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def rescale(self, body: dict) -> dict:
+        if "workers" in body:
+            n = int(body["workers"])
+            if n < 1:
+                return {"ok": False, "error": "workers must be at least 1"}
+            if self.cfg.autoscale:
+                return {"ok": False, "error": "autoscaling is on: use --min/--max"}
+            self.cfg.workers = n
+            self.target = n
+        else:
+            if not self.cfg.autoscale:
+                return {
+                    "ok": False,
+                    "error": "autoscaling is off: herder run needs --max-workers for --min/--max",
+                }
+            lo = int(body.get("min", self.cfg.floor))
+            hi = int(body.get("max", self.cfg.ceiling))
+            if not 0 <= lo <= hi or hi < 1:
+                return {"ok": False, "error": f"need 0 <= min <= max and max >= 1, got {lo}, {hi}"}
+            self.cfg.min_workers, self.cfg.max_workers = lo, hi
+            self.scale_cfg = replace(
+                self.scale_cfg, min_workers=lo, max_workers=self.cfg.cluster_max_workers or hi
+            )
+            self.target = max(lo, min(hi, self.target))
+            self.cluster_desired = max(lo, min(self.scale_cfg.max_workers, self.cluster_desired))
+        for i in range(self.cfg.ceiling):
+            self.slots.setdefault(i, Slot(i))
+        log.info(
+            "scale: target now %d workers (%s)",
+            self.target,
+            f"min {self.cfg.floor}, max {self.cfg.ceiling}" if self.cfg.autoscale else "fixed",
+        )
+        return {"ok": True, "desired": self.target, "min": self.cfg.floor, "max": self.cfg.ceiling}
 
     def jobs_and_busy_seconds(self) -> tuple[int, float]:
         jobs, busy = self.totals.jobs_ok + self.totals.jobs_failed, self.totals.busy_seconds

@@ -196,6 +196,7 @@ class Herder:
                 self.argv += [key, v]
         self.proc: subprocess.Popen[bytes] | None = None
         self.seen_pids: set[int] = set()
+        self.state_dir = str(opts["--state-dir"])
 
     def start(self) -> Herder:
         env = dict(os.environ, **{TAG_VAR: self.tag})

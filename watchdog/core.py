@@ -146,6 +146,11 @@ class Watchdog:
         if not fields:
             return
         self.master_seen = time.monotonic()
+        if fields[0] == "stopping" and not self.stopping:
+            # A stop asked of the master itself (herder stop): do not restart it.
+            self.stopping = True
+            self.stop_started = time.monotonic()
+            log.info("master %d is stopping on request", self.master.pid if self.master else -1)
         if fields[0] == "ready" and not self.master_ready:
             self.master_ready = True
             log.info("master %d ready", self.master.pid if self.master else -1)

@@ -1,0 +1,147 @@
+"""The control socket: `herder status`, `scale`, `stop`, ... talk to the master here.
+
+A Unix stream socket in the state dir, mode 0600 inside the 0700 directory. A peer with
+another uid is refused unless it is root. Each connection carries one JSON request line
+and gets one JSON reply line (docs/control.md).
+
+This thread only accepts and parses. Whatever reads or changes the fleet is handed to
+the reconcile loop (`Master.handle_requests`) and answered from there, so replies are
+consistent with what the loop decides, and a hung loop shows up as a timeout instead
+of a stale answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+from supervisor.peercred import peer_uid
+
+log = logging.getLogger("herder")
+
+SOCKET_NAME = "herder.sock"
+MAX_REQUEST = 64 * 1024
+LOOP_TIMEOUT = 5.0  # seconds the loop has to answer before the client hears "not responding"
+
+
+@dataclass
+class Request:
+    body: dict
+    reply: Future = field(default_factory=Future)
+
+
+class ControlServer:
+    def __init__(
+        self, state_dir: str, wake: Callable[[], None], direct: Callable[[dict], dict | None]
+    ) -> None:
+        """`direct` answers requests that need not go through the loop (or returns None)."""
+        self.path = os.path.join(state_dir, SOCKET_NAME)
+        self.requests: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._wake = wake
+        self._direct = direct
+        self._sock: socket.socket | None = None
+        self._thread = threading.Thread(target=self._serve, name="control", daemon=True)
+
+    def start(self) -> None:
+        if os.path.exists(self.path) and not os.path.islink(self.path):
+            os.unlink(self.path)  # a stale socket from a dead master
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)  # born 0600: no window in which others could connect
+        try:
+            sock.bind(self.path)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+        sock.listen(16)
+        self._sock = sock
+        self._thread.start()
+        log.info("control socket %s", self.path)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self._sock.close()
+
+    def _serve(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._handle, args=(conn,), name="control-conn", daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(LOOP_TIMEOUT)
+            uid = peer_uid(conn)
+            if uid is not None and uid not in (os.geteuid(), 0):
+                log.warning("control socket: refused a client with uid %d", uid)
+                self._send(conn, {"ok": False, "error": "permission denied: another user's herder"})
+                return
+            try:
+                body = self._read(conn)
+            except (OSError, ValueError) as exc:
+                self._send(conn, {"ok": False, "error": f"bad request: {exc}"})
+                return
+            reply = self._direct(body)
+            if reply is None:
+                request = Request(body)
+                self.requests.put(request)
+                self._wake()
+                try:
+                    reply = request.reply.result(timeout=body.get("wait", 0) + LOOP_TIMEOUT)
+                except FutureTimeout:
+                    reply = {"ok": False, "error": "the master did not answer in time (is its loop hung?)"}
+            self._send(conn, reply)
+
+    @staticmethod
+    def _read(conn: socket.socket) -> dict:
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > MAX_REQUEST:
+                raise ValueError("request too long")
+        body = json.loads(data.decode("utf-8") or "null")
+        if not isinstance(body, dict) or not isinstance(body.get("cmd"), str):
+            raise ValueError('expected a JSON object with a "cmd"')
+        return body
+
+    @staticmethod
+    def _send(conn: socket.socket, reply: dict) -> None:
+        try:
+            conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
+        except OSError:
+            pass
+
+
+def call(state_dir: str, body: dict, timeout: float = LOOP_TIMEOUT + 2) -> dict:
+    """Client side: send one request, return the reply. Raises OSError if nobody listens."""
+    path = os.path.join(state_dir, SOCKET_NAME)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout + body.get("wait", 0))
+        sock.connect(path)
+        sock.sendall(json.dumps(body).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    if not data:
+        raise ConnectionError("the master closed the connection without a reply")
+    return json.loads(data)

@@ -1,0 +1,168 @@
+"""The autoscaling policy: a pure function from what was observed to a worker count.
+
+No I/O and no clock of its own, so it is unit- and property-tested directly
+(tests/test_scaling_policy.py); docs/scaling.md explains the formula.
+
+    need = running + ceil( (arrival_rate * T + backlog) / (rate_per_worker * T) )
+
+where T is the drain target: enough workers for the jobs already running, plus enough
+to absorb what arrives *and* empty the current backlog within T seconds. Before the
+per-worker rate is known (cold start) every waiting job counts as one worker's worth,
+which errs towards draining fast. Up at once; down only after `need` has stayed below
+the current count for the whole scale-down delay, and then only to the highest need of
+that delay plus as much headroom as the need varied within it, so a noisy load does not
+flap: a load that is truly gone varies by nothing and goes all the way down.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+RECENT = 5  # unused since the scale-down window became the whole delay; kept for importers
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    min_workers: int
+    max_workers: int
+    interval: float = 1.0  # seconds between observations
+    scale_down_delay: float = 30.0
+    drain_target: float = 30.0
+    # Smoothing of the per-worker rate: weight of the newest sample. (The growth rate is
+    # smoothed over the drain target instead: see decide.)
+    alpha: float = 0.5
+
+
+@dataclass(frozen=True)
+class Load:
+    """One observation, read from Redis in a single round trip."""
+
+    at: float  # monotonic seconds
+    backlog: int  # jobs waiting in the queues herder serves
+    running: int  # jobs started and not finished (RQ's StartedJobRegistry)
+
+
+@dataclass(frozen=True)
+class ScaleState:
+    """What the policy remembers between intervals."""
+
+    last: Load | None = None
+    growth: float = 0.0  # EWMA of d(backlog)/dt, jobs per second
+    per_worker: float | None = None  # EWMA of completions per busy worker per second
+    low_since: float | None = None  # when need first fell below the current count
+    # (at, unrounded need) of the observations of the last scale_down_delay seconds
+    recent: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    need: int
+    reason: str
+
+
+def clamp(value: int, cfg: ScaleConfig) -> int:
+    return max(cfg.min_workers, min(cfg.max_workers, value))
+
+
+def learn_rate(state: ScaleState, completed: int, busy_seconds: float, cfg: ScaleConfig) -> ScaleState:
+    """Fold `completed` jobs over `busy_seconds` of worker time into the per-worker rate."""
+    if busy_seconds <= 0 or completed <= 0:
+        return state
+    sample = completed / busy_seconds
+    rate = sample if state.per_worker is None else cfg.alpha * sample + (1 - cfg.alpha) * state.per_worker
+    return replace(state, per_worker=rate)
+
+
+def workers_needed(
+    load: Load, growth: float, per_worker: float | None, completions: float, cfg: ScaleConfig
+) -> int:
+    """Workers to keep up with arrivals and drain the backlog within the drain target."""
+    return math.ceil(_unrounded_need(load, growth, per_worker, completions, cfg) - 1e-9)
+
+
+def _unrounded_need(
+    load: Load, growth: float, per_worker: float | None, completions: float, cfg: ScaleConfig
+) -> float:
+    if load.backlog <= 0 and growth <= 0:
+        return load.running
+    if per_worker is None or per_worker <= 0:
+        return load.running + load.backlog  # cold start: one worker per waiting job
+    arrival = max(0.0, growth + completions)  # jobs/s coming in = growth + what is being done
+    t = cfg.drain_target
+    extra = (arrival * t + load.backlog) / (per_worker * t)
+    # Running jobs are already covered by `arrival` when the fleet keeps up; never go below them.
+    return max(load.running, extra)
+
+
+def decide(
+    state: ScaleState,
+    load: Load | None,
+    current: int,
+    completions_per_s: float,
+    cfg: ScaleConfig,
+) -> tuple[Decision, ScaleState]:
+    """The desired worker count for `current` workers, and the policy's new memory.
+
+    `load` None means Redis did not answer: hold the current count.
+    `completions_per_s` is the fleet's job completion rate over the last interval.
+    """
+    if load is None:
+        return Decision(clamp(current, cfg), current, "no load reading: holding"), state
+    growth = state.growth
+    if state.last is not None and load.at > state.last.at:
+        dt = load.at - state.last.at
+        sample = (load.backlog - state.last.backlog) / dt
+        # Smoothed over the drain target it is projected across: `need` weighs growth T/dt
+        # times more than the backlog it comes from, so a per-interval weight like alpha
+        # would turn a jittery backlog into swings of many workers.
+        weight = dt / (dt + cfg.drain_target)
+        growth = weight * sample + (1 - weight) * state.growth
+    raw = _unrounded_need(load, growth, state.per_worker, completions_per_s, cfg)
+    need = clamp(math.ceil(raw - 1e-9), cfg)
+    since = load.at - cfg.scale_down_delay
+    recent = (*((at, n) for at, n in state.recent if at >= since), (load.at, raw))
+    state = replace(state, last=load, growth=growth, recent=recent)
+
+    if need >= current:
+        state = replace(state, low_since=None)
+        reason = "scale up" if need > current else "steady"
+        return Decision(
+            need, need, f"{reason}: backlog {load.backlog}, running {load.running}, growth {growth:+.1f}/s"
+        ), state
+
+    # need < current: only after it has stayed so for the whole scale-down delay, and then
+    # to the highest need of that delay plus as much as the need varied within it (noise),
+    # so a noisy load does not bounce while a load that is gone, varying by nothing, goes
+    # all the way down. The variation leaves this observation out, so that a larger backlog
+    # never gives a lower count.
+    low_since = state.low_since if state.low_since is not None else load.at
+    state = replace(state, low_since=low_since)
+    waited = load.at - low_since
+    hold = clamp(current, cfg)
+    if waited < cfg.scale_down_delay:
+        return Decision(
+            hold,
+            need,
+            f"need {need}: holding {hold} for {cfg.scale_down_delay - waited:.0f} s more before scaling down",
+        ), state
+    earlier = [n for _, n in recent[:-1]] or [raw]
+    highest = max(raw, *earlier)
+    target = clamp(min(current, math.ceil(highest + max(earlier) - min(earlier) - 1e-9)), cfg)
+    spread = f"need {min(earlier):.1f} to {highest:.1f} over the last {cfg.scale_down_delay:.0f} s"
+    if target < hold:
+        return Decision(target, need, f"scale down: {spread}"), state
+    return Decision(hold, need, f"need {need}: holding {hold}, {spread}"), state
+
+
+def pick_idle_to_stop(states: dict[int, str], excess: int) -> list[int]:
+    """Which slots to stop for `excess` fewer workers: idle ones only, highest slot first.
+
+    Never a busy worker: a scale-down must not interrupt a job, so it may take longer
+    than one interval to shrink if the fleet is busy.
+    """
+    if excess <= 0:
+        return []
+    idle = sorted((slot for slot, state in states.items() if state == "idle"), reverse=True)
+    return idle[:excess]

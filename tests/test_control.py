@@ -1,0 +1,161 @@
+"""The control socket and the operator CLI, through the real `herder` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import HERDER, wait_for
+
+
+def cli(h, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [HERDER, *args, "--state-dir", str(h.workdir / "state")],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def status_json(h) -> dict:
+    r = cli(h, "status", "--json")
+    assert r.returncode in (0, 3), r.stderr
+    return json.loads(r.stdout)
+
+
+def test_status_matches_the_real_process_tree(herder, jobs):
+    h = herder(workers="3")
+    h.wait_workers(3)
+    job = jobs.enqueue("record", "s", 3)
+    wait_for(lambda: jobs.started("s"), 10, what="a job to start")
+    # The queue numbers come from the observer's once-a-second reading: wait for one.
+    st = wait_for(
+        lambda: (
+            (s := status_json(h))
+            and any(w["job"] for w in s["workers"])
+            and s["queues"][0]["running"] == 1
+            and s
+        ),
+        5,
+    )
+    master = h.master()
+    assert st["master"]["pid"] == master.pid
+    assert st["watchdog"]["pid"] == h.pid
+    assert sorted(w["pid"] for w in st["workers"]) == sorted(p.pid for p in h.workers())
+    assert st["desired"] == st["actual"] == 3 and st["running"] is True
+    busy = [w for w in st["workers"] if w["state"] == "busy"]
+    assert len(busy) == 1 and busy[0]["job"] == job.id and busy[0]["job_seconds"] >= 0
+    assert all(w["rss"] > 10 * 2**20 for w in st["workers"])
+    assert st["queues"] == [
+        {"name": "default", "backlog": 0, "running": 1, "growth": st["queues"][0]["growth"]}
+    ]
+    text = cli(h, "status")
+    assert text.returncode == 0
+    assert f"master {master.pid}" in text.stdout and job.id in text.stdout
+    h.signal(15)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+
+
+def test_scale_up_and_down_without_interrupting_a_job(herder, jobs):
+    h = herder(workers="2")
+    h.wait_workers(2)
+    assert cli(h, "scale", "4").returncode == 0
+    wait_for(lambda: len(h.workers()) == 4, 10, what="4 workers")
+    job = jobs.enqueue("record", "d", 2)
+    busy_pid = h.worker_for_job(jobs.conn, job.id)
+    r = cli(h, "scale", "1")
+    assert r.returncode == 0 and "desired 1" in r.stdout
+    # The idle ones go first; the busy one finishes its job.
+    wait_for(lambda: jobs.finished("d") == [job.id], 10, what="the running job to finish")
+    assert jobs.started("d") == [job.id]
+    wait_for(lambda: len(h.workers()) == 1, 10, what="1 worker")
+    assert "SIGTERM to its process group" not in h.log()
+    st = status_json(h)
+    assert st["desired"] == st["actual"] == 1
+    assert busy_pid in {p.pid for p in h.workers()} or jobs.finished("d")
+    assert cli(h, "scale", "0").returncode == 2  # a usage error, like --workers 0
+    assert cli(h, "scale", "--min", "1").returncode == 1  # autoscaling is off: a clear error
+    h.signal(15)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+
+
+def test_herder_stop_drains_and_exits(herder, jobs):
+    h = herder(workers="2")
+    h.wait_workers(2)
+    job = jobs.enqueue("record", "x", 2)
+    wait_for(lambda: jobs.started("x"), 10, what="the job to start")
+    r = cli(h, "stop")
+    assert r.returncode == 0 and "stopped" in r.stdout
+    assert jobs.finished("x") == [job.id]
+    assert h.wait_exit(10) == 0  # the watchdog did not restart a master stopped on purpose
+    assert h.log().count("master") and "restarting it" not in h.log()
+    h.assert_nothing_left()
+
+
+def test_status_without_a_herder_exits_4(tmp_path: Path):
+    r = subprocess.run([HERDER, "status", "--state-dir", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 4
+    assert "no herder answering" in r.stderr
+
+
+def test_socket_is_private_and_refuses_another_uid(herder):
+    # A state dir outside pytest's 0700 temp tree, so only herder's own modes guard it.
+    outer = Path(tempfile.mkdtemp(prefix="herder-uid-test-"))
+    os.chmod(outer, 0o755)
+    state = outer / "state"
+    h = herder(workers="1", state_dir=str(state))
+    h.wait_workers(1)
+    sock = state / "herder.sock"
+    assert oct(sock.stat().st_mode & 0o777) == "0o600"
+    assert oct(state.stat().st_mode & 0o777) == "0o700"
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    nobody = pwd.getpwnam("nobody")
+    # Open the file permissions on purpose, so only herder's own peer check stands in the way.
+    os.chmod(state, 0o755)
+    os.chmod(sock, 0o666)
+    probe = (  # import first: as nobody, root's Python installation may not be readable
+        "import os, sys; sys.path.insert(0, sys.argv[2]); from supervisor import control; "
+        f"os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid}); "
+        "print(control.call(sys.argv[1], {'cmd': 'status'}))"
+    )
+    repo = str(Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [sys.executable, "-c", probe, str(state), repo], capture_output=True, text=True, timeout=20
+    )
+    assert "permission denied" in r.stdout, r.stdout + r.stderr
+    assert "refused a client with uid" in h.log()
+    os.chmod(state, 0o700)
+    h.signal(15)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+    shutil.rmtree(outer, ignore_errors=True)
+
+
+def test_status_never_shows_the_redis_password(herder, tmp_path: Path):
+    from conftest import start_redis
+
+    proc, port = start_redis(tmp_path, "--requirepass", "pa55-w0rd-xyz")
+    try:
+        h = herder(redis_url=f"redis://:pa55-w0rd-xyz@127.0.0.1:{port}/0", workers="1")
+        h.wait_workers(1)
+        for args in (("status",), ("status", "--json")):
+            out = cli(h, *args)
+            assert "pa55-w0rd-xyz" not in out.stdout + out.stderr
+            assert ":***@127.0.0.1" in out.stdout
+        h.signal(15)
+        assert h.wait_exit(30) == 0
+        h.assert_nothing_left()
+    finally:
+        proc.terminate()
+        proc.wait(10)
