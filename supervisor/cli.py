@@ -16,9 +16,9 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from supervisor import __version__, control
+from supervisor import __version__, control, settings
 from supervisor import status as status_mod
-from supervisor.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError, parse_worker_command
+from supervisor.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError
 from watchdog.provenance import exit_if_shadowed
 
 
@@ -41,10 +41,115 @@ def prepare_state_dir(path: str) -> str:
     return str(p)
 
 
-def _option(name: str, *dest: str, **kw):
-    """A `herder run` flag that can also come from HERDER_<NAME> in the environment."""
-    env = "HERDER_" + name.lstrip("-").replace("-", "_").upper()
-    return click.option(name, *dest, envvar=env, show_envvar=True, **kw)
+RUN_OPTIONS: list[tuple[str, str, bool, str]] = [
+    # flag, Config field, repeatable, help
+    ("--redis-url", "redis_url", False, "Redis URL, e.g. redis://:password@host:6379/0."),
+    ("--queue", "queues", True, "Queue to work on (repeatable), in priority order."),
+    ("--workers", "workers", False, "Number of workers (fixed)."),
+    ("--min-workers", "min_workers", False, "Autoscale: never fewer workers than this (default 1)."),
+    ("--max-workers", "max_workers", False, "Autoscale up to this many workers (turns autoscaling on)."),
+    ("--scale-interval", "scale_interval", False, "Seconds between load readings (one Redis round trip)."),
+    ("--scale-down-delay", "scale_down_delay", False, "Seconds the need must stay low before workers stop."),
+    (
+        "--drain-target",
+        "drain_target",
+        False,
+        "Size the fleet to empty the backlog within this many seconds.",
+    ),
+    ("--host-id", "host_id", False, "This host's name in a cluster (default hostname:pid)."),
+    ("--cluster-max-workers", "cluster_max_workers", False, "Cap on the workers of all hosts on this Redis."),
+    ("--host-ttl", "host_ttl", False, "Seconds after which a silent host is forgotten."),
+    ("--job-timeout", "job_timeout", False, "Seconds a job may run when it does not set its own timeout."),
+    (
+        "--job-timeout-grace",
+        "job_timeout_grace",
+        False,
+        "Seconds past its timeout before herder kills a job.",
+    ),
+    ("--heartbeat-interval", "heartbeat_interval", False, "Seconds between a worker's heartbeat lines."),
+    ("--heartbeat-timeout", "heartbeat_timeout", False, "Seconds of worker silence before it is killed."),
+    ("--start-timeout", "start_timeout", False, "Seconds a new worker has to say `ready`."),
+    ("--stop-timeout", "stop_timeout", False, "Seconds a stopping worker has to finish its job."),
+    ("--kill-timeout", "kill_timeout", False, "Seconds from SIGTERM to SIGKILL."),
+    ("--max-requeues", "max_requeues", False, "Times a dead worker's job is requeued before it is failed."),
+    (
+        "--min-uptime",
+        "min_uptime",
+        False,
+        "A worker exiting sooner than this died young: its slot backs off.",
+    ),
+    ("--master-heartbeat-timeout", "master_heartbeat_timeout", False, "Master silence before a restart."),
+    ("--max-restarts", "max_restarts", False, "Master restarts within --restart-window before giving up."),
+    ("--restart-window", "restart_window", False, "Seconds."),
+    ("--path", "paths", True, "Directory to import job modules from (repeatable)."),
+    (
+        "--worker-command",
+        "worker_command",
+        False,
+        "Run this program as the worker (it must speak the protocol).",
+    ),
+    (
+        "--state-dir",
+        "state_dir",
+        False,
+        "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID).",
+    ),
+    ("--log-level", "log_level", False, "DEBUG, INFO, WARNING or ERROR."),
+]
+
+
+def run_options(f):
+    """The settings flags, shared by `herder run` and `herder config`. Each can also come from
+    HERDER_<NAME>; defaults live in Config, so an unset flag is None here."""
+    defaults = Config()
+    for flag, dest, multiple, help_text in reversed(RUN_OPTIONS):
+        default = getattr(defaults, dest)
+        shown = f"  [default: {default}]" if default not in (None, "", []) and dest != "state_dir" else ""
+        env = "HERDER_" + flag.lstrip("-").replace("-", "_").upper()
+        f = click.option(flag, dest, multiple=multiple, envvar=env, show_envvar=True, help=help_text + shown)(
+            f
+        )
+    f = click.option(
+        "--config",
+        "config_file",
+        envvar="HERDER_CONFIG",
+        show_envvar=True,
+        type=click.Path(dir_okay=False),
+        help="A TOML file of settings (flags win over it).",
+    )(f)
+    return f
+
+
+def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, str]]:
+    """Defaults < file < environment < flags, validated; ConfigError on any bad value."""
+    layers = []
+    config_file = opts.pop("config_file", None)
+    if config_file:
+        layers.append(settings.load_file(config_file))
+    given: dict[str, tuple[object, str]] = {}
+    flags = {dest: flag for flag, dest, _, _ in RUN_OPTIONS}
+    for key, value in opts.items():
+        src = ctx.get_parameter_source(key)
+        if (
+            value is None
+            or value == ()
+            or src not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        ):
+            continue
+        env = "HERDER_" + flags[key].lstrip("-").replace("-", "_").upper()
+        source = (
+            f"command line ({flags[key]})" if src == ParameterSource.COMMANDLINE else f"environment ({env})"
+        )
+        given[key] = (list(value) if isinstance(value, tuple) else value, source)
+    if "workers" in given and (given.get("max_workers") or (layers and "max_workers" in layers[0])):
+        raise ConfigError(
+            "workers", "a fixed count conflicts with max_workers (autoscaling)", given["workers"][1]
+        )
+    layers.append(given)
+    cfg, sources = settings.resolve(layers)
+    if config_file:
+        cfg.config_file = os.path.abspath(config_file)
+    return cfg, sources
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -54,147 +159,18 @@ def cli() -> None:
 
 
 @cli.command()
-@_option("--redis-url", help="Redis URL, e.g. redis://:password@host:6379/0.")
-@_option("--queue", "queues", multiple=True, help="Queue to work on (repeatable), in priority order.")
-@_option("--workers", type=int, default=2, show_default=True, help="Number of workers (fixed).")
-@_option("--min-workers", type=int, help="Autoscale: never fewer workers than this.  [default: 1]")
-@_option("--max-workers", type=int, help="Autoscale between --min-workers and this (turns autoscaling on).")
-@_option(
-    "--scale-interval",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Seconds between load readings (one Redis round trip each).",
-)
-@_option(
-    "--scale-down-delay",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="Seconds the load must stay low before workers are stopped.",
-)
-@_option(
-    "--drain-target",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="Size the fleet to empty the backlog within this many seconds.",
-)
-@_option("--host-id", help="This host's name in a cluster.  [default: hostname:pid]")
-@_option(
-    "--cluster-max-workers", type=int, help="Cap on the workers of all hosts sharing this Redis together."
-)
-@_option(
-    "--host-ttl",
-    type=float,
-    default=10.0,
-    show_default=True,
-    help="Seconds after which a silent host is forgotten and its share taken over.",
-)
-@_option(
-    "--job-timeout",
-    type=float,
-    default=180.0,
-    show_default=True,
-    help="Seconds a job may run when it does not set its own timeout.",
-)
-@_option(
-    "--job-timeout-grace",
-    type=float,
-    default=10.0,
-    show_default=True,
-    help="Seconds past its timeout before herder kills a job's worker.",
-)
-@_option(
-    "--heartbeat-interval",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Seconds between a worker's heartbeat lines.",
-)
-@_option(
-    "--heartbeat-timeout",
-    type=float,
-    default=10.0,
-    show_default=True,
-    help="Seconds of worker silence before it is killed as unresponsive.",
-)
-@_option(
-    "--start-timeout",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="Seconds a new worker has to say `ready`.",
-)
-@_option(
-    "--stop-timeout",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="Seconds a stopping worker has to finish its job before it is killed.",
-)
-@_option(
-    "--kill-timeout", type=float, default=5.0, show_default=True, help="Seconds from SIGTERM to SIGKILL."
-)
-@_option(
-    "--max-requeues",
-    type=int,
-    default=3,
-    show_default=True,
-    help="Times a job whose worker died is requeued before it is failed.",
-)
-@_option(
-    "--min-uptime",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="A worker exiting sooner than this after spawning died young: its slot backs off.",
-)
-@_option(
-    "--master-heartbeat-timeout",
-    type=float,
-    default=15.0,
-    show_default=True,
-    help="Seconds of master silence before the watchdog restarts it.",
-)
-@_option(
-    "--max-restarts",
-    type=int,
-    default=5,
-    show_default=True,
-    help="Master restarts allowed within --restart-window before the watchdog gives up.",
-)
-@_option("--restart-window", type=float, default=60.0, show_default=True, help="Seconds.")
-@_option("--path", "paths", multiple=True, help="Directory to import job modules from (repeatable).")
-@_option("--worker-command", help="Run this program as the worker instead (it must speak docs/protocol.md).")
-@_option(
-    "--state-dir",
-    help="Directory for herder's state (0700).  [default: /run/herder as root, "
-    "else $XDG_RUNTIME_DIR/herder-UID]",
-)
-@_option("--log-level", default="INFO", show_default=True)
+@run_options
 @click.pass_context
 def run(ctx: click.Context, **opts) -> None:
     """Run herder in the foreground (what a service unit's ExecStart calls)."""
     exit_if_shadowed()
-    sources = {
-        key: "command line" if src == ParameterSource.COMMANDLINE else "environment"
-        for key in opts
-        if (src := ctx.get_parameter_source(key))
-        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-    }
     try:
-        cfg = build_config(opts)
-        if "workers" in sources and cfg.max_workers is not None:
-            raise ConfigError(
-                "workers", "a fixed count conflicts with max_workers (autoscaling)", sources["workers"]
-            )
-        cfg.validate(sources)
+        cfg, _sources = resolve_settings(ctx, opts)
         if cfg.redis_url is None:
             raise ConfigError("redis_url", "not set: pass --redis-url or set HERDER_REDIS_URL")
-        cfg.state_dir = prepare_state_dir(cfg.state_dir)
+        cfg.state_dir = prepare_state_dir(cfg.state_dir or default_state_dir())
     except ConfigError as exc:
-        if exc.source == "command line" and exc.key == "workers":
+        if exc.key == "workers" and exc.source.startswith("command line"):
             raise click.BadParameter(str(exc), param_hint="--workers") from None
         click.echo(f"herder: {exc}", err=True)
         sys.exit(EX_CONFIG)
@@ -202,6 +178,26 @@ def run(ctx: click.Context, **opts) -> None:
     env[ENV_RESOLVED] = cfg.to_env()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-P", "-m", "watchdog"], env)
+
+
+@cli.command("config")
+@run_options
+@click.option("--example", is_flag=True, help="Print a commented config file with every default.")
+@click.pass_context
+def show_config(ctx: click.Context, example: bool, **opts) -> None:
+    """Print the effective configuration and where each value came from (secrets redacted)."""
+    if example:
+        click.echo(settings.example_file(), nl=False)
+        return
+    try:
+        cfg, sources = resolve_settings(ctx, opts)
+    except ConfigError as exc:
+        click.echo(f"herder: {exc}", err=True)
+        sys.exit(EX_CONFIG)
+    rows = settings.describe(cfg, sources)
+    width = max(len(k) for k, _, _ in rows)
+    for key, value, source in rows:
+        click.echo(f"{key:<{width}}  {value:<40}  # {source}")
 
 
 def state_dir_option(f):
@@ -291,20 +287,6 @@ def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
             click.echo("stopped")
             return
         time.sleep(0.2)
-
-
-def build_config(opts: dict) -> Config:
-    cfg = Config()
-    for key, value in opts.items():
-        if value is None or value == ():
-            continue
-        if key == "worker_command":
-            value = parse_worker_command(value)
-        elif key in ("queues", "paths"):
-            value = [item for v in value for item in v.split(",") if item] if key == "queues" else list(value)
-        setattr(cfg, key, value)
-    cfg.state_dir = cfg.state_dir or default_state_dir()
-    return cfg
 
 
 def main() -> None:

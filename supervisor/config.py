@@ -20,7 +20,7 @@ ENV_RESOLVED = "HERDER_RESOLVED_CONFIG"
 
 class ConfigError(Exception):
     def __init__(self, key: str, message: str, source: str = "default") -> None:
-        super().__init__(f"config key {key!r} (from {source}): {message}")
+        super().__init__(f"config key {key!r} from {source}: {message}")
         self.key = key
         self.source = source
 
@@ -49,6 +49,7 @@ class Config:
     worker_command: list[str] | None = None
     state_dir: str = ""
     log_level: str = "INFO"
+    config_file: str | None = None  # where the file layer came from, for reload
     # Autoscaling: on when max_workers is set (then `workers` is ignored).
     min_workers: int | None = None
     max_workers: int | None = None

@@ -48,7 +48,7 @@ def test_config_validation_names_the_key(change: dict, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         cfg.validate({key: "environment"})
     assert err.value.key == key
-    assert f"'{key}' (from environment)" in str(err.value)
+    assert f"'{key}' from environment" in str(err.value)
 
 
 def test_bad_value_from_environment_exits_78_naming_key_and_source(tmp_path: Path) -> None:
@@ -129,3 +129,68 @@ def test_state_dir_is_private(herder, tmp_path: Path) -> None:
     h.signal(signal.SIGTERM)
     assert h.wait_exit(30) == 0
     h.assert_nothing_left()
+
+
+def herder_config(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HERDER_")}
+    full_env.update(env or {})
+    return subprocess.run([HERDER, "config", *args], capture_output=True, text=True, env=full_env, timeout=20)
+
+
+def test_file_then_environment_then_flags_later_wins_with_sources(tmp_path: Path) -> None:
+    f = tmp_path / "herder.toml"
+    f.write_text(
+        '[herder]\nredis-url = "redis://:topsecret@db:6379/0"\nworkers = 3\nstop_timeout = 12\n'
+        'queue = ["high", "low"]\n'
+    )
+    r = herder_config("--config", str(f), "--workers", "5", env={"HERDER_STOP_TIMEOUT": "20"})
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines()}
+    assert "5" in rows["workers"] and "command line (--workers)" in rows["workers"]
+    assert "20.0" in rows["stop_timeout"] and "environment (HERDER_STOP_TIMEOUT)" in rows["stop_timeout"]
+    assert "high, low" in rows["queues"] and f"file {f}" in rows["queues"]
+    assert "redis://:***@db:6379/0" in rows["redis_url"]
+    assert "topsecret" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "key", "why"),
+    [
+        ("[herder]\nwokers = 3\n", "wokers", "unknown setting"),
+        ("[herder]\nworkers = 'three'\n", "workers", "must be an integer"),
+        ("[herder]\nstop_timeout = -1\n", "stop_timeout", "must not be negative"),
+        ("[herder]\nmax_workers = 2\nmin_workers = 5\n", "min_workers", "between 0 and max_workers"),
+        ("not toml = = =\n", "config", "not valid TOML"),
+    ],
+)
+def test_bad_config_file_exits_78_naming_key_and_file(
+    tmp_path: Path, content: str, key: str, why: str
+) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text(content)
+    for command in (herder_config, run_herder):
+        r = command(
+            "--config", str(f), "--redis-url", "redis://127.0.0.1:1/0", "--state-dir", str(tmp_path / "s")
+        )
+        assert r.returncode == EX_CONFIG, (command, r.stderr)
+        assert f"'{key}'" in r.stderr and why in r.stderr
+        assert str(f) in r.stderr or key == "config"
+
+
+def test_wrong_type_in_environment_exits_78(tmp_path: Path) -> None:
+    r = run_herder(
+        "--state-dir",
+        str(tmp_path),
+        env={"HERDER_REDIS_URL": "redis://127.0.0.1:1/0", "HERDER_WORKERS": "many"},
+    )
+    assert r.returncode == EX_CONFIG
+    assert "'workers' from environment (HERDER_WORKERS): must be an integer" in r.stderr
+
+
+def test_example_config_file_is_valid_and_round_trips(tmp_path: Path) -> None:
+    example = herder_config("--example")
+    assert example.returncode == 0
+    f = tmp_path / "example.toml"
+    f.write_text(example.stdout)
+    r = herder_config("--config", str(f))
+    assert r.returncode == 0, r.stderr
