@@ -149,6 +149,7 @@ def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, 
     cfg, sources = settings.resolve(layers)
     if config_file:
         cfg.config_file = os.path.abspath(config_file)
+    cfg.pinned = sorted(given)
     return cfg, sources
 
 
@@ -287,6 +288,22 @@ def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
             click.echo("stopped")
             return
         time.sleep(0.2)
+
+
+@cli.command()
+@state_dir_option
+def restart(state_dir: str | None) -> None:
+    """Rolling restart: each replacement starts before an old worker stops; no job is interrupted."""
+    reply = ask(state_dir, {"cmd": "restart"})
+    click.echo(f"replacing {reply['replacing']} workers, a batch at a time")
+
+
+@cli.command()
+@state_dir_option
+def reload(state_dir: str | None) -> None:
+    """Re-read the config file (as SIGHUP does); workers restart, rolling, if they must."""
+    reply = ask(state_dir, {"cmd": "reload"})
+    click.echo(f"reloaded; changed: {', '.join(reply['changed']) or 'nothing'}")
 
 
 def main() -> None:

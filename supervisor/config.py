@@ -50,6 +50,7 @@ class Config:
     state_dir: str = ""
     log_level: str = "INFO"
     config_file: str | None = None  # where the file layer came from, for reload
+    pinned: list[str] = field(default_factory=list)  # keys set by environment or flags: reload keeps them
     # Autoscaling: on when max_workers is set (then `workers` is ignored).
     min_workers: int | None = None
     max_workers: int | None = None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from redis import Redis
 
 from supervisor.cluster import share_of
-from supervisor.config import ENV_RESOLVED, Config, redact_url
+from supervisor.config import ENV_RESOLVED, Config, ConfigError, redact_url
 from supervisor.control import ControlServer, Request
 from supervisor.observer import ClusterSettings, Observer
 from supervisor.requeuer import Requeuer
@@ -99,6 +99,7 @@ class Master:
     scale_state: ScaleState = field(default_factory=ScaleState)
     grant: int | None = None  # cluster grant; None when there is no cluster cap
     _done_seen: tuple[int, float] = (0, 0.0)  # jobs and busy seconds already folded into the rate
+    generation: int = 0  # bumped by a rolling restart
 
     def __post_init__(self) -> None:
         self.target = self.target or self.cfg.floor
@@ -178,7 +179,7 @@ class Master:
             if sig == signal.SIGCHLD:
                 continue  # reap() looks at every worker each pass
             if sig == signal.SIGHUP:
-                log.warning("SIGHUP: config reload is not supported yet; ignored")
+                self.reload("SIGHUP")
             elif sig == signal.SIGQUIT:
                 self.begin_stop(hurry=True, why="SIGQUIT")
             elif sig == signal.SIGINT:
@@ -458,31 +459,59 @@ class Master:
             w for w in self.workers.values() if w.state not in (WorkerState.STOPPING, WorkerState.KILLING)
         ]
 
-    def manage(self) -> None:
-        if self.stopping:
-            return
-        live = self.live_workers()
-        if len(live) > self.target:
-            states = {w.slot: str(w.state) for w in live}
-            for slot in pick_idle_to_stop(states, len(live) - self.target):
-                w = self.workers[slot]
-                w.send_stop()
-                w.stop_sent_at = time.monotonic()
-                self.set_state(w, WorkerState.STOPPING, f"scale down to {self.target}")
-            return
+    def stop_worker(self, w: WorkerProcess, why: str) -> None:
+        w.send_stop()
+        w.stop_sent_at = time.monotonic()
+        self.set_state(w, WorkerState.STOPPING, why)
+
+    def roll(self, live: list[WorkerProcess]) -> bool:
+        """One step of a rolling restart; False when no worker of an older generation is left.
+
+        Replacements start first, up to a batch beyond the target; an old worker is sent
+        `stop` (it finishes its job) only once a new one is ready to take its place, so
+        capacity never dips. If replacements keep failing, the old workers keep working.
+        """
+        old = [w for w in live if w.generation < self.generation]
+        if not old:
+            return False
+        new = [w for w in live if w.generation == self.generation]
+        ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
+        surplus = len(old) + len(ready_new) - self.target
+        for w in sorted(old, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]:
+            self.stop_worker(w, "rolling restart: replaced")
+        batch = max(1, self.target // 4)
+        room = min(self.target - len(new), self.target + batch - len(self.workers))
+        self.spawn_into_free_slots(room)
+        return True
+
+    def spawn_into_free_slots(self, room: int) -> None:
         now = time.monotonic()
-        # A cluster grant counts every process still running, stopping ones included.
-        room = self.target - len(live)
-        if self.grant is not None:
-            room = min(room, self.grant - len(self.workers))
-        for slot in self.slots.values():
+        for i in range(self.cfg.ceiling + max(1, self.cfg.ceiling // 4)):
             if room <= 0:
-                break
+                return
+            slot = self.slots.setdefault(i, Slot(i))
             if slot.index in self.workers:
                 continue
             room -= 1  # a slot in backoff still takes its place: a crash loop cannot spill over
             if now >= slot.next_spawn_at:
                 self.spawn(slot)
+
+    def manage(self) -> None:
+        if self.stopping:
+            return
+        live = self.live_workers()
+        if self.roll(live):
+            return
+        if len(live) > self.target:
+            states = {w.slot: str(w.state) for w in live}
+            for slot in pick_idle_to_stop(states, len(live) - self.target):
+                self.stop_worker(self.workers[slot], f"scale down to {self.target}")
+            return
+        # A cluster grant counts every process still running, stopping ones included.
+        room = self.target - len(live)
+        if self.grant is not None:
+            room = min(room, self.grant - len(self.workers))
+        self.spawn_into_free_slots(room)
 
     def autoscale(self) -> None:
         """Fold the newest load reading into the policy and set the target."""
@@ -558,12 +587,59 @@ class Master:
             return build_status(self)
         if cmd == "scale":
             return self.rescale(body)
+        if cmd == "restart":
+            return self.restart("herder restart")
+        if cmd == "reload":
+            return self.reload("herder reload")
         if cmd == "stop":
             if "timeout" in body:
                 self.cfg.stop_timeout = float(body["timeout"])
             self.begin_stop(hurry=False, why="herder stop")
             return {"ok": True, "stopping": len(self.workers)}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def restart(self, why: str) -> dict:
+        self.generation += 1
+        n = len(self.live_workers())
+        log.info("%s: rolling restart of %d workers (generation %d)", why, n, self.generation)
+        return {"ok": True, "replacing": n, "generation": self.generation}
+
+    def reload(self, why: str) -> dict:
+        """Re-read the config file; settings pinned by the environment or flags stay."""
+        if not self.cfg.config_file:
+            log.warning("%s: no config file to re-read (herder run had no --config)", why)
+            return {"ok": False, "error": "herder run was started without --config: nothing to re-read"}
+        if self.uplink:
+            self.uplink.reloading()
+        try:
+            new = reread(self.cfg)
+        except ConfigError as exc:
+            log.error("%s: keeping the running config: %s", why, exc)
+            if self.uplink:
+                self.uplink.ready()
+            return {"ok": False, "error": str(exc)}
+        changed = sorted(k for k in vars(new) if getattr(new, k) != getattr(self.cfg, k))
+        restart_keys = {"queues", "paths", "worker_command", "redis_url", "log_level", "heartbeat_interval"}
+        old_cfg, self.cfg = self.cfg, new
+        if {"workers", "min_workers", "max_workers"} & set(changed):
+            body = {"workers": new.workers} if not new.autoscale else {"min": new.floor, "max": new.ceiling}
+            self.cfg = old_cfg
+            self.rescale(body)
+            self.cfg = new
+        self.scale_cfg = replace(
+            self.scale_cfg, scale_down_delay=new.scale_down_delay, drain_target=new.drain_target
+        )
+        log.info(
+            "%s: config re-read from %s; changed: %s", why, new.config_file, ", ".join(changed) or "nothing"
+        )
+        if "queues" in changed and self.observer:
+            self.observer.set_queues(new.queues)
+            self.queue_stats = {k: v for k, v in self.queue_stats.items() if k in new.queues}
+        if restart_keys & set(changed):
+            self.restart(f"{why} ({', '.join(sorted(restart_keys & set(changed)))} changed)")
+        if self.uplink:
+            self.uplink.ready()
+        return {"ok": True, "changed": changed}
 
     def rescale(self, body: dict) -> dict:
         if "workers" in body:
@@ -650,6 +726,7 @@ class Master:
             slot.next_spawn_at = time.monotonic() + delay
             log.error("slot %d: cannot spawn worker (%s); next try in %.2f s", slot.index, exc, delay)
             return
+        w.generation = self.generation
         self.workers[slot.index] = w
         self.totals.spawned += 1
         log.info("slot %d pid %d: spawned -> %s", slot.index, w.pid, w.state)
@@ -667,12 +744,9 @@ class Master:
             )
             if self.uplink:
                 self.uplink.stopping()
-            now = time.monotonic()
             for w in self.workers.values():
-                if w.state != WorkerState.KILLING:
-                    w.send_stop()
-                    w.stop_sent_at = now
-                    self.set_state(w, WorkerState.STOPPING, why)
+                if w.state not in (WorkerState.KILLING, WorkerState.STOPPING):
+                    self.stop_worker(w, why)
         if hurry:
             log.warning("%s: stopping now; jobs still running go back on their queues", why)
             for w in list(self.workers.values()):
@@ -718,6 +792,19 @@ class Master:
         rep.stderr_dropped, rep.at = obs.stderr_dropped, time.monotonic()
         if final:
             self._reported.pop(w.pid, None)
+
+
+def reread(cfg: Config) -> Config:
+    """The config with its file layer read again; keys pinned by environment or flags stay."""
+    from supervisor import settings
+
+    assert cfg.config_file
+    file_layer = settings.load_file(cfg.config_file)
+    pinned = {k: (getattr(cfg, k), "environment or command line") for k in cfg.pinned}
+    fresh, _ = settings.resolve([file_layer, pinned])
+    fresh.config_file, fresh.pinned, fresh.state_dir = cfg.config_file, cfg.pinned, cfg.state_dir
+    fresh.host_id = cfg.host_id
+    return fresh
 
 
 def setup_logging(level: str) -> None:

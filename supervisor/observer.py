@@ -51,11 +51,8 @@ class Observer:
         self.interval = interval
         self.cluster = cluster
         self._wake = wake
-        self._keys = [
-            (q, Queue(q, connection=connection).key, StartedJobRegistry(q, connection=connection).key)
-            for q in queues
-        ]
         self._lock = threading.Lock()
+        self.set_queues(queues)
         self._reading: Reading | None = None
         self._wanted = 0
         self._running = 0
@@ -63,6 +60,19 @@ class Observer:
         self._reserve = connection.register_script(RESERVE) if cluster else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="observer", daemon=True)
+
+    def set_queues(self, queues: list[str]) -> None:
+        """The queues to read, from the next interval on (a reload may change them)."""
+        keys = [
+            (
+                q,
+                Queue(q, connection=self.connection).key,
+                StartedJobRegistry(q, connection=self.connection).key,
+            )
+            for q in queues
+        ]
+        with self._lock:
+            self.queues, self._keys = queues, keys
 
     def start(self) -> None:
         self._thread.start()
@@ -93,10 +103,10 @@ class Observer:
     def _read(self) -> Reading:
         now_redis = time.time()  # for ZCOUNT of unexpired started entries; skew only blurs abandoned ones
         with self._lock:
-            wanted, running = self._wanted, self._running
+            wanted, running, keys = self._wanted, self._running, self._keys
         try:
             pipe = self.connection.pipeline(transaction=False)
-            for _, queue_key, wip_key in self._keys:
+            for _, queue_key, wip_key in keys:
                 pipe.llen(queue_key)
                 pipe.zcount(wip_key, now_redis, "+inf")
             if self.cluster and self._reserve:
@@ -122,7 +132,7 @@ class Observer:
             )
             self._outage_since = None
         per_queue = tuple(
-            (name, int(replies[2 * i]), int(replies[2 * i + 1])) for i, (name, _, _) in enumerate(self._keys)
+            (name, int(replies[2 * i]), int(replies[2 * i + 1])) for i, (name, _, _) in enumerate(keys)
         )
         grant = parse_grant(replies[-1]) if self.cluster else None
         load = Load(

@@ -34,6 +34,9 @@ class Uplink:
     def status(self, text: str) -> None:
         self._send(f"status {' '.join(text.split())}")
 
+    def reloading(self) -> None:
+        self._send(f"reloading {time.time():.6f}")
+
     def stopping(self) -> None:
         self._send(f"stopping {time.time():.6f}")
 

@@ -63,6 +63,7 @@ class WorkerProcess:
     kill_started_at: float | None = None
     kill_reason: str = ""
     sigkilled: bool = False
+    generation: int = 0  # a rolling restart replaces every worker of an older generation
     readers: list[threading.Thread] = field(default_factory=list)
 
     @property

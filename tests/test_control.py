@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,78 @@ def test_status_never_shows_the_redis_password(herder, tmp_path: Path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_rolling_restart_under_load_keeps_capacity_and_interrupts_nothing(herder, jobs):
+    import collections
+    import threading
+
+    h = herder(workers="4")
+    old = {p.pid for p in h.wait_workers(4)}
+    ids = [jobs.enqueue("record", "r", 0.05).id for _ in range(300)]
+    wait_for(lambda: len(jobs.finished("r")) > 20, 10, what="work under way")
+    capacity: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            capacity.append(status_json(h)["actual"])
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        r = cli(h, "restart")
+        assert r.returncode == 0 and "replacing 4 workers" in r.stdout
+        wait_for(
+            lambda: {p.pid for p in h.workers()}.isdisjoint(old) and len(h.workers()) == 4,
+            30,
+            what="every worker replaced",
+        )
+        wait_for(lambda: len(jobs.finished("r")) == 300, 60, what="all jobs")
+    finally:
+        done.set()
+        sampler.join()
+    assert len(capacity) >= 10, "the capacity sampler did not run"
+    assert min(capacity) >= 4, f"capacity dipped to {min(capacity)}"
+    assert collections.Counter(jobs.started("r")) == collections.Counter(ids)  # each started once
+    assert sorted(jobs.finished("r")) == sorted(ids)
+    log = h.log()
+    assert "SIGTERM to its process group" not in log
+    assert log.count("rolling restart: replaced") == 4
+    h.signal(15)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
+
+
+def test_reload_rereads_the_file_but_keeps_flags(herder, jobs, tmp_path):
+    conf = tmp_path / "herder.toml"
+    conf.write_text("[herder]\nworkers = 2\nqueues = ['default']\nstop_timeout = 15\n")
+    h = herder(workers=None, config=str(conf), stop_timeout="7")
+    first = {p.pid for p in h.wait_workers(2)}
+    conf.write_text("[herder]\nworkers = 3\nqueues = ['default', 'extra']\nstop_timeout = 99\n")
+    h.signal(1)  # SIGHUP to the watchdog, which forwards it
+    h.wait_log(r"SIGHUP: config re-read from .*; changed: queues, workers")
+    h.wait_log(r"rolling restart of \d workers")
+    wait_for(
+        lambda: len(h.workers()) == 3 and {p.pid for p in h.workers()}.isdisjoint(first),
+        30,
+        what="3 new workers",
+    )
+    from rq import Queue
+
+    job = Queue("extra", connection=jobs.conn).enqueue("herder_testjobs.record", "extra")
+    wait_for(lambda: jobs.finished("extra") == [job.id], 15, what="a job on the new queue")
+    st = status_json(h)
+    assert {q["name"] for q in st["queues"]} == {"default", "extra"}
+    # stop_timeout came from a flag: the file's 99 must not override it.
+    assert "stop_timeout" not in h.log().split("changed:")[-1].splitlines()[0]
+    bad = cli(h, "reload")
+    assert bad.returncode == 0
+    conf.write_text("[herder]\nworkers = 'lots'\n")
+    r = cli(h, "reload")
+    assert r.returncode == 1 and "must be an integer" in r.stderr
+    assert len(h.workers()) == 3  # a bad file changes nothing
+    h.signal(15)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
