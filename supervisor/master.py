@@ -274,6 +274,12 @@ class Master:
             self.uplink.alive()
         wanted = self.target if self.grant is None else min(self.target, self.grant)
         live = self.live_workers()
+        busy = sum(w.state == WorkerState.BUSY for w in live)
+        queued = sum(int(q["backlog"]) for q in self.queue_stats.values())
+        self.uplink.status(
+            f"{len(live)}/{self.target} workers, {busy} busy, {queued} queued"
+            + (", stopping" if self.stopping else "")
+        )
         if (
             not self._ready_sent
             and (not self.cfg.autoscale or self.scale_state.last is not None)  # a first load reading

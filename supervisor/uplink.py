@@ -16,6 +16,7 @@ class Uplink:
         self._fd: int | None = os.dup(1)
         os.dup2(2, 1)
         self._parent = os.getppid()
+        self._last_status = ""
 
     def _send(self, line: str) -> None:
         if self._fd is None:
@@ -32,7 +33,11 @@ class Uplink:
         self._send(f"alive {time.time():.6f}")
 
     def status(self, text: str) -> None:
-        self._send(f"status {' '.join(text.split())}")
+        """A one-line summary for systemd's STATUS=; sent only when it changes."""
+        line = f"status {' '.join(text.split())}"
+        if line != self._last_status:
+            self._last_status = line
+            self._send(line)
 
     def reloading(self) -> None:
         self._send(f"reloading {time.time():.6f}")

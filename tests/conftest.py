@@ -178,7 +178,14 @@ def conn(redis_url: str) -> Redis:
 class Herder:
     """One `herder run` process tree, started the way a user or a unit would."""
 
-    def __init__(self, redis_url: str, workdir: Path, tag: str, args: dict[str, str | list[str] | None]):
+    def __init__(
+        self,
+        redis_url: str,
+        workdir: Path,
+        tag: str,
+        args: dict[str, str | list[str] | None],
+        env: dict[str, str] | None = None,
+    ):
         self.redis_url = redis_url
         self.workdir = workdir
         self.tag = tag
@@ -196,10 +203,11 @@ class Herder:
                 self.argv += [key, v]
         self.proc: subprocess.Popen[bytes] | None = None
         self.seen_pids: set[int] = set()
+        self.extra_env = env or {}
         self.state_dir = str(opts["--state-dir"])
 
     def start(self) -> Herder:
-        env = dict(os.environ, **{TAG_VAR: self.tag})
+        env = dict(os.environ, **self.extra_env, **{TAG_VAR: self.tag})
         env.pop("HERDER_RESOLVED_CONFIG", None)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in cleanup()
         self.proc = subprocess.Popen(
@@ -310,11 +318,11 @@ class Herder:
 def herder(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Herder]]:
     started: list[Herder] = []
 
-    def make(**args: str | list[str] | None) -> Herder:
+    def make(env: dict[str, str] | None = None, **args: str | list[str] | None) -> Herder:
         flags = {"--" + k.replace("_", "-"): v for k, v in args.items()}
         workdir = tmp_path / f"herder{len(started)}"
         workdir.mkdir()
-        h = Herder(redis_url, workdir, uuid.uuid4().hex, flags)
+        h = Herder(redis_url, workdir, uuid.uuid4().hex, flags, env)
         started.append(h)
         return h.start()
 

@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
         max_restarts=int(cfg["max_restarts"]),
         restart_window=float(cfg["restart_window"]),
         stop_grace=stop_grace,
+        ping_grace=3 * float(cfg["heartbeat_interval"]),
     )
     return dog.run()
 

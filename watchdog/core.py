@@ -24,6 +24,8 @@ import sys
 import time
 from collections import deque
 
+from watchdog.notify import Notifier
+
 log = logging.getLogger("herder.watchdog")
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -55,6 +57,7 @@ class Watchdog:
         stop_grace: float = 60.0,
         backoff_initial: float = 0.1,
         backoff_max: float = 10.0,
+        ping_grace: float = 3.0,
     ) -> None:
         self.master_argv = master_argv
         self.heartbeat_timeout = heartbeat_timeout
@@ -63,6 +66,9 @@ class Watchdog:
         self.stop_grace = stop_grace
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        self.ping_grace = ping_grace  # master silence after which systemd's watchdog is no longer fed
+        self.notify = Notifier()
+        self._last_extend = 0.0
         self.master: subprocess.Popen[bytes] | None = None
         self.master_seen = 0.0
         self.master_ready = False
@@ -97,6 +103,7 @@ class Watchdog:
             if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT) and not self.stopping:
                 self.stopping = True
                 self.stop_started = time.monotonic()
+                self.notify.stopping()
                 log.info("%s: stopping (the master drains its workers)", name)
             if self.master and self.master.returncode is None:
                 log.info("forwarding %s to master %d", name, self.master.pid)
@@ -146,14 +153,22 @@ class Watchdog:
         if not fields:
             return
         self.master_seen = time.monotonic()
-        if fields[0] == "stopping" and not self.stopping:
+        verb = fields[0]
+        if verb == "stopping" and not self.stopping:
             # A stop asked of the master itself (herder stop): do not restart it.
             self.stopping = True
             self.stop_started = time.monotonic()
+            self.notify.stopping()
             log.info("master %d is stopping on request", self.master.pid if self.master else -1)
-        if fields[0] == "ready" and not self.master_ready:
+        elif verb == "ready":
+            if not self.master_ready:
+                log.info("master %d ready", self.master.pid if self.master else -1)
             self.master_ready = True
-            log.info("master %d ready", self.master.pid if self.master else -1)
+            self.notify.ready()
+        elif verb == "status":
+            self.notify.status(" ".join(fields[1:]))
+        elif verb == "reloading":
+            self.notify.reloading()
 
     def master_stdout_open(self) -> bool:
         return bool(self.master and self.master.stdout and not self.master.stdout.closed)
@@ -237,6 +252,16 @@ class Watchdog:
             except ProcessLookupError:
                 pass
 
+    def feed_service_manager(self, now: float) -> None:
+        master_running = self.master is not None and self.master.returncode is None
+        healthy = master_running and now - self.master_seen < self.ping_grace
+        self.notify.ping_if_due(healthy and not self.stopping)
+        # While a drain waits on long jobs, ask systemd for more time, a little at a
+        # time, as long as something is still finishing (our own stop_grace bounds it).
+        if self.stopping and (master_running or self.has_children()) and now - self._last_extend >= 5.0:
+            self._last_extend = now
+            self.notify.extend_timeout(15.0)
+
     # ---- loop ----------------------------------------------------------------------
 
     def run(self) -> int:
@@ -272,6 +297,7 @@ class Watchdog:
                     self.master_killed = True
             if not self.stopping:
                 self.check_silence()
+            self.feed_service_manager(now)
             fds = [self._wake_r]
             if self.master_stdout_open():
                 assert self.master and self.master.stdout
