@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,10 @@ from click.core import ParameterSource
 from supervisor import __version__, control, settings
 from supervisor import status as status_mod
 from supervisor.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError
+from watchdog import embedded_redis
 from watchdog.provenance import exit_if_shadowed
+
+MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
 
 
 def default_state_dir() -> str:
@@ -38,6 +42,13 @@ def prepare_state_dir(path: str) -> str:
         raise ConfigError("state_dir", f"{p} must be a directory owned by uid {os.geteuid()}, not a symlink")
     if st.st_mode & 0o077:
         os.chmod(p, 0o700)
+    longest = os.path.join(str(p), "herder.sock")
+    if len(longest.encode()) > MAX_SOCKET_PATH:
+        raise ConfigError(
+            "state_dir",
+            f"{p} is too long: the control socket path would exceed "
+            f"{MAX_SOCKET_PATH} bytes, the limit for Unix sockets",
+        )
     return str(p)
 
 
@@ -167,9 +178,15 @@ def run(ctx: click.Context, **opts) -> None:
     exit_if_shadowed()
     try:
         cfg, _sources = resolve_settings(ctx, opts)
-        if cfg.redis_url is None:
-            raise ConfigError("redis_url", "not set: pass --redis-url or set HERDER_REDIS_URL")
         cfg.state_dir = prepare_state_dir(cfg.state_dir or default_state_dir())
+        if cfg.redis_url is None:
+            # No Redis given: the watchdog runs a private one in the state dir.
+            if shutil.which("redis-server") is None:
+                raise ConfigError(
+                    "redis_url", f"not set, and no redis-server on PATH. {embedded_redis.INSTALL_HINT}"
+                )
+            cfg.embedded_redis = True
+            cfg.redis_url = embedded_redis.url_for(cfg.state_dir)
     except ConfigError as exc:
         if exc.key == "workers" and exc.source.startswith("command line"):
             raise click.BadParameter(str(exc), param_hint="--workers") from None

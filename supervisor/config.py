@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import asdict, dataclass, field, fields
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 EX_CONFIG = 78
 ENV_RESOLVED = "HERDER_RESOLVED_CONFIG"
@@ -50,6 +51,7 @@ class Config:
     state_dir: str = ""
     log_level: str = "INFO"
     config_file: str | None = None  # where the file layer came from, for reload
+    embedded_redis: bool = False  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = field(default_factory=list)  # keys set by environment or flags: reload keeps them
     # Autoscaling: on when max_workers is set (then `workers` is ignored).
     min_workers: int | None = None
@@ -165,18 +167,16 @@ def parse_worker_command(text: str) -> list[str]:
 
 
 def redact_url(url: str | None) -> str:
-    """A Redis URL fit for logs: any password (in the userinfo or ?password=) becomes ***."""
+    """A Redis URL fit for logs: any password (in the userinfo or ?password=) becomes ***.
+
+    Edits the original text rather than re-assembling the URL, which would mangle forms
+    like unix:///path.
+    """
     if not url:
         return "(none)"
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        host = parts.hostname or ""
-        if parts.port:
-            host = f"{host}:{parts.port}"
-        netloc = f"{parts.username or ''}:***@{host}"
-    query = "&".join(
-        f"{k}=***" if k.lower() == "password" else (f"{k}={v}" if sep else k)
-        for k, sep, v in (item.partition("=") for item in parts.query.split("&") if item)
-    )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    url = _USERINFO_PASSWORD.sub(r"\1***\2", url)
+    return _QUERY_PASSWORD.sub(r"\1***", url)
+
+
+_USERINFO_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/@?#]*:)[^@/?#]*(@)", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)

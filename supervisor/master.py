@@ -810,6 +810,9 @@ def reread(cfg: Config) -> Config:
     fresh, _ = settings.resolve([file_layer, pinned])
     fresh.config_file, fresh.pinned, fresh.state_dir = cfg.config_file, cfg.pinned, cfg.state_dir
     fresh.host_id = cfg.host_id
+    fresh.embedded_redis = cfg.embedded_redis
+    if cfg.embedded_redis and fresh.redis_url is None:
+        fresh.redis_url = cfg.redis_url  # the watchdog's private Redis stays where it is
     return fresh
 
 

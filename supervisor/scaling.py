@@ -20,6 +20,10 @@ import math
 from dataclasses import dataclass, replace
 
 RECENT = 5  # unused since the scale-down window became the whole delay; kept for importers
+# A scale-down sheds at least this share of the fleet and at least 2 workers, unless the
+# need was perfectly flat for the whole delay (the load is gone, or truly constant): a
+# smaller step down is most likely the noise missing its peak for a while, and comes back.
+DOWN_STEP = 0.1
 
 
 @dataclass(frozen=True)
@@ -134,9 +138,9 @@ def decide(
 
     # need < current: only after it has stayed so for the whole scale-down delay, and then
     # to the highest need of that delay plus as much as the need varied within it (noise),
-    # so a noisy load does not bounce while a load that is gone, varying by nothing, goes
-    # all the way down. The variation leaves this observation out, so that a larger backlog
-    # never gives a lower count.
+    # and only by a real step (DOWN_STEP), so a noisy load does not bounce; a load that is
+    # gone varies by nothing and goes all the way down. The variation leaves this
+    # observation out, so that a larger backlog never gives a lower count.
     low_since = state.low_since if state.low_since is not None else load.at
     state = replace(state, low_since=low_since)
     waited = load.at - low_since
@@ -148,10 +152,11 @@ def decide(
             f"need {need}: holding {hold} for {cfg.scale_down_delay - waited:.0f} s more before scaling down",
         ), state
     earlier = [n for _, n in recent[:-1]] or [raw]
+    noise = max(earlier) - min(earlier)
     highest = max(raw, *earlier)
-    target = clamp(min(current, math.ceil(highest + max(earlier) - min(earlier) - 1e-9)), cfg)
+    target = clamp(min(current, math.ceil(highest + noise - 1e-9)), cfg)
     spread = f"need {min(earlier):.1f} to {highest:.1f} over the last {cfg.scale_down_delay:.0f} s"
-    if target < hold:
+    if target < hold and (noise == 0 or hold - target >= max(2, math.ceil(DOWN_STEP * hold))):
         return Decision(target, need, f"scale down: {spread}"), state
     return Decision(hold, need, f"need {need}: holding {hold}, {spread}"), state
 

@@ -17,8 +17,10 @@ from supervisor.config import Config, ConfigError, parse_worker_command, redact_
 # Keys a user may write in a file or flag that map to another field name.
 ALIASES = {"queue": "queues", "path": "paths"}
 SECRET_KEYS = {"redis_url"}
-_TYPES = typing.get_type_hints(Config)
-KEYS = [f.name for f in fields(Config)]
+# Bookkeeping fields herder fills in itself; not settings a user writes.
+INTERNAL = {"config_file", "pinned", "embedded_redis"}
+_TYPES = {k: v for k, v in typing.get_type_hints(Config).items() if k not in INTERNAL}
+KEYS = [f.name for f in fields(Config) if f.name not in INTERNAL]
 
 
 def normalize_key(key: str) -> str:
@@ -125,6 +127,8 @@ def example_file() -> str:
         value = getattr(Config(), key)
         if value is None or value == "" or value == []:
             lines.append(f"# {key} = ")
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, str):
             lines.append(f'{key} = "{value}"')
         elif isinstance(value, list):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,11 @@ def test_redact_url_hides_passwords() -> None:
     assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
     assert "s3cret" not in redact_url("redis://host/0?password=s3cret")
     assert redact_url(None) == "(none)"
+    assert redact_url("unix:///run/herder/redis.sock?db=0") == "unix:///run/herder/redis.sock?db=0"
+    assert (
+        redact_url("unix://:pw@/run/r.sock?db=0&password=pw") == "unix://:***@/run/r.sock?db=0&password=***"
+    )
+    assert redact_url("rediss://u:p%40ss@h:1/0") == "rediss://u:***@h:1/0"
 
 
 @pytest.mark.parametrize(
@@ -61,10 +67,22 @@ def test_bad_value_from_environment_exits_78_naming_key_and_source(tmp_path: Pat
     assert "stop_timeout" in r.stderr and "environment" in r.stderr
 
 
-def test_missing_redis_url_exits_78(tmp_path: Path) -> None:
-    r = run_herder("--state-dir", str(tmp_path))
+def test_no_redis_url_and_no_redis_server_exits_78_with_a_hint(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"  # a PATH with python but no redis-server
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    r = run_herder("--state-dir", str(tmp_path / "s"), env={"PATH": str(bindir)})
     assert r.returncode == EX_CONFIG
-    assert "redis_url" in r.stderr
+    assert (
+        "redis_url" in r.stderr and "apt-get install redis-server" in r.stderr and "--redis-url" in r.stderr
+    )
+
+
+def test_state_dir_too_long_for_a_socket_exits_78(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 100)
+    r = run_herder("--state-dir", str(deep), "--redis-url", "redis://127.0.0.1:1/0")
+    assert r.returncode == EX_CONFIG
+    assert "'state_dir'" in r.stderr and "too long" in r.stderr
 
 
 def test_zero_workers_on_the_command_line_is_a_usage_error(tmp_path: Path) -> None:

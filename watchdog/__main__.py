@@ -12,6 +12,7 @@ import os
 import sys
 
 from watchdog.core import EX_CONFIG, Watchdog
+from watchdog.embedded_redis import EmbeddedRedis
 from watchdog.provenance import exit_if_shadowed
 
 
@@ -38,6 +39,7 @@ def main(argv: list[str]) -> int:
         restart_window=float(cfg["restart_window"]),
         stop_grace=stop_grace,
         ping_grace=3 * float(cfg["heartbeat_interval"]),
+        redis=EmbeddedRedis(cfg["state_dir"]) if cfg.get("embedded_redis") else None,
     )
     return dog.run()
 

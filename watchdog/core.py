@@ -24,6 +24,7 @@ import sys
 import time
 from collections import deque
 
+from watchdog.embedded_redis import EmbeddedRedis
 from watchdog.notify import Notifier
 
 log = logging.getLogger("herder.watchdog")
@@ -58,6 +59,7 @@ class Watchdog:
         backoff_initial: float = 0.1,
         backoff_max: float = 10.0,
         ping_grace: float = 3.0,
+        redis: EmbeddedRedis | None = None,
     ) -> None:
         self.master_argv = master_argv
         self.heartbeat_timeout = heartbeat_timeout
@@ -68,6 +70,7 @@ class Watchdog:
         self.backoff_max = backoff_max
         self.ping_grace = ping_grace  # master silence after which systemd's watchdog is no longer fed
         self.notify = Notifier()
+        self.redis = redis
         self._last_extend = 0.0
         self.master: subprocess.Popen[bytes] | None = None
         self.master_seen = 0.0
@@ -185,17 +188,39 @@ class Watchdog:
             if self.master and pid == self.master.pid:
                 self.master.returncode = os.waitstatus_to_exitcode(status)
                 self.on_master_exit(self.master.returncode)
+            elif self.redis and self.redis.proc and pid == self.redis.proc.pid:
+                self.redis.proc.returncode = os.waitstatus_to_exitcode(status)
+                if not self.stopping:
+                    log.error(
+                        "embedded redis %d exited (%s): starting it again",
+                        pid,
+                        describe(self.redis.proc.returncode),
+                    )
+                    self.restart_redis()
             else:
                 log.debug("reaped adopted process %d", pid)
 
-    @staticmethod
-    def has_children() -> bool:
-        """Any child left, running or not yet reaped (ECHILD means none at all)."""
+    def has_children(self) -> bool:
+        """Any child left but the embedded Redis (which is stopped last), running or unreaped."""
+        redis_pid = self.redis.pid if self.redis else None
+        if redis_pid is None:
+            try:
+                os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return False
+            return True
+        return any(pid != redis_pid for pid in child_pids())
+
+    def restart_redis(self) -> None:
+        assert self.redis
         try:
-            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return False
-        return True
+            self.redis.proc = None
+            self.redis.start()
+        except (OSError, RuntimeError) as exc:
+            log.error("cannot restart the embedded redis: %s; giving up", exc)
+            self.exit_code = 1
+            self.stopping = True
+            self.stop_started = time.monotonic()
 
     def on_master_exit(self, code: int) -> None:
         assert self.master
@@ -268,6 +293,19 @@ class Watchdog:
         self.install_signals()
         if become_subreaper():
             log.debug("watchdog %d is a child subreaper", os.getpid())
+        if self.redis:
+            try:
+                self.redis.start()
+            except (OSError, RuntimeError) as exc:
+                log.error("cannot start the embedded redis: %s", exc)
+                return EX_CONFIG if isinstance(exc, FileNotFoundError) else 1
+        try:
+            return self.loop()
+        finally:
+            if self.redis:
+                self.redis.stop()
+
+    def loop(self) -> int:
         while True:
             self.handle_signals()
             self.reap()
@@ -314,6 +352,29 @@ class Watchdog:
                     pass
             if len(fds) > 1 and fds[1] in readable:
                 self.read_master()
+
+
+def child_pids() -> list[int]:
+    """Our children, from /proc (Linux, where the watchdog adopts orphans as subreaper)."""
+    me = str(os.getpid())
+    pids = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return pids
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the last ')'
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == me:
+            pids.append(int(entry))
+    return pids
 
 
 def describe(code: int) -> str:
