@@ -7,8 +7,10 @@ stays the watchdog's, which is what systemd's Type=notify and KillMode=mixed nee
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import shutil
 import sys
 import time
@@ -17,7 +19,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from supervisor import __version__, control, settings
+from supervisor import __version__, control, service, settings
 from supervisor import status as status_mod
 from supervisor.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError
 from watchdog import embedded_redis
@@ -33,13 +35,28 @@ def default_state_dir() -> str:
     return os.path.join(base, f"herder-{os.getuid()}")
 
 
-def prepare_state_dir(path: str) -> str:
+def check_user(name: str) -> pwd.struct_passwd | None:
+    if not name:
+        return None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ConfigError("user", f"no such user: {name!r}") from None
+    if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
+        raise ConfigError("user", f"only root can run herder as another user ({name!r})")
+    return entry
+
+
+def prepare_state_dir(path: str, owner: pwd.struct_passwd | None = None) -> str:
     """The state dir holds the control socket and logs: 0700, ours, not a symlink."""
     p = Path(path).absolute()
     p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    uid = owner.pw_uid if owner else os.geteuid()
+    if owner and p.lstat().st_uid != uid and not p.is_symlink():
+        os.chown(p, owner.pw_uid, owner.pw_gid)  # the master runs as this user and writes here
     st = p.lstat()
-    if p.is_symlink() or st.st_uid != os.geteuid():
-        raise ConfigError("state_dir", f"{p} must be a directory owned by uid {os.geteuid()}, not a symlink")
+    if p.is_symlink() or st.st_uid != uid:
+        raise ConfigError("state_dir", f"{p} must be a directory owned by uid {uid}, not a symlink")
     if st.st_mode & 0o077:
         os.chmod(p, 0o700)
     longest = os.path.join(str(p), "herder.sock")
@@ -106,6 +123,7 @@ RUN_OPTIONS: list[tuple[str, str, bool, str]] = [
         "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID).",
     ),
     ("--log-level", "log_level", False, "DEBUG, INFO, WARNING or ERROR."),
+    ("--user", "user", False, "Started as root: run the master, workers and embedded Redis as this user."),
 ]
 
 
@@ -178,7 +196,8 @@ def run(ctx: click.Context, **opts) -> None:
     exit_if_shadowed()
     try:
         cfg, _sources = resolve_settings(ctx, opts)
-        cfg.state_dir = prepare_state_dir(cfg.state_dir or default_state_dir())
+        owner = check_user(cfg.user)
+        cfg.state_dir = prepare_state_dir(cfg.state_dir or default_state_dir(), owner)
         if cfg.redis_url is None:
             # No Redis given: the watchdog runs a private one in the state dir.
             if shutil.which("redis-server") is None:
@@ -196,6 +215,50 @@ def run(ctx: click.Context, **opts) -> None:
     env[ENV_RESOLVED] = cfg.to_env()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-P", "-m", "watchdog"], env)
+
+
+@cli.command("install-service")
+@click.argument("kind", type=click.Choice(["systemd", "launchd"]))
+@click.option("--output", type=click.Path(dir_okay=False), help="Write the file here instead of to stdout.")
+@click.option("--label", default="io.herder", show_default=True, help="The launchd Label.")
+@run_options
+@click.pass_context
+def install_service(ctx: click.Context, kind: str, output: str | None, label: str, **opts) -> None:
+    """Render a systemd unit or a launchd plist that runs this herder as a service.
+
+    Point it at a config file (--config): the unit runs `herder run --config FILE`. Keep
+    the Redis URL out of the unit (units are world-readable): put it in the config file
+    (mode 0600) or, for systemd, HERDER_REDIS_URL=... in /etc/herder/environment.
+    """
+    config_file = opts.get("config_file")
+    try:
+        cfg, _ = resolve_settings(ctx, opts)
+        if not cfg.state_dir:
+            cfg.state_dir = "/var/lib/herder" if kind == "systemd" else "/usr/local/var/herder"
+        user = cfg.user or pwd.getpwuid(os.geteuid()).pw_name
+        entry = check_user(user) if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
+    except ConfigError as exc:
+        click.echo(f"herder: {exc}", err=True)
+        sys.exit(EX_CONFIG)
+    if user == "root":
+        click.echo(
+            "herder: warning: the service would run as root; pass --user NAME to run it as another user",
+            err=True,
+        )
+    herder = str(Path(sys.executable).with_name("herder"))
+    if not os.access(herder, os.X_OK):
+        herder = shutil.which("herder") or "herder"
+    config_path = os.path.abspath(config_file) if config_file else None
+    if kind == "systemd":
+        group = grp.getgrgid(entry.pw_gid).gr_name if entry else user
+        text = service.render_systemd(cfg, herder, user, group, config_path)
+    else:
+        text = service.render_launchd(cfg, herder, user, config_path, label)
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
 
 
 @cli.command("config")

@@ -50,6 +50,7 @@ class Config:
     worker_command: list[str] | None = None
     state_dir: str = ""
     log_level: str = "INFO"
+    user: str = ""  # started as root: the master, workers and embedded Redis run as this user
     config_file: str | None = None  # where the file layer came from, for reload
     embedded_redis: bool = False  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = field(default_factory=list)  # keys set by environment or flags: reload keeps them

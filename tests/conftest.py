@@ -185,6 +185,7 @@ class Herder:
         tag: str,
         args: dict[str, str | list[str] | None],
         env: dict[str, str] | None = None,
+        executable: str = HERDER,
     ):
         self.redis_url = redis_url
         self.workdir = workdir
@@ -195,7 +196,7 @@ class Herder:
             {"--redis-url": redis_url, "--state-dir": str(workdir / "state"), "--path": str(JOBS_DIR)}
         )
         opts.update(args)
-        self.argv = [HERDER, "run"]
+        self.argv = [executable, "run"]
         for key, value in opts.items():
             if value is None:
                 continue
@@ -318,11 +319,13 @@ class Herder:
 def herder(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Herder]]:
     started: list[Herder] = []
 
-    def make(env: dict[str, str] | None = None, **args: str | list[str] | None) -> Herder:
+    def make(
+        env: dict[str, str] | None = None, executable: str = HERDER, **args: str | list[str] | None
+    ) -> Herder:
         flags = {"--" + k.replace("_", "-"): v for k, v in args.items()}
         workdir = tmp_path / f"herder{len(started)}"
         workdir.mkdir()
-        h = Herder(redis_url, workdir, uuid.uuid4().hex, flags, env)
+        h = Herder(redis_url, workdir, uuid.uuid4().hex, flags, env, executable)
         started.append(h)
         return h.start()
 

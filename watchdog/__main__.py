@@ -40,6 +40,7 @@ def main(argv: list[str]) -> int:
         stop_grace=stop_grace,
         ping_grace=3 * float(cfg["heartbeat_interval"]),
         redis=EmbeddedRedis(cfg["state_dir"]) if cfg.get("embedded_redis") else None,
+        user=str(cfg.get("user") or ""),
     )
     return dog.run()
 

@@ -60,6 +60,7 @@ class Watchdog:
         backoff_max: float = 10.0,
         ping_grace: float = 3.0,
         redis: EmbeddedRedis | None = None,
+        user: str = "",
     ) -> None:
         self.master_argv = master_argv
         self.heartbeat_timeout = heartbeat_timeout
@@ -71,6 +72,9 @@ class Watchdog:
         self.ping_grace = ping_grace  # master silence after which systemd's watchdog is no longer fed
         self.notify = Notifier()
         self.redis = redis
+        self.run_as = RunAs.named(user) if user and os.geteuid() == 0 else None
+        if self.redis and self.run_as:
+            self.redis.run_as = self.run_as
         self._last_extend = 0.0
         self.master: subprocess.Popen[bytes] | None = None
         self.master_seen = 0.0
@@ -126,6 +130,7 @@ class Watchdog:
             # Own process group: a Ctrl-C at the terminal reaches only the watchdog,
             # which forwards it once; the master must not see it twice.
             process_group=0,
+            **(self.run_as.popen_kwargs() if self.run_as else {}),
         )
         assert self.master.stdout
         os.set_blocking(self.master.stdout.fileno(), False)
@@ -352,6 +357,24 @@ class Watchdog:
                     pass
             if len(fds) > 1 and fds[1] in readable:
                 self.read_master()
+
+
+class RunAs:
+    """Who the master, its workers and the embedded Redis run as, when root starts herder."""
+
+    def __init__(self, name: str, uid: int, gid: int, groups: list[int], home: str) -> None:
+        self.name, self.uid, self.gid, self.groups, self.home = name, uid, gid, groups, home
+
+    @classmethod
+    def named(cls, name: str) -> RunAs:
+        import pwd
+
+        entry = pwd.getpwnam(name)
+        return cls(name, entry.pw_uid, entry.pw_gid, os.getgrouplist(name, entry.pw_gid), entry.pw_dir)
+
+    def popen_kwargs(self) -> dict:
+        env = dict(os.environ, HOME=self.home, USER=self.name, LOGNAME=self.name)
+        return {"user": self.uid, "group": self.gid, "extra_groups": self.groups, "env": env}
 
 
 def child_pids() -> list[int]:

@@ -54,6 +54,7 @@ class EmbeddedRedis:
         self.executable = executable or shutil.which("redis-server")
         self.proc: subprocess.Popen[bytes] | None = None
         self.adopted_pid: int | None = None
+        self.run_as = None  # set by the watchdog when root starts herder with --user
 
     def argv(self) -> list[str]:
         assert self.executable
@@ -83,6 +84,8 @@ class EmbeddedRedis:
         if self.executable is None:
             raise FileNotFoundError(INSTALL_HINT)
         Path(self.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.run_as:
+            os.chown(self.data_dir, self.run_as.uid, self.run_as.gid)
         if ping(self.socket):
             # A previous watchdog died and left its Redis running: keep using it.
             self.adopted_pid = self._read_pid()
@@ -93,7 +96,12 @@ class EmbeddedRedis:
         if os.path.exists(self.socket):
             os.unlink(self.socket)
         self.proc = subprocess.Popen(
-            self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True, process_group=0
+            self.argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+            process_group=0,
+            **(self.run_as.popen_kwargs() if self.run_as else {}),
         )
         deadline = time.monotonic() + timeout
         while not ping(self.socket):
