@@ -370,6 +370,31 @@ def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
         time.sleep(0.2)
 
 
+def parse_arg(text: str) -> object:
+    """A job argument: JSON when it parses (42, 1.5, true, null, [1], {"a": 1}), else the string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@cli.command()
+@state_dir_option
+@click.option("--queue", help="Queue to put the job on.  [default: herder's first queue]")
+@click.argument("func")
+@click.argument("args", nargs=-1)
+def enqueue(state_dir: str | None, queue: str | None, func: str, args: tuple[str, ...]) -> None:
+    """Enqueue FUNC(ARGS...) on the running herder's Redis, e.g. `herder enqueue jobs.add 1 2`.
+
+    ARGS are JSON when they parse (numbers, true, null, lists, objects), else strings.
+    """
+    body = {"cmd": "enqueue", "func": func, "args": [parse_arg(a) for a in args]}
+    if queue:
+        body["queue"] = queue
+    reply = ask(state_dir, body)
+    click.echo(f"{reply['job_id']} on {reply['queue']}")
+
+
 @cli.command()
 @state_dir_option
 def restart(state_dir: str | None) -> None:

@@ -570,7 +570,26 @@ class Master:
         """Requests the control thread answers itself (no fleet state involved)."""
         if body["cmd"] == "ping":
             return {"ok": True, "pid": os.getpid()}
+        if body["cmd"] == "enqueue":
+            return self.enqueue(body)
         return None
+
+    def enqueue(self, body: dict) -> dict:
+        """`herder enqueue`: put a job on a queue, for trying things out (control thread)."""
+        from rq import Queue
+
+        if not self.cfg.redis_url:
+            return {"ok": False, "error": "no Redis configured"}
+        func, args = body.get("func"), body.get("args", [])
+        if not isinstance(func, str) or not func or not isinstance(args, list):
+            return {"ok": False, "error": 'enqueue needs "func" (a dotted name) and "args" (a list)'}
+        name = body.get("queue") or self.cfg.queues[0]
+        try:
+            conn = Redis.from_url(self.cfg.redis_url, socket_timeout=5, socket_connect_timeout=3)
+            job = Queue(name, connection=conn).enqueue(func, *args)
+        except Exception as exc:  # Redis errors name host and port, never the password
+            return {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+        return {"ok": True, "job_id": job.id, "queue": name}
 
     def handle_requests(self) -> None:
         if self.control is None:

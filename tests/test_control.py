@@ -235,3 +235,23 @@ def test_reload_rereads_the_file_but_keeps_flags(herder, jobs, tmp_path):
     h.signal(15)
     assert h.wait_exit(30) == 0
     h.assert_nothing_left()
+
+
+def test_enqueue_parses_json_args_and_the_job_runs(herder, jobs):
+    from rq.job import Job
+
+    h = herder(workers="1")
+    h.wait_workers(1)
+    r = cli(h, "enqueue", "herder_testjobs.record", "enq", "0.1")
+    assert r.returncode == 0, r.stderr
+    job_id, _, queue = r.stdout.split()[:3]
+    assert queue == "default"
+    wait_for(lambda: jobs.finished("enq") == [job_id], 10, what="the enqueued job")
+    assert list(Job.fetch(job_id, connection=jobs.conn).args) == ["enq", 0.1]  # "enq" a string, 0.1 a number
+    bad = cli(h, "enqueue", "--queue", "other", "herder_testjobs.record", '{"not": "closed"', "[1, 2]")
+    assert bad.returncode == 0
+    other = Job.fetch(bad.stdout.split()[0], connection=jobs.conn)
+    assert other.origin == "other" and list(other.args) == ['{"not": "closed"', [1, 2]]
+    h.signal(15)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()
