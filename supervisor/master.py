@@ -34,6 +34,7 @@ log = logging.getLogger("herder")
 
 TICK = 0.25  # the loop looks at deadlines at least this often
 COUNTER_REPORT_INTERVAL = 5.0
+DUPLICATE_SIGNAL_WINDOW = 1.0  # a second SIGINT sooner than this is a duplicate delivery
 EOF_GRACE = 1.0  # seconds a worker may live on after closing its stdout
 
 
@@ -96,6 +97,7 @@ class Master:
     _ready_sent: bool = False
     _last_alive: float = 0.0
     _sigint_count: int = 0
+    _first_sigint: float = 0.0
     scale_state: ScaleState = field(default_factory=ScaleState)
     grant: int | None = None  # cluster grant; None when there is no cluster cap
     _done_seen: tuple[int, float] = (0, 0.0)  # jobs and busy seconds already folded into the rate
@@ -183,10 +185,16 @@ class Master:
             elif sig == signal.SIGQUIT:
                 self.begin_stop(hurry=True, why="SIGQUIT")
             elif sig == signal.SIGINT:
+                now = time.monotonic()
+                if self._sigint_count and now - self._first_sigint < DUPLICATE_SIGNAL_WINDOW:
+                    # One Ctrl-C delivered twice (to the process and to its group, as
+                    # `timeout` and some shells do) is not a request to hurry.
+                    log.info("SIGINT again within %g s: taken as the same one", DUPLICATE_SIGNAL_WINDOW)
+                    continue
                 self._sigint_count += 1
-                self.begin_stop(
-                    hurry=self._sigint_count > 1, why="second SIGINT" if self._sigint_count > 1 else "SIGINT"
-                )
+                self._first_sigint = self._first_sigint or now
+                hurry = self._sigint_count > 1
+                self.begin_stop(hurry=hurry, why="second SIGINT" if hurry else "SIGINT")
             elif sig == signal.SIGTERM:
                 self.begin_stop(hurry=False, why="SIGTERM")
 

@@ -10,8 +10,9 @@ to absorb what arrives *and* empty the current backlog within T seconds. Before 
 per-worker rate is known (cold start) every waiting job counts as one worker's worth,
 which errs towards draining fast. Up at once; down only after `need` has stayed below
 the current count for the whole scale-down delay, and then only to the highest need of
-that delay plus as much headroom as the need varied within it, so a noisy load does not
-flap: a load that is truly gone varies by nothing and goes all the way down.
+that delay plus as much headroom as the need varied within it, and by a real step
+(DOWN_STEP), so a noisy load does not flap: a load that is truly gone varies by nothing
+and goes all the way down.
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ def clamp(value: int, cfg: ScaleConfig) -> int:
 
 def learn_rate(state: ScaleState, completed: int, busy_seconds: float, cfg: ScaleConfig) -> ScaleState:
     """Fold `completed` jobs over `busy_seconds` of worker time into the per-worker rate."""
-    if busy_seconds <= 0 or completed <= 0:
+    if not busy_seconds > 0 or not completed > 0:  # (NaN too)
         return state
     sample = completed / busy_seconds
+    if not math.isfinite(sample):  # a vanishing busy time: no information, and inf * 0 is NaN
+        return state
     rate = sample if state.per_worker is None else cfg.alpha * sample + (1 - cfg.alpha) * state.per_worker
     return replace(state, per_worker=rate)
 

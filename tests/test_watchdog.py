@@ -55,7 +55,7 @@ def test_second_sigint_hurries_and_requeues_the_running_job(herder, jobs):
     wait_for(lambda: jobs.started("t"), 10, what="the long job to start")
     h.signal(signal.SIGINT)
     h.wait_log(r"SIGINT: stopping 1 workers")
-    time.sleep(0.5)
+    time.sleep(1.2)  # a second SIGINT within 1 s would be taken as the same one
     started = time.monotonic()
     h.signal(signal.SIGINT)
     assert h.wait_exit(15) == 0
@@ -64,6 +64,21 @@ def test_second_sigint_hurries_and_requeues_the_running_job(herder, jobs):
     # Interrupted, not lost: back at the front of its queue for the next start.
     assert jobs.status(job.id) == "queued"
     assert jobs.queue.job_ids[0] == job.id
+    h.assert_nothing_left()
+
+
+def test_one_ctrl_c_delivered_twice_still_drains_gracefully(herder, jobs):
+    h = herder(workers="1")
+    h.wait_workers(1)
+    job = jobs.enqueue("record", "dup", 2)
+    wait_for(lambda: jobs.started("dup"), 10, what="the job to start")
+    # As `timeout` or a shell may do: to the process and to its group, at once.
+    os.kill(h.pid, signal.SIGINT)
+    os.killpg(h.pid, signal.SIGINT)
+    assert h.wait_exit(20) == 0
+    assert jobs.finished("dup") == [job.id]  # finished, not interrupted
+    assert "SIGINT again within 1 s: taken as the same one" in h.log()
+    assert "stopping now" not in h.log()
     h.assert_nothing_left()
 
 
