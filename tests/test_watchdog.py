@@ -77,7 +77,7 @@ def test_one_ctrl_c_delivered_twice_still_drains_gracefully(herder, jobs):
     os.killpg(h.pid, signal.SIGINT)
     assert h.wait_exit(20) == 0
     assert jobs.finished("dup") == [job.id]  # finished, not interrupted
-    assert "SIGINT again within 1 s: taken as the same one" in h.log()
+    # (the two may also merge into one pending signal; either way, no hurry)
     assert "stopping now" not in h.log()
     h.assert_nothing_left()
 
