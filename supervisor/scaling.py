@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-RECENT = 5  # unused since the scale-down window became the whole delay; kept for importers
 # A scale-down sheds at least this share of the fleet and at least 2 workers, unless the
 # need was perfectly flat for the whole delay (the load is gone, or truly constant): a
 # smaller step down is most likely the noise missing its peak for a while, and comes back.

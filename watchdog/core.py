@@ -284,7 +284,8 @@ class Watchdog:
 
     def feed_service_manager(self, now: float) -> None:
         master_running = self.master is not None and self.master.returncode is None
-        healthy = master_running and now - self.master_seen < self.ping_grace
+        # Healthy: up (said ready) and heartbeating. Starting is not yet healthy.
+        healthy = master_running and self.master_ready and now - self.master_seen < self.ping_grace
         self.notify.ping_if_due(healthy and not self.stopping)
         # While a drain waits on long jobs, ask systemd for more time, a little at a
         # time, as long as something is still finishing (our own stop_grace bounds it).
