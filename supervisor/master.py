@@ -29,6 +29,7 @@ from supervisor.states import WorkerState
 from supervisor.status import build_status
 from supervisor.uplink import Uplink
 from supervisor.workerproc import STDERR_LINES_PER_SECOND, Observations, WorkerProcess
+from watchdog.core import describe as describe_exit
 
 log = logging.getLogger("herder")
 
@@ -72,15 +73,6 @@ class Reported:
     throttled: int = 0
     stderr_dropped: int = 0
     at: float = 0.0
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 @dataclass

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from supervisor.protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
@@ -26,6 +26,18 @@ log = logging.getLogger("herder")
 STDOUT_LINES_PER_SECOND = 20_000
 STDERR_LINES_PER_SECOND = 1000  # RQ logs ~4 lines a job; fast no-op jobs reach ~250 jobs/s
 CHUNK = 65536
+
+
+def read_chunks(fd: int) -> Iterator[bytes]:
+    """What a pipe delivers, chunk by chunk, until EOF (or an error, which ends it too)."""
+    while True:
+        try:
+            chunk = os.read(fd, CHUNK)
+        except OSError:
+            return
+        if not chunk:
+            return
+        yield chunk
 
 
 @dataclass
@@ -104,16 +116,9 @@ class WorkerProcess:
 
     def _read_stdout(self, wake: Callable[[], None]) -> None:
         assert self.popen.stdout
-        fd = self.popen.stdout.fileno()
         splitter = LineSplitter(MAX_LINE_BYTES)
         window_start, lines_in_window = time.monotonic(), 0
-        while True:
-            try:
-                chunk = os.read(fd, CHUNK)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
+        for chunk in read_chunks(self.popen.stdout.fileno()):
             important = False
             for raw, truncated in splitter.feed(chunk):
                 lines_in_window += 1
@@ -174,17 +179,10 @@ class WorkerProcess:
 
     def _read_stderr(self) -> None:
         assert self.popen.stderr
-        fd = self.popen.stderr.fileno()
         splitter = LineSplitter(MAX_LINE_BYTES)
         window_start, logged = time.monotonic(), 0
         prefix = f"slot {self.slot} pid {self.pid}"
-        while True:
-            try:
-                chunk = os.read(fd, CHUNK)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
+        for chunk in read_chunks(self.popen.stderr.fileno()):
             now = time.monotonic()
             if now - window_start >= 1.0:
                 window_start, logged = now, 0
