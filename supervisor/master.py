@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from redis import Redis
 
+from supervisor import logs
 from supervisor.cluster import share_of
 from supervisor.config import ENV_RESOLVED, Config, ConfigError, redact_url
 from supervisor.control import ControlServer, Request
@@ -835,20 +836,12 @@ def reread(cfg: Config) -> Config:
     return fresh
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=level.upper(),
-        format="%(asctime)s herder[%(process)d] %(levelname)s %(message)s",
-    )
-
-
 def main() -> int:
     from watchdog.provenance import exit_if_shadowed
 
     exit_if_shadowed()
     cfg = Config.from_env()
-    setup_logging(cfg.log_level)
+    logs.setup(cfg.log_level)
     uplink = Uplink()
     return Master(cfg, uplink=uplink).run()
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from supervisor import logs
 from supervisor.protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
 from supervisor.states import WorkerState
 
@@ -186,6 +187,7 @@ class WorkerProcess:
             now = time.monotonic()
             if now - window_start >= 1.0:
                 window_start, logged = now, 0
+            lines = []
             for raw, truncated in splitter.feed(chunk):
                 if logged >= STDERR_LINES_PER_SECOND:  # the master reports the count
                     with self.lock:
@@ -193,10 +195,11 @@ class WorkerProcess:
                     continue
                 logged += 1
                 text = raw.decode("utf-8", "replace").rstrip()
-                log.info("%s: %s%s", prefix, text, " [line truncated]" if truncated else "")
+                lines.append(text + " [line truncated]" if truncated else text)
+            logs.relay(prefix, lines)
         tail = splitter.flush()
         if tail:
-            log.info("%s: %s", prefix, tail.decode("utf-8", "replace").rstrip())
+            logs.relay(prefix, [tail.decode("utf-8", "replace").rstrip()])
         self.popen.stderr.close()
 
     # ---- actions (called by the master loop only) -----------------------------------------

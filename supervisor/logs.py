@@ -1,0 +1,54 @@
+"""The master's log: one line per event on stderr, and the relay of workers' stderr into it.
+
+A busy fleet's workers write a few log lines per job (RQ's own), so relaying them is the
+master's largest per-job cost. Going through `logging` record by record cost about 0.3 ms
+of CPU per job (measured by scripts/bench); the relay writes each chunk a worker sends as
+one write, in the same format, under the handler's lock so lines never interleave.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+FORMAT = "%(asctime)s herder[%(process)d] %(levelname)s %(message)s"
+log = logging.getLogger("herder")
+
+
+def setup(level: str) -> None:
+    logging.basicConfig(stream=sys.stderr, level=level.upper(), format=FORMAT)
+
+
+def relay(prefix: str, lines: list[str]) -> None:
+    """Log `lines` from a worker (already decoded, without newlines) at INFO, prefixed."""
+    if not lines or not log.isEnabledFor(logging.INFO):
+        return
+    handlers = logging.getLogger().handlers
+    if not handlers or not isinstance(handlers[0], logging.StreamHandler):
+        for line in lines:  # an unusual logging setup: take the slow, general path
+            log.info("%s: %s", prefix, line)
+        return
+    handler = handlers[0]
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
+    head = f"{stamp} herder[{os.getpid()}] INFO {prefix}: "
+    text = "".join(f"{head}{line}\n" for line in lines)
+    with handler.lock or _NO_LOCK:
+        try:
+            handler.stream.write(text)
+            handler.stream.flush()
+        except (OSError, ValueError):
+            pass  # stderr gone: nothing sensible to do from a reader thread
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
