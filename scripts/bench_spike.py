@@ -1,0 +1,239 @@
+"""The autoscaling spike scenario: what herder does when a burst lands on a quiet queue.
+
+    .venv/bin/pip install -e '.[bench]'
+    .venv/bin/python scripts/bench_spike.py --png docs/scaling-spike.png --markdown /tmp/spike.md
+
+Starts a private redis-server and `herder run --min-workers 1 --max-workers N`, enqueues a
+burst of short jobs at once, and samples `herder status --json` every 0.25 s: the queue
+length, its growth rate, desired and actual workers. Draws them over time (matplotlib)
+and reports the time from the spike to max workers and from the drained queue back to
+min, next to what KEDA's defaults would give for the same load. Not a test: run by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from redis import Redis
+from rq import Queue
+
+HERDER = str(Path(sys.executable).with_name("herder"))
+JOB_SOURCE = "import time\n\n\ndef work(seconds):\n    time.sleep(seconds)\n"
+# KEDA's Redis-list scaler defaults: poll every 30 s; scale to zero/min after a 300 s
+# cooldown, and the HPA's default scale-down stabilization window is also 300 s.
+KEDA_POLLING = 30.0
+KEDA_COOLDOWN = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def status(state: Path) -> dict | None:
+    r = subprocess.run(
+        [HERDER, "status", "--json", "--state-dir", str(state)], capture_output=True, text=True
+    )
+    return json.loads(r.stdout) if r.returncode in (0, 3) else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=600)
+    p.add_argument("--job-seconds", type=float, default=0.05)
+    p.add_argument("--max-workers", type=int, default=6)
+    p.add_argument("--scale-down-delay", type=float, default=10.0)
+    p.add_argument("--png", help="draw the timeline into this PNG")
+    p.add_argument("--markdown", help="also write the report here")
+    args = p.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="herder-spike-"))
+    (tmp / "jobs").mkdir()
+    (tmp / "jobs" / "spike_jobs.py").write_text(JOB_SOURCE)
+    port = free_port()
+    redis_proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    state = tmp / "state"
+    herder = None
+    try:
+        r = Redis.from_url(url)
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except Exception:
+                time.sleep(0.05)
+        herder = subprocess.Popen(
+            [
+                HERDER,
+                "run",
+                "--redis-url",
+                url,
+                "--state-dir",
+                str(state),
+                "--path",
+                str(tmp / "jobs"),
+                "--min-workers",
+                "1",
+                "--max-workers",
+                str(args.max_workers),
+                "--scale-down-delay",
+                str(args.scale_down_delay),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp / "herder.log", "wb"),  # noqa: SIM115 - lives as long as herder
+        )
+        while not (st := status(state)) or not st["running"]:
+            time.sleep(0.2)
+        samples: list[dict] = []
+        t0 = time.monotonic()
+
+        def sample() -> dict | None:
+            st = status(state)
+            if st:
+                q = st["queues"][0] if st["queues"] else {"backlog": 0, "growth": 0.0, "running": 0}
+                samples.append(
+                    {
+                        "t": time.monotonic() - t0,
+                        "backlog": q["backlog"],
+                        "growth": q["growth"],
+                        "running": q["running"],
+                        "desired": st["desired"],
+                        "actual": st["actual"],
+                    }
+                )
+            return st
+
+        for _ in range(8):  # 2 s of quiet before the spike
+            sample()
+            time.sleep(0.25)
+        spike_at = time.monotonic() - t0
+        q = Queue(connection=r)
+        with r.pipeline() as pipe:
+            for _ in range(args.jobs):
+                q.enqueue("spike_jobs.work", args.job_seconds, pipeline=pipe)
+            pipe.execute()
+        max_at = drained_at = min_at = None
+        while True:
+            sample()
+            s = samples[-1]
+            if max_at is None and s["actual"] >= args.max_workers:
+                max_at = s["t"]
+            if drained_at is None and max_at is not None and s["backlog"] == 0 and s["running"] == 0:
+                drained_at = s["t"]
+            if drained_at is not None and s["actual"] <= 1:
+                min_at = s["t"]
+                break
+            if s["t"] > spike_at + 120 + args.scale_down_delay:
+                break
+            time.sleep(0.25)
+        for _ in range(8):
+            sample()
+            time.sleep(0.25)
+    finally:
+        if herder and herder.poll() is None:
+            herder.send_signal(signal.SIGTERM)
+            herder.wait(60)
+        redis_proc.terminate()
+        redis_proc.wait(10)
+
+    to_max = (max_at - spike_at) if max_at is not None else None
+    to_min = (min_at - drained_at) if min_at is not None and drained_at is not None else None
+    drain = (drained_at - spike_at) if drained_at is not None else None
+    lines = [
+        "## Autoscaling: a spike on a quiet queue",
+        "",
+        "Command: `.venv/bin/python scripts/bench_spike.py "
+        f"--jobs {args.jobs} --job-seconds {args.job_seconds} "
+        f"--max-workers {args.max_workers} --scale-down-delay {args.scale_down_delay:g}`",
+        "",
+        f"{args.jobs} jobs of {args.job_seconds * 1000:.0f} ms enqueued at once; "
+        f"min 1, max {args.max_workers} workers, scale-down delay {args.scale_down_delay:g} s; "
+        "sampled from `herder status --json` every 0.25 s.",
+        "",
+        "| | herder (measured) | KEDA defaults (computed) |",
+        "|---|---:|---:|",
+        f"| spike to max workers | {fmt(to_max)} "
+        f"| up to {KEDA_POLLING:.0f} s (one polling interval) + pod start |",
+        f"| spike to queue drained | {fmt(drain)} | |",
+        f"| drained to min workers | {fmt(to_min)} | {KEDA_COOLDOWN:.0f} s (cooldownPeriod) |",
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.markdown:
+        Path(args.markdown).write_text(report)
+    if args.png:
+        draw(samples, spike_at, args, Path(args.png))
+        print(f"drew {args.png}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if to_max is not None and to_min is not None else 1
+
+
+def fmt(seconds: float | None) -> str:
+    return "not reached" if seconds is None else f"{seconds:.1f} s"
+
+
+def draw(samples: list[dict], spike_at: float, args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s["t"] - spike_at for s in samples]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 5.5), height_ratios=[1, 1])
+    top.plot(t, [s["backlog"] for s in samples], color="tab:blue", label="queue length")
+    top.set_ylabel("jobs waiting", color="tab:blue")
+    growth_axis = top.twinx()
+    growth_axis.plot(t, [s["growth"] for s in samples], color="tab:orange", label="growth rate")
+    growth_axis.set_ylabel("growth (jobs/s)", color="tab:orange")
+    top.set_title(
+        f"herder: {args.jobs} jobs of {args.job_seconds * 1000:.0f} ms land at t=0 "
+        f"(min 1, max {args.max_workers}, scale-down delay {args.scale_down_delay:g} s)"
+    )
+    bottom.step(t, [s["desired"] for s in samples], where="post", color="tab:green", label="desired workers")
+    bottom.step(
+        t,
+        [s["actual"] for s in samples],
+        where="post",
+        color="tab:red",
+        linestyle="--",
+        label="actual workers",
+    )
+    bottom.set_ylabel("workers")
+    bottom.set_xlabel("seconds since the spike")
+    bottom.set_ylim(0, args.max_workers + 1)
+    bottom.legend(loc="upper right")
+    for ax in (top, bottom):
+        ax.axvline(0, color="grey", linewidth=0.8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
