@@ -101,6 +101,13 @@ RUN_OPTIONS: list[tuple[str, str, bool, str]] = [
     ("--kill-timeout", "kill_timeout", False, "Seconds from SIGTERM to SIGKILL."),
     ("--max-requeues", "max_requeues", False, "Times a dead worker's job is requeued before it is failed."),
     (
+        "--kill-budget",
+        "kill_budget",
+        False,
+        "Share of the fleet that may be killed as hung per budget window.",
+    ),
+    ("--kill-budget-window", "kill_budget_window", False, "Seconds of the kill budget's sliding window."),
+    (
         "--min-uptime",
         "min_uptime",
         False,

@@ -42,6 +42,10 @@ class Config:
     stop_timeout: float = 30.0
     kill_timeout: float = 5.0
     max_requeues: int = 3
+    # At most this share of the fleet may be killed as unresponsive per kill_budget_window
+    # (cluster-wide too with a cluster cap): a widespread fault must not take every worker.
+    kill_budget: float = 0.5
+    kill_budget_window: float = 60.0
     # A worker that exits sooner than this after its spawn "died young": its slot backs off.
     min_uptime: float = 1.0
     backoff_initial: float = 0.1
@@ -109,6 +113,8 @@ class Config:
             "scale_interval",
             "scale_down_delay",
             "drain_target",
+            "kill_budget",
+            "kill_budget_window",
         ]
         for key in positive:
             if not getattr(self, key) > 0:

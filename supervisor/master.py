@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from redis import Redis
 
 from supervisor import logs
+from supervisor.budget import ClusterView, KillBudget, cluster_keys
 from supervisor.cluster import share_of
 from supervisor.config import ENV_RESOLVED, Config, ConfigError, redact_url
 from supervisor.control import ControlServer, Request
@@ -95,6 +96,7 @@ class Master:
     grant: int | None = None  # cluster grant; None when there is no cluster cap
     _done_seen: tuple[int, float] = (0, 0.0)  # jobs and busy seconds already folded into the rate
     generation: int = 0  # bumped by a rolling restart
+    degraded: str = ""  # why health is degraded (the kill budget is spent), or ""
 
     def __post_init__(self) -> None:
         self.target = self.target or self.cfg.floor
@@ -115,7 +117,9 @@ class Master:
         if self.cfg.redis_url:  # status shows queue lengths even for a fixed count
             cluster = None
             if self.cfg.cluster_max_workers is not None:
-                cluster = ClusterSettings(self.host_id, self.cfg.cluster_max_workers, self.cfg.host_ttl)
+                cluster = ClusterSettings(
+                    self.host_id, self.cfg.cluster_max_workers, self.cfg.host_ttl, self.cfg.kill_budget_window
+                )
                 self.grant = 0  # spawn nothing until the cluster grants it
             self.observer = Observer(
                 Redis.from_url(self.cfg.redis_url, socket_timeout=5, socket_connect_timeout=3),
@@ -133,6 +137,8 @@ class Master:
             drain_target=self.cfg.drain_target,
         )
         self.cluster_desired = self.target
+        self.budget = KillBudget(window=self.cfg.kill_budget_window, fraction=self.cfg.kill_budget)
+        self.cluster_kills = ClusterView() if self.cfg.cluster_max_workers is not None else None
         self.started_at = time.time()
         self.queue_stats: dict[str, dict[str, float]] = {}  # name -> backlog, running, growth
         self.control: ControlServer | None = None
@@ -414,8 +420,18 @@ class Master:
                     w.sigkilled = True
                 continue
             reason = self.unresponsive_reason(w, obs, now)
-            if reason:
+            if reason is None:
+                if w.spared:
+                    w.spared = False
+                    log.warning("slot %d pid %d: responsive again", w.slot, w.pid)
+                continue
+            # A stop timeout is part of a stop; anything else is herder judging a worker hung,
+            # which the kill budget limits.
+            if w.state == WorkerState.STOPPING or self.may_kill(w, reason):
                 self.kill(w, reason)
+        if self.degraded and not any(w.spared for w in self.workers.values()):
+            log.warning("health ok again: no worker is waiting on the kill budget")
+            self.degraded = ""
 
     def unresponsive_reason(self, w: WorkerProcess, obs: Observations, now: float) -> str | None:
         cfg = self.cfg
@@ -448,6 +464,34 @@ class Master:
             if timeout >= 0 and elapsed > timeout + cfg.job_timeout_grace:
                 return f"busy {elapsed - timeout:.0f} s past its {timeout:g} s timeout"
         return None
+
+    def may_kill(self, w: WorkerProcess, reason: str) -> bool:
+        """Take a kill token, or leave the worker alone and say why (once per worker)."""
+        fleet = max(self.target, len(self.live_workers()))
+        cluster = None
+        if self.cluster_kills is not None and self.cfg.cluster_max_workers is not None:
+            cluster = (self.cluster_kills, self.cfg.cluster_max_workers)
+        if self.budget.take(fleet, cluster=cluster):
+            if cluster is not None and self.requeuer is not None:
+                self.requeuer.count_kill(cluster_keys(time.time(), self.budget.window)[0], self.budget.window)
+            w.spared = False
+            return True
+        if not w.spared:
+            w.spared = True
+            where = "cluster-wide" if cluster else "on this host"
+            self.degraded = (
+                f"kill budget spent {where}: {self.budget.limit(fleet)} kills per "
+                f"{self.budget.window:g} s; unresponsive workers are left alone"
+            )
+            log.error(
+                "slot %d pid %d: would kill it (%s), but %s. A widespread fault? Leaving it for a person; "
+                "health degraded",
+                w.slot,
+                w.pid,
+                reason,
+                self.degraded,
+            )
+        return False
 
     def kill(self, w: WorkerProcess, reason: str) -> None:
         self.set_state(w, WorkerState.KILLING, reason)
@@ -528,6 +572,9 @@ class Master:
         if reading is None:
             return
         self.record_queue_stats(reading.per_queue)
+        if reading.kills is not None and self.cluster_kills is not None:
+            current, previous, read_at = reading.kills
+            self.cluster_kills = ClusterView(current, previous, read_at)
         if not self.cfg.autoscale:
             return
         jobs, busy = self.jobs_and_busy_seconds()

@@ -17,6 +17,7 @@ from redis import Redis
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
+from supervisor.budget import cluster_keys
 from supervisor.cluster import HOSTS_KEY, RESERVE, RESERVED_KEY, Grant, parse_grant
 from supervisor.scaling import Load
 
@@ -28,6 +29,7 @@ class Reading:
     load: Load | None  # None: Redis did not answer
     grant: Grant | None
     per_queue: tuple[tuple[str, int, int], ...] = ()  # (queue, backlog, running)
+    kills: tuple[int, int, float] | None = None  # cluster kill counters: current, previous, read at
 
 
 @dataclass
@@ -35,6 +37,7 @@ class ClusterSettings:
     host_id: str
     cap: int
     ttl: float
+    kill_window: float = 60.0
 
 
 class Observer:
@@ -109,6 +112,9 @@ class Observer:
             for _, queue_key, wip_key in keys:
                 pipe.llen(queue_key)
                 pipe.zcount(wip_key, now_redis, "+inf")
+            read_at = time.time()
+            if self.cluster:
+                pipe.mget(*cluster_keys(read_at, self.cluster.kill_window))
             if self.cluster and self._reserve:
                 self._reserve(
                     keys=[HOSTS_KEY, RESERVED_KEY],
@@ -135,9 +141,13 @@ class Observer:
             (name, int(replies[2 * i]), int(replies[2 * i + 1])) for i, (name, _, _) in enumerate(keys)
         )
         grant = parse_grant(replies[-1]) if self.cluster else None
+        kills = None
+        if self.cluster:
+            current, previous = (int(v or 0) for v in replies[-2])
+            kills = (current, previous, read_at)
         load = Load(
             at=time.monotonic(),
             backlog=sum(b for _, b, _ in per_queue),
             running=sum(r for _, _, r in per_queue),
         )
-        return Reading(load, grant, per_queue)
+        return Reading(load, grant, per_queue, kills)

@@ -52,6 +52,10 @@ class Requeuer:
     def forget(self, worker_name: str) -> None:
         self._submit(Task("forget", worker_name))
 
+    def count_kill(self, key: str, window: float) -> None:
+        """Add one kill to the cluster-wide budget counter (see budget.py)."""
+        self._submit(Task("count_kill", key, str(window)))
+
     def _submit(self, task: Task) -> None:
         with self._cond:
             self._tasks.append(task)
@@ -107,6 +111,12 @@ class Requeuer:
     def _do(self, task: Task) -> None:
         if task.kind == "forget":
             forget_worker(self.connection, task.subject)
+            return
+        if task.kind == "count_kill":
+            with self.connection.pipeline() as pipe:
+                pipe.incr(task.subject)
+                pipe.expire(task.subject, int(float(task.reason) * 2) + 1)
+                pipe.execute()
             return
         outcome: Outcome = requeue_or_fail(self.connection, task.subject, task.reason, self.max_requeues)
         if outcome.action == "requeued":

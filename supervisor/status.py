@@ -74,6 +74,7 @@ def build_status(m: Master) -> dict[str, Any]:
     return {
         "ok": True,
         "running": running,
+        "health": f"degraded: {m.degraded}" if m.degraded else "ok",
         "master": {"pid": os.getpid(), "uptime": round(time.time() - m.started_at, 1), "host_id": m.host_id},
         "watchdog": {"pid": watchdog_pid, "uptime": _uptime(watchdog_pid)},
         "redis_url": redact_url(m.cfg.redis_url),
@@ -125,6 +126,8 @@ def render(status: dict[str, Any]) -> str:
         f"   watchdog {wd['pid']} up {_duration(wd['uptime'])}",
         f"redis: {status['redis_url']}",
     ]
+    if status.get("health", "ok") != "ok":
+        lines.append(f"health: {status['health']}")
     scale = f"min {status['min']}, max {status['max']}" if status["autoscale"] else "fixed"
     if status["cluster_max"] is not None:
         scale += f", cluster max {status['cluster_max']} (granted {status['cluster_grant']})"

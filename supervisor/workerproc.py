@@ -77,6 +77,7 @@ class WorkerProcess:
     kill_reason: str = ""
     sigkilled: bool = False
     generation: int = 0  # a rolling restart replaces every worker of an older generation
+    spared: bool = False  # judged hung, but the kill budget was spent
     readers: list[threading.Thread] = field(default_factory=list)
 
     @property
