@@ -68,6 +68,7 @@ def build_status(m: Master) -> dict[str, Any]:
         live >= m.target
         and not backoff
         and not m.stopping
+        and not m.degraded
         and all(w["state"] in ("idle", "busy") for w in workers)
     )
     watchdog_pid = os.getppid()
