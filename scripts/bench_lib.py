@@ -4,8 +4,10 @@ Two measurements, each at equal worker counts:
 
 * throughput: enqueue N no-op jobs, then start the pool; jobs/s is N over the span from
   the first job's `started_at` to the last job's `ended_at` (RQ's own job timestamps), so
-  start-up does not count. Wall time (pool launch to the last `ended_at`) is reported too.
-  Contenders take turns round by round, with the Redis DB flushed before every run.
+  start-up does not count. Also reported: wall time (pool launch to the last `ended_at`),
+  steady-state jobs/s (10% to 90% of the `ended_at`s), and CPU per job split between the
+  workers and the supervising processes. Contenders take turns round by round, with the
+  Redis DB flushed before every run.
 * crash to replacement: with the pool idle, SIGKILL one worker; time until a new child of
   the pool's master process exists (psutil, polled), and until that pid is registered in
   RQ's worker registry (`rq.Worker.all()`, polled). Same method for every contender.
@@ -21,11 +23,13 @@ import argparse
 import contextlib
 import ctypes
 import datetime as dt
+import hashlib
 import importlib.metadata
 import math
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -54,7 +58,9 @@ T = TypeVar("T")
 QUEUE = "herder-bench"
 JOB_MODULE = "herder_bench_jobs"
 JOB_FUNC = f"{JOB_MODULE}.noop"
-JOB_SOURCE = '"""Written by scripts/bench: the job every contender runs."""\n\n\ndef noop():\n    return None\n'
+JOB_SOURCE = (
+    '"""Written by scripts/bench: the job every contender runs."""\n\n\ndef noop():\n    return None\n'
+)
 REPO = Path(__file__).resolve().parent.parent
 PR_SET_CHILD_SUBREAPER = 36
 HERDER_MIN_UPTIME = 1.0  # herder's default --min-uptime: a worker dying younger than this backs off
@@ -141,14 +147,16 @@ class Processes:
     def __init__(self) -> None:
         self.popens: list[subprocess.Popen[bytes]] = []
 
-    def start(self, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    def start(
+        self, argv: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with open(log_path, "ab") as out:
             popen = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=child_env(),
+                env=env or child_env(),
                 close_fds=True,
                 # Its own session: a Ctrl-C at the terminal reaches only the bench, which
                 # then ends everything itself, in order.
@@ -262,6 +270,52 @@ class RedisServer:
             self.popen.wait(timeout=10)
 
 
+class CpuMeter:
+    """CPU time spent by processes that are not ours during an interval, in cores: a noise
+    indicator (the bench shares the machine with whatever else runs on it).
+
+    Ours = the bench, its reaped descendants (RUSAGE_CHILDREN: as a subreaper it reaps even
+    orphans) and its live descendants (Redis). Pools are stopped and reaped before `stop()`.
+    On a virtual machine, `steal` (time the hypervisor gave to other guests) is noise too.
+    """
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.busy0, self.ours0, self.steal0 = self._busy(), self._ours(), self._steal()
+        self.steal = math.nan  # cores, set by stop()
+
+    @staticmethod
+    def _steal() -> float:
+        return getattr(psutil.cpu_times(), "steal", 0.0)
+
+    @staticmethod
+    def _busy() -> float:
+        t = psutil.cpu_times()
+        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # guest is in user
+        return total - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "steal", 0.0)
+
+    @staticmethod
+    def _ours() -> float:
+        used = 0.0
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+            r = resource.getrusage(who)
+            used += r.ru_utime + r.ru_stime
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    c = p.cpu_times()
+                    used += c.user + c.system
+        return used
+
+    def stop(self) -> float:
+        elapsed = time.monotonic() - self.t0
+        foreign = (self._busy() - self.busy0) - (self._ours() - self.ours0)
+        if elapsed <= 0:
+            return math.nan
+        self.steal = (self._steal() - self.steal0) / elapsed
+        return max(0.0, foreign) / elapsed
+
+
 # ---- pools --------------------------------------------------------------------------------
 
 
@@ -306,7 +360,14 @@ class Bench:
         self.jobdir.mkdir()
         (self.jobdir / f"{JOB_MODULE}.py").write_text(JOB_SOURCE)
         self.bindir = Path(args.bin_dir)
-        self.problems: list[str] = []
+        self.herder_src = snapshot_herder(tmp / "herder-src") if args.snapshot else None
+        self.problems: list[str] = []  # failures, and misbehaviour of a contender
+        self.warnings: list[str] = []  # noise
+        # When the bench first saw each worker pid, on the monotonic clock: a worker's age.
+        # (psutil's create_time is not fit for that: it adds a whole-second boot time.)
+        self.first_seen: dict[int, float] = {}
+        self.child_polls: list[float] = []  # seconds per poll, of the current crash run
+        self.registry_polls: list[float] = []
 
     def argv(self, c: Contender) -> list[str]:
         n = str(self.args.workers)
@@ -337,13 +398,20 @@ class Bench:
         with open(log_path, "ab") as f:
             f.write(f"$ {shlex.join(argv)}\n".encode())
         launched_at = time.time()
-        popen = self.procs.start(argv, log_path)
+        env = child_env()
+        if c.kind == "herder" and self.herder_src:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.herder_src), env.get("PYTHONPATH")]))
+        popen = self.procs.start(argv, log_path, env)
         return Pool(c, popen, log_path, launched_at)
 
     def stop(self, pool: Pool) -> StopInfo:
         """SIGTERM (a graceful stop for both), wait, then kill whatever is left."""
         t0 = time.monotonic()
         graceful = True
+        family: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            top = psutil.Process(pool.popen.pid)
+            family = [top, *top.children(recursive=True)]  # in case an orphan escapes us
         if pool.popen.poll() is None:
             pool.popen.send_signal(signal.SIGTERM)
             try:
@@ -355,7 +423,7 @@ class Bench:
                     f"killed (log: {pool.log_path})"
                 )
         seconds = time.monotonic() - t0
-        leftovers = self.procs.kill_all([pool.popen.pid], spare={self.server.pid})
+        leftovers = self.procs.kill_all(spare={self.server.pid}, extra=family)
         if leftovers and graceful:
             self.problems.append(
                 f"{pool.contender.label}: {leftovers} process(es) still alive after it exited on SIGTERM; "
@@ -380,6 +448,8 @@ class Bench:
 
     def throughput_round(self, c: Contender, round_no: int) -> dict:
         n = self.args.jobs
+        self.wait_quiet()
+        meter = CpuMeter()
         self.redis.flushdb()
         ids = self.enqueue(n)
         log_path = self.tmp / f"throughput-{c.key}-{round_no}.log"
@@ -388,12 +458,19 @@ class Bench:
             finished = FinishedJobRegistry(QUEUE, connection=self.redis)
             failed = FailedJobRegistry(QUEUE, connection=self.redis)
             deadline = time.monotonic() + self.args.round_timeout
+            # CPU snapshots at 10% and 90% of the jobs done: steady-state CPU per job, by role.
+            marks = [max(1, n // 10), n - n // 10]
+            snaps: list[tuple[int, float, float]] = []
             while True:
                 done = finished.get_job_count(cleanup=False) + failed.get_job_count(cleanup=False)
+                if len(snaps) < 2 and done >= marks[len(snaps)] and n >= 20:
+                    snaps.append((done, *self.cpu_split(pool)))
                 if done >= n:
                     break
                 if pool.popen.poll() is not None:
-                    raise BenchError(f"exited ({pool.popen.returncode}) after {done} of {n} jobs; see {log_path}")
+                    raise BenchError(
+                        f"exited ({pool.popen.returncode}) after {done} of {n} jobs; see {log_path}"
+                    )
                 if time.monotonic() > deadline:
                     raise BenchError(f"only {done} of {n} jobs done after {self.args.round_timeout:g} s")
                 time.sleep(0.01)
@@ -411,14 +488,81 @@ class Bench:
         if bad:
             raise BenchError(f"{sum(bad.values())} of {n} jobs did not finish: {dict(bad)}; see {log_path}")
         first, last = min(starts), max(ends)
+        ends.sort()
+        lo, hi = n // 10, n - 1 - n // 10
+        steady = (hi - lo) / (ends[hi] - ends[lo]) if ends[hi] > ends[lo] else math.nan
+        cpu_sup = cpu_work = math.nan
+        if len(snaps) == 2 and snaps[1][0] > snaps[0][0]:
+            jobs = snaps[1][0] - snaps[0][0]
+            cpu_sup = (snaps[1][1] - snaps[0][1]) / jobs
+            cpu_work = (snaps[1][2] - snaps[0][2]) / jobs
+        other_load = meter.stop()
+        self.check_quiet(other_load, meter.steal, f"throughput, {c.label}, round {round_no}")
         return {
+            "other_load": other_load,
+            "steal": meter.steal,
             "jobs_per_s": n / (last - first),
+            "steady_jobs_per_s": steady,
+            "cpu_supervisor": cpu_sup,
+            "cpu_workers": cpu_work,
             "span": last - first,
             "wall": last - pool.launched_at,
             "first_job_after": first - pool.launched_at,
             "workers_used": len(by_worker),
             "stop": stop,
         }
+
+    @staticmethod
+    def cpu_split(pool: Pool) -> tuple[float, float]:
+        """CPU seconds used so far by (the supervising processes, the workers): herder's
+        watchdog and master vs its workers; rq's pool process vs its workers, their work
+        horses (reaped ones count in the worker's children times) and the scheduler."""
+        sup = work = 0.0
+        try:
+            top = psutil.Process(pool.popen.pid)
+            tree = [top, *top.children(recursive=True)]
+        except psutil.Error:
+            return math.nan, math.nan
+        master = pool.master() if pool.contender.kind == "herder" else None
+        sup_pids = {top.pid} | ({master.pid} if master else set())
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                used = t.user + t.system + t.children_user + t.children_system
+                if p.pid in sup_pids:
+                    sup += used
+                else:
+                    work += used
+        return sup, work
+
+    def wait_quiet(self) -> None:
+        """Before a run: wait (up to --quiet-wait s) for other processes to calm down."""
+        deadline = time.monotonic() + self.args.quiet_wait
+        said = -math.inf
+        while self.args.quiet_wait > 0:
+            meter = CpuMeter()
+            time.sleep(1.0)
+            load = meter.stop()
+            if load <= self.args.max_other_load and meter.steal <= self.args.max_other_load:
+                return
+            if time.monotonic() > deadline:
+                say(f"  the machine is still busy ({load:.2f} cores of other processes): going ahead")
+                return
+            if time.monotonic() - said >= 10:
+                said = time.monotonic()
+                say(f"  waiting for a quieter machine: other processes use {load:.2f} cores")
+
+    def check_quiet(self, load: float, steal: float, what: str) -> None:
+        if steal > self.args.max_other_load:
+            self.warnings.append(
+                f"{what}: the hypervisor stole {steal:.2f} cores on average during the run "
+                f"(over --max-other-load {self.args.max_other_load:g}): its numbers are noisy"
+            )
+        if load > self.args.max_other_load:
+            self.warnings.append(
+                f"{what}: other processes used {load:.2f} cores on average during the run "
+                f"(over --max-other-load {self.args.max_other_load:g}): its numbers are noisy"
+            )
 
     def throughput(self) -> dict[str, list[dict]]:
         results: dict[str, list[dict]] = {c.key: [] for c in THROUGHPUT_CONTENDERS}
@@ -433,15 +577,26 @@ class Bench:
                     continue
                 results[c.key].append(res)
                 say(
-                    f"  {res['jobs_per_s']:.0f} jobs/s over {res['span']:.2f} s; wall {res['wall']:.2f} s; "
-                    f"{res['workers_used']} workers ran jobs; stopped in {res['stop'].seconds:.1f} s"
+                    f"  {res['jobs_per_s']:.0f} jobs/s over {res['span']:.2f} s "
+                    f"(steady {res['steady_jobs_per_s']:.0f}); wall {res['wall']:.2f} s; "
+                    f"CPU/job workers {res['cpu_workers'] * 1000:.2f} ms "
+                    f"+ supervisor {res['cpu_supervisor'] * 1000:.2f} ms; "
+                    f"{res['workers_used']} workers ran jobs; stopped in {res['stop'].seconds:.1f} s; "
+                    f"other processes' load {res['other_load']:.2f} cores, steal {res['steal']:.2f}"
                 )
         return results
 
     # ---- crash to replacement -----------------------------------------------------------------
 
     def live_workers(self, master: psutil.Process) -> dict[int, psutil.Process]:
-        return {p.pid: p for p in master.children() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+        found = {}
+        now = time.monotonic()
+        for p in master.children():
+            with contextlib.suppress(psutil.Error):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    found[p.pid] = p
+                    self.first_seen.setdefault(p.pid, now)
+        return found
 
     def registered_pids(self) -> set[int]:
         return {w.pid for w in Worker.all(connection=self.redis) if w.pid}
@@ -463,77 +618,102 @@ class Bench:
         dying within --min-uptime of their spawn) does not apply."""
 
         def eligible() -> psutil.Process | None:
-            now = time.time()
+            now = time.monotonic()
             found = []
             for p in self.live_workers(master).values():
                 with contextlib.suppress(psutil.Error):
-                    if not p.children() and now - p.create_time() >= self.args.min_age:
-                        found.append((p.create_time(), p.pid, p))
+                    born = self.first_seen[p.pid]
+                    if not p.children() and now - born >= self.args.min_age:
+                        found.append((born, p.pid, p))
             return min(found)[2] if found else None
 
         return wait_for("a worker to kill", eligible, timeout=30, interval=0.05)
 
     def crash_run(self, c: Contender) -> dict:
+        self.wait_quiet()
+        meter = CpuMeter()
         self.redis.flushdb()
         log_path = self.tmp / f"crash-{c.key}.log"
         pool = self.launch(c, log_path)
         samples: list[dict] = []
-        poll = self.args.poll_interval
-        child_polls: list[float] = []
-        registry_polls: list[float] = []
         try:
             master = wait_for("the pool's master process", pool.master, timeout=30)
-            self.wait_full(master)
-            for k in range(1, self.args.kills + 1):
-                time.sleep(self.args.settle)
-                victim = self.pick_victim(master)
-                before = set(self.live_workers(master)) | {victim.pid}
-                kill_wall = time.time()
-                t0 = time.perf_counter()
-                os.kill(victim.pid, signal.SIGKILL)
-                new_pid, t_spawn = None, math.nan
-                while time.perf_counter() - t0 < 30:
-                    a = time.perf_counter()
-                    fresh = {p.pid for p in master.children()} - before
-                    child_polls.append(time.perf_counter() - a)
-                    if fresh:
-                        t_spawn = time.perf_counter() - t0
-                        new_pid = min(fresh)
-                        break
-                    time.sleep(poll)
-                if new_pid is None:
-                    raise BenchError(f"kill {k}: no replacement process within 30 s")
-                t_ready = math.nan
-                while time.perf_counter() - t0 < 60:
-                    a = time.perf_counter()
-                    registered = self.registered_pids()
-                    registry_polls.append(time.perf_counter() - a)
-                    if new_pid in registered:
-                        t_ready = time.perf_counter() - t0
-                        break
-                    time.sleep(poll)
-                if math.isnan(t_ready):
-                    raise BenchError(f"kill {k}: replacement pid {new_pid} not in RQ's registry within 60 s")
-                samples.append(
-                    {"victim": victim.pid, "new": new_pid, "spawn": t_spawn, "ready": t_ready, "kill_wall": kill_wall}
-                )
-                say(
-                    f"  kill {k}/{self.args.kills}: pid {victim.pid} -> {new_pid}: "
-                    f"spawned {t_spawn * 1000:.1f} ms, registered {t_ready * 1000:.1f} ms"
-                )
-                self.wait_full(master)
+            samples = self.kill_loop(master)
+        except psutil.NoSuchProcess as exc:
+            raise BenchError(f"the pool's master process is gone ({exc}); see {log_path}") from exc
         finally:
             stop = self.stop(pool)
+        other_load = meter.stop()
+        self.check_quiet(other_load, meter.steal, f"crash test, {c.label}")
         result = {
+            "other_load": other_load,
+            "steal": meter.steal,
             "spawn": [s["spawn"] for s in samples],
             "ready": [s["ready"] for s in samples],
-            "child_poll_ms": median(child_polls) * 1000,
-            "registry_poll_ms": median(registry_polls) * 1000,
+            "child_poll_ms": median(self.child_polls) * 1000,
+            "registry_poll_ms": median(self.registry_polls) * 1000,
             "stop": stop,
         }
         if c.kind == "herder":
             result.update(herder_log_times(log_path, samples, self.problems))
         return result
+
+    def kill_loop(self, master: psutil.Process) -> list[dict]:
+        samples: list[dict] = []
+        poll = self.args.poll_interval
+        child_polls, registry_polls = self.child_polls, self.registry_polls = [], []
+        self.first_seen = {}
+        self.wait_full(master)
+        for k in range(1, self.args.kills + 1):
+            time.sleep(self.args.settle)
+            victim = self.pick_victim(master)
+            before = {p.pid for p in master.children()} | {victim.pid}
+            kill_wall = time.time()
+            t0 = time.perf_counter()
+            os.kill(victim.pid, signal.SIGKILL)
+            new_pid, t_spawn = None, math.nan
+            while time.perf_counter() - t0 < 30:
+                a = time.perf_counter()
+                fresh = {p.pid for p in master.children()} - before
+                child_polls.append(time.perf_counter() - a)
+                if fresh:
+                    t_spawn = time.perf_counter() - t0
+                    new_pid = min(fresh)
+                    self.first_seen[new_pid] = time.monotonic()
+                    break
+                time.sleep(poll)
+            if new_pid is None:
+                raise BenchError(f"kill {k}: no replacement process within 30 s")
+            t_ready = math.nan
+            while time.perf_counter() - t0 < 60:
+                a = time.perf_counter()
+                registered = self.registered_pids()
+                registry_polls.append(time.perf_counter() - a)
+                if new_pid in registered:
+                    t_ready = time.perf_counter() - t0
+                    break
+                time.sleep(poll)
+            if math.isnan(t_ready):
+                raise BenchError(f"kill {k}: replacement pid {new_pid} not in RQ's registry within 60 s")
+            samples.append(
+                {
+                    "victim": victim.pid,
+                    "new": new_pid,
+                    "spawn": t_spawn,
+                    "ready": t_ready,
+                    "kill_wall": kill_wall,
+                }
+            )
+            say(
+                f"  kill {k}/{self.args.kills}: pid {victim.pid} -> {new_pid}: "
+                f"spawned {t_spawn * 1000:.1f} ms, registered {t_ready * 1000:.1f} ms"
+            )
+            self.wait_full(master)
+        # Before the stop, let the last replacement finish starting: a worker that rq's pool
+        # forked installs its own signal handlers only after it registers, and a SIGINT in
+        # between runs the pool's inherited handler instead, so that worker never stops.
+        time.sleep(self.args.settle)
+        return samples
 
     def crash(self) -> dict[str, dict]:
         results = {}
@@ -573,7 +753,40 @@ def herder_log_times(log_path: Path, samples: list[dict], problems: list[str]) -
 # ---- the report ---------------------------------------------------------------------------------
 
 
-def machine_facts(conn: Redis, bindir: Path) -> dict[str, str]:
+HERDER_PACKAGES = ("supervisor", "worker", "watchdog")
+
+
+def herder_digest(root: Path = REPO) -> str:
+    """A digest of herder's source, to notice the code changing under a run."""
+    h = hashlib.sha256()
+    for pkg in HERDER_PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            with contextlib.suppress(OSError):
+                h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def snapshot_herder(dest: Path) -> Path:
+    """Copy herder's packages, so that edits to the working tree during a run (herder is
+    installed in editable mode) cannot change the code being measured. The copy comes
+    first on PYTHONPATH for herder's processes, ahead of the editable install's finder."""
+    for pkg in HERDER_PACKAGES:
+        shutil.copytree(REPO / pkg, dest / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    env = child_env()
+    env["PYTHONPATH"] = str(dest)
+    probe = (
+        "import supervisor.cli, supervisor.master, worker.rq_worker, watchdog.core as m; print(m.__file__)"
+    )
+    where = subprocess.run(
+        [sys.executable, "-P", "-c", probe], env=env, capture_output=True, text=True, check=False
+    )
+    if where.returncode != 0 or not where.stdout.strip().startswith(str(dest)):
+        raise BenchError(f"the snapshot of herder in {dest} does not import: {where.stderr.strip()[-500:]}")
+    return dest
+
+
+def machine_facts(conn: Redis, bindir: Path, digest: str) -> dict[str, str]:
+    """What the numbers depend on: the machine, and the versions of everything measured."""
     cpu = "unknown"
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -583,7 +796,10 @@ def machine_facts(conn: Redis, bindir: Path) -> dict[str, str]:
     git = "unknown"
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
         rev = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(REPO), "status", "--porcelain", "--", "supervisor", "worker", "watchdog"],
@@ -607,7 +823,8 @@ def machine_facts(conn: Redis, bindir: Path) -> dict[str, str]:
         "redis-py": redis.__version__,
         "redis-server": str(conn.info("server")["redis_version"]),
         "psutil": psutil.__version__,
-        "herder": f"{herder_version}, git {git}",
+        "herder": f"{herder_version}, git {git}, source digest {digest}",
+        "commands": f"{bindir / 'herder'}, {bindir / 'rq'}",
         "load average at start": load,
     }
 
@@ -620,7 +837,15 @@ def fmt_ms(x: float) -> str:
     return "n/a" if math.isnan(x) else (f"{x * 1000:.1f} ms" if x < 10 else f"{x:.2f} s")
 
 
-def render(args: argparse.Namespace, command: str, facts: dict, thr: dict, crash: dict, problems: list[str]) -> str:
+def render(
+    args: argparse.Namespace,
+    command: str,
+    facts: dict,
+    thr: dict,
+    crash: dict,
+    problems: list[str],
+    warnings: list[str],
+) -> str:
     out = ["# herder benchmark", ""]
     out += [f"Command: `{command}`", ""]
     out += [f"Run at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}.", ""]
@@ -634,10 +859,15 @@ def render(args: argparse.Namespace, command: str, facts: dict, thr: dict, crash
             f"## Throughput: {args.jobs} no-op jobs, {args.workers} workers, median of {args.rounds} rounds",
             "",
             "jobs/s = jobs / (last job's `ended_at` - first job's `started_at`); "
-            "wall = pool launch to the last `ended_at`.",
+            "wall = pool launch to the last `ended_at`; steady = jobs/s between the 10% and the 90% "
+            "`ended_at`; CPU per job = CPU time used between 10% and 90% of jobs done (psutil), "
+            "split into the workers (with rq's fork-per-job work horses) and the supervising processes "
+            "(herder's watchdog + master; rq's pool process). All medians over the rounds.",
             "",
-            "| contender | jobs/s (median) | jobs/s per round | wall s (median) | first job after launch (median) |",
-            "|---|---:|---|---:|---:|",
+            "| contender | jobs/s (median) | jobs/s per round | wall s (median) "
+            "| first job after launch | steady jobs/s, 10-90% | CPU ms/job: workers + supervisor "
+            "| noise, cores: other processes + steal (max) |",
+            "|---|---:|---|---:|---:|---:|---:|---:|",
         ]
         for c in THROUGHPUT_CONTENDERS:
             rs = thr.get(c.key, [])
@@ -645,9 +875,20 @@ def render(args: argparse.Namespace, command: str, facts: dict, thr: dict, crash
             per_round = ", ".join(f"{r['jobs_per_s']:.0f}" for r in rs) or "failed"
             wall = median([r["wall"] for r in rs])
             first = median([r["first_job_after"] for r in rs])
-            out.append(f"| {c.label} | {med_jps[c.key]:.0f} | {per_round} | {wall:.2f} | {fmt_ms(first)} |")
+            load = max([r["other_load"] for r in rs], default=math.nan)
+            steal = max([r["steal"] for r in rs], default=math.nan)
+            steady = median([r["steady_jobs_per_s"] for r in rs])
+            cpu_w = median([r["cpu_workers"] for r in rs]) * 1000
+            cpu_s = median([r["cpu_supervisor"] for r in rs]) * 1000
+            out.append(
+                f"| {c.label} | {med_jps[c.key]:.0f} | {per_round} | {wall:.2f} | {fmt_ms(first)} "
+                f"| {steady:.0f} | {cpu_w:.2f} + {cpu_s:.2f} | {load:.2f} + {steal:.2f} |"
+            )
         med_wall = {c.key: median([r["wall"] for r in thr.get(c.key, [])]) for c in THROUGHPUT_CONTENDERS}
-        out += ["", "| ratio | jobs/s (higher is better for herder) | wall time (lower is better for herder) |"]
+        out += [
+            "",
+            "| ratio | jobs/s (higher is better for herder) | wall time (lower is better for herder) |",
+        ]
         out += ["|---|---:|---:|"]
         for other in (RQ_DEFAULT, RQ_SIMPLE):
             out.append(
@@ -664,24 +905,26 @@ def render(args: argparse.Namespace, command: str, facts: dict, thr: dict, crash
             f"{args.poll_interval * 1000:g} ms); registered = until that pid is in `rq.Worker.all()` (polled "
             "likewise). Both from just before the `kill -9`.",
             "",
-            "| contender | spawned median | spawned p90 | registered (ready) median | registered p90 |",
-            "|---|---:|---:|---:|---:|",
+            "| contender | spawned median | spawned p90 | registered (ready) median | registered p90 "
+            "| noise, cores: other processes + steal |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         for c in CRASH_CONTENDERS:
             r = crash.get(c.key)
             if not r:
-                out.append(f"| {c.label} | failed | | | |")
+                out.append(f"| {c.label} | failed | | | | |")
                 continue
             out.append(
                 f"| {c.label} | {fmt_ms(median(r['spawn']))} | {fmt_ms(p90(r['spawn']))} "
-                f"| {fmt_ms(median(r['ready']))} | {fmt_ms(p90(r['ready']))} |"
+                f"| {fmt_ms(median(r['ready']))} | {fmt_ms(p90(r['ready']))} "
+                f"| {r['other_load']:.2f} + {r['steal']:.2f} |"
             )
         h, d = crash.get(HERDER.key), crash.get(RQ_DEFAULT.key)
         if h and h.get("log_spawn"):
             out.append(
                 f"| herder, from its own log lines (`spawned`, `starting -> idle (ready)`; 1 ms resolution) "
                 f"| {fmt_ms(median(h['log_spawn']))} | {fmt_ms(p90(h['log_spawn']))} "
-                f"| {fmt_ms(median(h['log_ready']))} | {fmt_ms(p90(h['log_ready']))} |"
+                f"| {fmt_ms(median(h['log_ready']))} | {fmt_ms(p90(h['log_ready']))} | |"
             )
         if h and d:
             out.append(
@@ -689,7 +932,7 @@ def render(args: argparse.Namespace, command: str, facts: dict, thr: dict, crash
                 f"| {fmt_ratio(median(h['spawn']) / median(d['spawn']))} "
                 f"| {fmt_ratio(p90(h['spawn']) / p90(d['spawn']))} "
                 f"| {fmt_ratio(median(h['ready']) / median(d['ready']))} "
-                f"| {fmt_ratio(p90(h['ready']) / p90(d['ready']))} |"
+                f"| {fmt_ratio(p90(h['ready']) / p90(d['ready']))} | |"
             )
         polls = "; ".join(
             f"{c.label}: children() {crash[c.key]['child_poll_ms']:.2f} ms, "
@@ -703,14 +946,19 @@ def render(args: argparse.Namespace, command: str, facts: dict, thr: dict, crash
     h = crash.get(HERDER.key)
     if h:
         m = median(h["spawn"])
-        out.append(f"| herder replacement spawned in under 50 ms (median) | {fmt_ms(m)} | {yn(m < 0.050)} |")
+        out.append(
+            f"| herder replacement spawned in under 50 ms (median) | {fmt_ms(m)} | {yn(m, m < 0.050)} |"
+        )
     if med_jps:
         r1 = med_jps["herder"] / med_jps[RQ_DEFAULT.key]
         r2 = med_jps["herder"] / med_jps[RQ_SIMPLE.key]
-        out.append(f"| herder throughput at least 3x rq worker-pool (default class) | {fmt_ratio(r1)} | {yn(r1 >= 3)} |")
+        out.append(
+            f"| herder throughput at least 3x rq worker-pool (default class) "
+            f"| {fmt_ratio(r1)} | {yn(r1, r1 >= 3)} |"
+        )
         out.append(
             f"| herder throughput within 5% of rq worker-pool SimpleWorker (ratio at least 0.95) "
-            f"| {fmt_ratio(r2)} | {yn(r2 >= 0.95)} |"
+            f"| {fmt_ratio(r2)} | {yn(r2, r2 >= 0.95)} |"
         )
     out.append("")
 
@@ -720,15 +968,22 @@ def render(args: argparse.Namespace, command: str, facts: dict, thr: dict, crash
         if thr.get(c.key)
     ]
     if stops:
-        out += [f"Graceful stop (SIGTERM to exit, median, not part of any number above): {'; '.join(stops)}.", ""]
+        out += [
+            f"Graceful stop (SIGTERM to exit, median, not part of any number above): {'; '.join(stops)}.",
+            "",
+        ]
     out += ["## Problems seen", ""]
     out += [f"- {p}" for p in problems] or ["None."]
+    out += ["", "## Noise warnings", ""]
+    out += [f"- {w}" for w in warnings] or [
+        "None: other processes stayed under --max-other-load in every run."
+    ]
     out.append("")
     return "\n".join(out)
 
 
-def yn(ok: bool) -> str:
-    return "yes" if ok else "**no**"
+def yn(value: float, ok: bool) -> str:
+    return "n/a" if math.isnan(value) else ("yes" if ok else "**no**")
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -742,7 +997,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--workers", type=int, default=4, help="workers per pool, the same for every contender")
     p.add_argument("--jobs", type=int, default=2000, help="no-op jobs per throughput round")
-    p.add_argument("--rounds", type=int, default=3, help="throughput rounds per contender (the median is reported)")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="throughput rounds per contender (the median is reported)"
+    )
     p.add_argument("--kills", type=int, default=10, help="workers killed per contender in the crash test")
     p.add_argument("--markdown", metavar="PATH", help="also write the report to this file")
     p.add_argument("--skip-throughput", action="store_true")
@@ -753,7 +1010,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=os.path.dirname(sys.executable),
         help="where the `herder` and `rq` commands are (by default next to this Python)",
     )
-    p.add_argument("--poll-interval", type=float, default=0.002, help="seconds between polls in the crash test")
+    p.add_argument(
+        "--poll-interval", type=float, default=0.002, help="seconds between polls in the crash test"
+    )
     p.add_argument("--settle", type=float, default=0.5, help="seconds of idle pool before each kill")
     p.add_argument(
         "--min-age",
@@ -761,9 +1020,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=HERDER_MIN_UPTIME + 0.5,
         help="only kill workers at least this old (herder backs off on workers dying within --min-uptime)",
     )
-    p.add_argument("--round-timeout", type=float, default=300.0, help="give up on a throughput round after this")
-    p.add_argument("--stop-timeout", type=float, default=60.0, help="seconds a pool may take to stop on SIGTERM")
-    p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (logs); it is kept anyway on problems")
+    p.add_argument(
+        "--round-timeout", type=float, default=300.0, help="give up on a throughput round after this"
+    )
+    p.add_argument(
+        "--stop-timeout", type=float, default=30.0, help="seconds a pool may take to stop on SIGTERM"
+    )
+    p.add_argument(
+        "--max-other-load",
+        type=float,
+        default=0.25,
+        help="flag a run as noisy when other processes used more CPU than this (cores, on average)",
+    )
+    p.add_argument(
+        "--snapshot",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run herder from a copy of its source taken at the start (immune to edits during the run)",
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=30.0,
+        help="before each run, wait up to this long for other processes to use less than --max-other-load",
+    )
+    p.add_argument(
+        "--keep-tmp", action="store_true", help="keep the temp dir (logs); it is kept anyway on problems"
+    )
     args = p.parse_args(argv)
     if args.workers < 1 or args.jobs < 1 or args.rounds < 1 or args.kills < 1:
         p.error("--workers, --jobs, --rounds and --kills must be at least 1")
@@ -783,6 +1066,7 @@ def main(argv: list[str]) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         raise Interrupted(signal.Signals(signum).name)
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
     if not become_subreaper():
@@ -796,10 +1080,22 @@ def main(argv: list[str]) -> int:
     try:
         bench = Bench(args, tmp, procs, server)
         say(f"redis-server pid {server.pid} on {server.url}; logs in {tmp}")
-        facts = machine_facts(bench.redis, bench.bindir)
+        digest = herder_digest(bench.herder_src or REPO)
+        if bench.herder_src:
+            say(f"herder runs from a snapshot of its source (digest {digest}) in {bench.herder_src}")
+        facts = machine_facts(bench.redis, bench.bindir, digest)
         thr = {} if args.skip_throughput else bench.throughput()
         crash = {} if args.skip_crash else bench.crash()
-        report = render(args, command, facts, thr, crash, bench.problems)
+        if herder_digest(REPO) != digest:
+            note = (
+                f"herder's source in the working tree changed during the run (digest {digest} -> "
+                f"{herder_digest()})"
+            )
+            if bench.herder_src:
+                bench.warnings.append(f"{note}; every run used the snapshot taken at the start")
+            else:
+                bench.problems.append(f"{note}: some runs measured different code")
+        report = render(args, command, facts, thr, crash, bench.problems, bench.warnings)
         print(report)
         if args.markdown:
             Path(args.markdown).write_text(report)
@@ -814,11 +1110,11 @@ def main(argv: list[str]) -> int:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # the cleanup must not be cut short
-        hit = procs.kill_all([p.pid for p in procs.popens if p.pid != server.pid], spare={server.pid})
+        hit = procs.kill_all(spare={server.pid})
         if hit:
             say(f"cleanup: killed {hit} leftover process(es)")
         server.stop()
-        procs.kill_all([], spare=set())
+        procs.kill_all(spare=set())
         if code == 0 and not args.keep_tmp:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
