@@ -1,7 +1,7 @@
 """The autoscaling spike scenario: what herder does when a burst lands on a quiet queue.
 
     .venv/bin/pip install -e '.[bench]'
-    .venv/bin/python scripts/bench_spike.py --png docs/scaling-spike.png --markdown /tmp/spike.md
+    scripts/bench spike --png docs/scaling-spike.png --markdown /tmp/spike.md
 
 Starts a private redis-server and `herder run --min-workers 1 --max-workers N`, enqueues a
 burst of short jobs at once, and samples `herder status --json` every 0.25 s: the queue
