@@ -238,7 +238,7 @@ class Master:
             self.heartbeat()
             if self.stopping and not self.workers:
                 break
-            self.wait(TICK)
+            self.wait(self.next_wait())
         if self.observer:
             self.observer.stop()
         self.handle_requests()  # answer what arrived during the last pass
@@ -271,6 +271,13 @@ class Master:
             left,
         )
         return 0
+
+    def next_wait(self) -> float:
+        """Until the next tick, or sooner if a slot's backoff ends first (so a 0.1 s backoff
+        is 0.1 s, not a whole tick)."""
+        now = time.monotonic()
+        due = [s.next_spawn_at - now for s in self.slots.values() if s.index not in self.workers]
+        return max(0.0, min([TICK, *[d for d in due if d > 0]]))
 
     def heartbeat(self) -> None:
         if not self.uplink:

@@ -84,6 +84,22 @@ def test_crash_looping_worker_command_backs_off(herder):
     assert "backoff (died" in log
     delays = [float(x) for x in re.findall(r"next spawn in ([\d.]+) s", log)]
     assert max(delays) >= 1.6  # it really grew
+    # And each respawn comes when its backoff says, not a loop tick later.
+    stamp = r"(\d\d:\d\d:\d\d,\d{3})"
+    events = re.findall(
+        stamp + r" herder\[\d+\] \w+ slot 0(?: pid \d+)?: (?:.*next spawn in ([\d.]+) s|spawned)", log
+    )
+
+    def seconds(t: str) -> float:
+        h, m, rest = t.split(":")
+        return int(h) * 3600 + int(m) * 60 + float(rest.replace(",", "."))
+
+    lateness = [
+        seconds(t2) - seconds(t1) - float(delay)
+        for (t1, delay), (t2, nxt) in zip(events, events[1:], strict=False)
+        if delay and not nxt
+    ]
+    assert lateness and max(lateness) < 0.12, lateness
     master = h.master()
     assert master is not None and master.cpu_percent(interval=1.0) < 50
     h.signal(signal.SIGTERM)
