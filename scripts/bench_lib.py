@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -165,7 +165,7 @@ class Processes:
         self.popens.append(popen)
         return popen
 
-    def kill_all(self, spare: set[int], extra: list[psutil.Process] = ()) -> int:
+    def kill_all(self, spare: set[int], extra: Iterable[psutil.Process] = ()) -> int:
         """SIGKILL every descendant of ours (adopted orphans included, as we are a subreaper)
         and its process group, plus `extra`, except the processes in `spare`. Returns how
         many live processes it hit. Exited children are only known by their unreaped pid or
