@@ -432,13 +432,21 @@ class Master:
                     w.spared = False
                     log.warning("slot %d pid %d: responsive again", w.slot, w.pid)
                 continue
-            # A stop timeout is part of a stop; anything else is herder judging a worker hung,
-            # which the kill budget limits.
-            if w.state == WorkerState.STOPPING or self.may_kill(w, reason):
+            # The kill budget limits herder's judgement that a worker is hung (silence, no
+            # `ready`, a closed stdout): what a widespread fault fools. A stop timeout is part
+            # of a stop, and a job past its own timeout is killed as RQ itself would.
+            judged_hung = w.state != WorkerState.STOPPING and not self.past_job_timeout(obs, now)
+            if not judged_hung or self.may_kill(w, reason):
                 self.kill(w, reason)
         if self.degraded and not any(w.spared for w in self.workers.values()):
             log.warning("health ok again: no worker is waiting on the kill budget")
             self.degraded = ""
+
+    def past_job_timeout(self, obs: Observations, now: float) -> bool:
+        if obs.job_id is None:
+            return False
+        timeout = obs.job_timeout if obs.job_timeout is not None else self.cfg.job_timeout
+        return timeout >= 0 and now - obs.job_started > timeout + self.cfg.job_timeout_grace
 
     def unresponsive_reason(self, w: WorkerProcess, obs: Observations, now: float) -> str | None:
         cfg = self.cfg
