@@ -255,3 +255,18 @@ def test_enqueue_parses_json_args_and_the_job_runs(herder, jobs):
     h.signal(15)
     assert h.wait_exit(30) == 0
     h.assert_nothing_left()
+
+
+def test_status_watch_refreshes_until_interrupted(herder):
+    h = herder(workers="1")
+    h.wait_workers(1)
+    proc = subprocess.Popen(
+        [HERDER, "status", "--watch", "--state-dir", h.state_dir], stdout=subprocess.PIPE, text=True
+    )
+    time.sleep(2.6)
+    proc.send_signal(2)
+    out, _ = proc.communicate(timeout=10)
+    assert out.count("workers: 1 of 1 desired") >= 2  # refreshed, not printed once
+    h.signal(15)
+    assert h.wait_exit(30) == 0
+    h.assert_nothing_left()

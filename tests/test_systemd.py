@@ -119,3 +119,28 @@ def test_long_drain_extends_the_stop_timeout(herder, systemd, jobs):
     assert jobs.finished("long") == [job.id]
     assert len(systemd.fields("EXTEND_TIMEOUT_USEC=")) >= 1
     h.assert_nothing_left()
+
+
+def test_notify_reaches_an_abstract_namespace_socket():
+    from watchdog.notify import Notifier
+
+    name = f"herder-test-{os.getpid()}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + name)  # NOTIFY_SOCKET=@name: Linux's abstract namespace
+    sock.settimeout(2)
+    try:
+        Notifier({"NOTIFY_SOCKET": "@" + name}).ready("2/2 workers")
+        assert sock.recv(1024).decode().split("\n") == ["READY=1", "STATUS=2/2 workers"]
+    finally:
+        sock.close()
+    assert not Notifier({}).enabled  # no NOTIFY_SOCKET: silent
+
+
+def test_watchdog_usec_for_another_pid_is_ignored():
+    from watchdog.notify import Notifier
+
+    assert Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "2000000"}).watchdog_interval == 1.0
+    assert (
+        Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}).watchdog_interval
+        is None
+    )
