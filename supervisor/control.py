@@ -29,6 +29,7 @@ log = logging.getLogger("herder")
 
 SOCKET_NAME = "herder.sock"
 MAX_REQUEST = 64 * 1024
+MAX_REPLY = 16 * 1024 * 1024  # a status of a very large fleet still fits
 LOOP_TIMEOUT = 5.0  # seconds the loop has to answer before the client hears "not responding"
 
 
@@ -108,15 +109,7 @@ class ControlServer:
 
     @staticmethod
     def _read(conn: socket.socket) -> dict:
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-            if len(data) > MAX_REQUEST:
-                raise ValueError("request too long")
-        body = json.loads(data.decode("utf-8") or "null")
+        body = json.loads(recv_line(conn, MAX_REQUEST).decode("utf-8") or "null")
         if not isinstance(body, dict) or not isinstance(body.get("cmd"), str):
             raise ValueError('expected a JSON object with a "cmd"')
         return body
@@ -129,6 +122,19 @@ class ControlServer:
             pass
 
 
+def recv_line(sock: socket.socket, limit: int) -> bytes:
+    """One newline-terminated message (or what came before EOF), at most `limit` bytes."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > limit:
+            raise ValueError("message too long")
+    return data
+
+
 def call(state_dir: str, body: dict, timeout: float = LOOP_TIMEOUT + 2) -> dict:
     """Client side: send one request, return the reply. Raises OSError if nobody listens."""
     path = os.path.join(state_dir, SOCKET_NAME)
@@ -136,12 +142,7 @@ def call(state_dir: str, body: dict, timeout: float = LOOP_TIMEOUT + 2) -> dict:
         sock.settimeout(timeout + body.get("wait", 0))
         sock.connect(path)
         sock.sendall(json.dumps(body).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = recv_line(sock, MAX_REPLY)
     if not data:
         raise ConnectionError("the master closed the connection without a reply")
     return json.loads(data)

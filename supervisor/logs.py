@@ -35,20 +35,9 @@ def relay(prefix: str, lines: list[str]) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
     head = f"{stamp} herder[{os.getpid()}] INFO {prefix}: "
     text = "".join(f"{head}{line}\n" for line in lines)
-    with handler.lock or _NO_LOCK:
+    with handler.lock:  # StreamHandler always creates one
         try:
             handler.stream.write(text)
             handler.stream.flush()
         except (OSError, ValueError):
             pass  # stderr gone: nothing sensible to do from a reader thread
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_LOCK = _NoLock()

@@ -1,6 +1,6 @@
 """Test harness: real redis-server, real `herder run`, real processes and signals.
 
-- One redis-server per test session on a free loopback port (never 6379), flushed
+- One redis-server per test session on a free loopback port (never the default one), flushed
   before each test.
 - The pytest process is a child subreaper, so workers orphaned by a killed master
   come back to it and are reaped here: a zombie left behind is a finding, not noise.

@@ -28,7 +28,7 @@ def run_herder(
 def test_redact_url_hides_passwords() -> None:
     assert redact_url("redis://:s3cret@host:6380/0") == "redis://:***@host:6380/0"
     assert redact_url("redis://user:s3cret@host/0") == "redis://user:***@host/0"
-    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert redact_url("redis://host:6390/0") == "redis://host:6390/0"
     assert "s3cret" not in redact_url("redis://host/0?password=s3cret")
     assert redact_url(None) == "(none)"
     assert redact_url("unix:///run/herder/redis.sock?db=0") == "unix:///run/herder/redis.sock?db=0"
@@ -158,7 +158,7 @@ def herder_config(*args: str, env: dict[str, str] | None = None) -> subprocess.C
 def test_file_then_environment_then_flags_later_wins_with_sources(tmp_path: Path) -> None:
     f = tmp_path / "herder.toml"
     f.write_text(
-        '[herder]\nredis-url = "redis://:topsecret@db:6379/0"\nworkers = 3\nstop_timeout = 12\n'
+        '[herder]\nredis-url = "redis://:topsecret@db:6390/0"\nworkers = 3\nstop_timeout = 12\n'
         'queue = ["high", "low"]\n'
     )
     r = herder_config("--config", str(f), "--workers", "5", env={"HERDER_STOP_TIMEOUT": "20"})
@@ -167,7 +167,7 @@ def test_file_then_environment_then_flags_later_wins_with_sources(tmp_path: Path
     assert "5" in rows["workers"] and "command line (--workers)" in rows["workers"]
     assert "20.0" in rows["stop_timeout"] and "environment (HERDER_STOP_TIMEOUT)" in rows["stop_timeout"]
     assert "high, low" in rows["queues"] and f"file {f}" in rows["queues"]
-    assert "redis://:***@db:6379/0" in rows["redis_url"]
+    assert "redis://:***@db:6390/0" in rows["redis_url"]
     assert "topsecret" not in r.stdout + r.stderr
 
 
