@@ -39,10 +39,16 @@ def world_readable_install():
 
 def test_master_and_workers_run_as_the_given_user(herder, jobs, world_readable_install: Path):
     state = world_readable_install / "state"
+    # The checkout may sit in a directory only root can read (a mktemp -d clone, say):
+    # give nobody its own copy of the job module.
+    jobs_dir = world_readable_install / "jobs"
+    jobs_dir.mkdir(exist_ok=True)
+    shutil.copy(REPO / "tests" / "jobs" / "herder_testjobs.py", jobs_dir)
     h = herder(
         workers="2",
         user="nobody",
         state_dir=str(state),
+        path=str(jobs_dir),
         executable=str(world_readable_install / "venv/bin/herder"),
     )
     master = wait_for(h.master, 15, what="a master")
