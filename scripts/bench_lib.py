@@ -335,7 +335,7 @@ class Pool:
             # herder: `herder run` execs into the watchdog, whose child is the master.
             for child in top.children():
                 with contextlib.suppress(psutil.Error):
-                    if "supervisor.master" in child.cmdline():
+                    if "herder.supervisor.master" in child.cmdline():
                         return child
         except psutil.NoSuchProcess:
             pass
@@ -775,7 +775,8 @@ def snapshot_herder(dest: Path) -> Path:
     env = child_env()
     env["PYTHONPATH"] = str(dest)
     probe = (
-        "import supervisor.cli, supervisor.master, worker.rq_worker, watchdog.core as m; print(m.__file__)"
+        "import herder.supervisor.ctl.cli, herder.supervisor.master, herder.worker.rq_worker, "
+        "herder.watchdog.core as m; print(m.__file__)"
     )
     where = subprocess.run(
         [sys.executable, "-P", "-c", probe], env=env, capture_output=True, text=True, check=False

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
-from supervisor.peercred import peer_uid
+from herder.supervisor.peercred import peer_uid
 
 log = logging.getLogger("herder")
 

@@ -19,19 +19,19 @@ from dataclasses import dataclass, field, replace
 
 from redis import Redis
 
-from supervisor import logs
-from supervisor.budget import ClusterView, KillBudget, cluster_keys
-from supervisor.cluster import share_of
-from supervisor.config import ENV_RESOLVED, Config, ConfigError, redact_url
-from supervisor.control import ControlServer, Request
-from supervisor.observer import ClusterSettings, Observer
-from supervisor.requeuer import Requeuer
-from supervisor.scaling import ScaleConfig, ScaleState, decide, learn_rate, pick_idle_to_stop
-from supervisor.states import WorkerState
-from supervisor.status import build_status
-from supervisor.uplink import Uplink
-from supervisor.workerproc import STDERR_LINES_PER_SECOND, Observations, WorkerProcess
-from watchdog.core import describe as describe_exit
+from herder.common.config import ENV_RESOLVED, Config, ConfigError, redact_url
+from herder.supervisor import logs
+from herder.supervisor.control import ControlServer, Request
+from herder.supervisor.redis_side.budget import ClusterView, KillBudget, cluster_keys
+from herder.supervisor.redis_side.cluster import share_of
+from herder.supervisor.redis_side.observer import ClusterSettings, Observer
+from herder.supervisor.redis_side.requeuer import Requeuer
+from herder.supervisor.scaling import ScaleConfig, ScaleState, decide, learn_rate, pick_idle_to_stop
+from herder.supervisor.states import WorkerState
+from herder.supervisor.status import build_status
+from herder.supervisor.uplink import Uplink
+from herder.supervisor.workerproc import STDERR_LINES_PER_SECOND, Observations, WorkerProcess
+from herder.watchdog.core import describe as describe_exit
 
 log = logging.getLogger("herder")
 
@@ -778,7 +778,7 @@ class Master:
             sys.executable,
             "-P",
             "-m",
-            "worker",
+            "herder.worker",
             "--heartbeat-interval",
             f"{self.cfg.heartbeat_interval:g}",
             "--log-level",
@@ -884,7 +884,7 @@ class Master:
 
 def reread(cfg: Config) -> Config:
     """The config with its file layer read again; keys pinned by environment or flags stay."""
-    from supervisor import settings
+    from herder.common import config as settings
 
     assert cfg.config_file
     file_layer = settings.load_file(cfg.config_file)
@@ -899,9 +899,6 @@ def reread(cfg: Config) -> Config:
 
 
 def main() -> int:
-    from watchdog.provenance import exit_if_shadowed
-
-    exit_if_shadowed()
     cfg = Config.from_env()
     logs.setup(cfg.log_level)
     uplink = Uplink()

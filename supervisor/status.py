@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from supervisor.config import redact_url
+from herder.common.config import redact_url
 
 if TYPE_CHECKING:
-    from supervisor.master import Master
+    from herder.supervisor.master import Master
 
 # `herder status` exit codes, as supervisorctl's.
 EXIT_RUNNING = 0

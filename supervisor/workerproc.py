@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from supervisor import logs
-from supervisor.protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
-from supervisor.states import WorkerState
+from herder.common.worker_protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
+from herder.supervisor import logs
+from herder.supervisor.states import WorkerState
 
 log = logging.getLogger("herder")
 

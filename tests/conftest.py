@@ -240,7 +240,7 @@ class Herder:
             return None
         for k in kids:
             try:
-                if "supervisor.master" in " ".join(k.cmdline()):
+                if "herder.supervisor.master" in " ".join(k.cmdline()):
                     return k
             except psutil.NoSuchProcess:
                 pass

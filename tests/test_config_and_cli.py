@@ -12,7 +12,7 @@ import pytest
 from redis import Redis
 
 from conftest import HERDER, start_redis, wait_for
-from supervisor.config import EX_CONFIG, Config, ConfigError, redact_url
+from herder.common.config import EX_CONFIG, Config, ConfigError, redact_url
 
 
 def run_herder(
@@ -91,19 +91,20 @@ def test_zero_workers_on_the_command_line_is_a_usage_error(tmp_path: Path) -> No
     assert "--workers" in r.stderr
 
 
-def test_a_shadowing_package_is_named_with_its_location(tmp_path: Path) -> None:
-    fake = tmp_path / "watchdog"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("# the file-watcher library, say\n")
-    r = run_herder(
-        "--redis-url",
-        "redis://127.0.0.1:1/0",
-        "--state-dir",
-        str(tmp_path / "s"),
-        env={"PYTHONPATH": str(tmp_path)},
-    )
-    assert r.returncode == 70
-    assert "'watchdog'" in r.stderr and str(fake) in r.stderr
+def test_packages_named_like_herders_folders_do_not_matter(herder, jobs, tmp_path: Path) -> None:
+    """supervisord's `supervisor`, the file watcher's `watchdog` and a user's `worker` module
+    on the path: herder imports only `herder.*`, so none of them is touched."""
+    fakes = tmp_path / "fakes"
+    for name in ("supervisor", "watchdog", "worker"):
+        (fakes / name).mkdir(parents=True)
+        (fakes / name / "__init__.py").write_text(f"raise ImportError('not herder: {name}')\n")
+    h = herder(workers="1", env={"PYTHONPATH": str(fakes)})
+    h.wait_workers(1)
+    job = jobs.enqueue("record", "fakes")
+    wait_for(lambda: jobs.finished("fakes") == [job.id], 15, what="a job to run")
+    h.signal(signal.SIGTERM)
+    assert h.wait_exit(30) == 0
+    assert "not herder" not in h.log()
 
 
 @pytest.fixture

@@ -126,7 +126,7 @@ def test_socket_is_private_and_refuses_another_uid(herder):
     os.chmod(state, 0o755)
     os.chmod(sock, 0o666)
     probe = (  # import first: as nobody, root's Python installation may not be readable
-        "import os, sys; sys.path.insert(0, sys.argv[2]); from supervisor import control; "
+        "import os, sys; from herder.supervisor import control; "
         f"os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid}); "
         "print(control.call(sys.argv[1], {'cmd': 'status'}))"
     )

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from conftest import wait_for
-from supervisor.budget import ClusterView, KillBudget, sliding_count
+from herder.supervisor.redis_side.budget import ClusterView, KillBudget, sliding_count
 
 
 def test_sliding_count_weights_the_previous_window_by_its_overlap():

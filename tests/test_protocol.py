@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.protocol import LineSplitter, Message, ProtocolError, parse_line
+from herder.common.worker_protocol import LineSplitter, Message, ProtocolError, parse_line
 
 
 @pytest.mark.parametrize(

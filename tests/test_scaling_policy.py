@@ -16,7 +16,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.scaling import (
+from herder.supervisor.scaling import (
     Decision,
     Load,
     ScaleConfig,
@@ -26,7 +26,7 @@ from supervisor.scaling import (
     pick_idle_to_stop,
     workers_needed,
 )
-from supervisor.states import WorkerState
+from herder.supervisor.states import WorkerState
 
 FAST = settings(max_examples=200, deadline=None)
 

@@ -122,7 +122,7 @@ def test_long_drain_extends_the_stop_timeout(herder, systemd, jobs):
 
 
 def test_notify_reaches_an_abstract_namespace_socket():
-    from watchdog.notify import Notifier
+    from herder.watchdog.notify import Notifier
 
     name = f"herder-test-{os.getpid()}"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -137,7 +137,7 @@ def test_notify_reaches_an_abstract_namespace_socket():
 
 
 def test_watchdog_usec_for_another_pid_is_ignored():
-    from watchdog.notify import Notifier
+    from herder.watchdog.notify import Notifier
 
     assert Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "2000000"}).watchdog_interval == 1.0
     assert (

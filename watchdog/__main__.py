@@ -11,13 +11,11 @@ import logging
 import os
 import sys
 
-from watchdog.core import EX_CONFIG, Watchdog
-from watchdog.embedded_redis import EmbeddedRedis
-from watchdog.provenance import exit_if_shadowed
+from herder.watchdog.core import EX_CONFIG, Watchdog
+from herder.watchdog.embedded_redis import EmbeddedRedis
 
 
 def main(argv: list[str]) -> int:
-    exit_if_shadowed()
     raw = os.environ.get("HERDER_RESOLVED_CONFIG")
     if not raw:
         print("herder watchdog: start herder with `herder run`", file=sys.stderr)
@@ -29,7 +27,9 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s herder-watchdog[%(process)d] %(levelname)s %(message)s",
     )
     master_argv = (
-        argv[argv.index("--") + 1 :] if "--" in argv else [sys.executable, "-P", "-m", "supervisor.master"]
+        argv[argv.index("--") + 1 :]
+        if "--" in argv
+        else [sys.executable, "-P", "-m", "herder.supervisor.master"]
     )
     stop_grace = float(cfg["stop_timeout"]) + float(cfg["kill_timeout"]) + 10.0
     dog = Watchdog(

@@ -24,8 +24,8 @@ import sys
 import time
 from collections import deque
 
-from watchdog.embedded_redis import EmbeddedRedis
-from watchdog.notify import Notifier
+from herder.watchdog.embedded_redis import EmbeddedRedis
+from herder.watchdog.notify import Notifier
 
 log = logging.getLogger("herder.watchdog")
 

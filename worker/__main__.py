@@ -12,11 +12,6 @@ import socket
 import sys
 import time
 
-try:
-    from watchdog.provenance import exit_if_shadowed
-except ImportError as exc:  # our own watchdog package is shadowed by another one
-    sys.exit(f"herder: cannot import herder's watchdog package ({exc}); is another 'watchdog' installed?")
-
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m worker")
@@ -58,11 +53,10 @@ def wait_for_redis(connection, channel) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    exit_if_shadowed()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     # The channel goes first: from here on fd 1 is stderr and only the channel
     # writes protocol lines.
-    from worker.channel import Channel
+    from herder.worker.channel import Channel
 
     channel = Channel(heartbeat_interval=args.heartbeat_interval, orphan_log=args.orphan_log)
     channel.start()
@@ -73,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from redis import Redis
 
-    from worker.rq_worker import HerderWorker
+    from herder.worker.rq_worker import HerderWorker
 
     url = os.environ.get("HERDER_REDIS_URL", "redis://127.0.0.1:6379/0")
     connection = Redis.from_url(url)

@@ -16,7 +16,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.worker import SimpleWorker
 
-from worker.channel import Channel
+from herder.worker.channel import Channel
 
 
 class HerderWorker(SimpleWorker):

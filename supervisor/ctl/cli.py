@@ -19,11 +19,12 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from supervisor import __version__, control, service, settings
-from supervisor import status as status_mod
-from supervisor.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError
-from watchdog import embedded_redis
-from watchdog.provenance import exit_if_shadowed
+from herder.common import config as settings
+from herder.common.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError
+from herder.supervisor import __version__, control
+from herder.supervisor import status as status_mod
+from herder.supervisor.ctl import service
+from herder.watchdog import embedded_redis
 
 MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
 
@@ -200,7 +201,6 @@ def cli() -> None:
 @click.pass_context
 def run(ctx: click.Context, **opts) -> None:
     """Run herder in the foreground (what a service unit's ExecStart calls)."""
-    exit_if_shadowed()
     try:
         cfg, _sources = resolve_settings(ctx, opts)
         owner = check_user(cfg.user)
@@ -221,7 +221,7 @@ def run(ctx: click.Context, **opts) -> None:
     env = dict(os.environ)
     env[ENV_RESOLVED] = cfg.to_env()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-P", "-m", "watchdog"], env)
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "herder.watchdog"], env)
 
 
 @cli.command("install-service")

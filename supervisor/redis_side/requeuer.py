@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from redis import Redis
 
-from supervisor.requeue import Outcome, forget_worker, requeue_or_fail
+from herder.supervisor.redis_side.requeue import Outcome, forget_worker, requeue_or_fail
 
 log = logging.getLogger("herder")
 

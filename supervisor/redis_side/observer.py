@@ -17,9 +17,9 @@ from redis import Redis
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
-from supervisor.budget import cluster_keys
-from supervisor.cluster import HOSTS_KEY, RESERVE, RESERVED_KEY, Grant, parse_grant
-from supervisor.scaling import Load
+from herder.supervisor.redis_side.budget import cluster_keys
+from herder.supervisor.redis_side.cluster import HOSTS_KEY, RESERVE, RESERVED_KEY, Grant, parse_grant
+from herder.supervisor.scaling import Load
 
 log = logging.getLogger("herder")
 

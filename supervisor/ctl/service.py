@@ -13,7 +13,7 @@ from pathlib import Path
 from string import Template
 from xml.sax.saxutils import escape
 
-from supervisor.config import Config
+from herder.common.config import Config
 
 TEMPLATES = {"systemd": "herder.service.in", "launchd": "herder.plist.in"}
 
