@@ -1,4 +1,5 @@
-"""The control socket: `herder status`, `scale`, `stop`, ... talk to the master here.
+"""The control socket's server, in the master: `herder status`, `scale`, `stop`, ... talk
+to it (wire format: herder.common.control_protocol; the client: herder.supervisor.ctl.client).
 
 A Unix stream socket in the state dir, mode 0600 inside the 0700 directory. A peer with
 another uid is refused unless it is root. Each connection carries one JSON request line
@@ -12,7 +13,6 @@ of a stale answer.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -23,14 +23,17 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+from herder.common.control_protocol import (
+    LOOP_TIMEOUT,
+    MAX_REQUEST,
+    decode_request,
+    encode,
+    recv_line,
+    socket_path,
+)
 from herder.supervisor.peercred import peer_uid
 
 log = logging.getLogger("herder")
-
-SOCKET_NAME = "herder.sock"
-MAX_REQUEST = 64 * 1024
-MAX_REPLY = 16 * 1024 * 1024  # a status of a very large fleet still fits
-LOOP_TIMEOUT = 5.0  # seconds the loop has to answer before the client hears "not responding"
 
 
 @dataclass
@@ -44,7 +47,7 @@ class ControlServer:
         self, state_dir: str, wake: Callable[[], None], direct: Callable[[dict], dict | None]
     ) -> None:
         """`direct` answers requests that need not go through the loop (or returns None)."""
-        self.path = os.path.join(state_dir, SOCKET_NAME)
+        self.path = socket_path(state_dir)
         self.requests: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._wake = wake
         self._direct = direct
@@ -92,7 +95,7 @@ class ControlServer:
                 self._send(conn, {"ok": False, "error": "permission denied: another user's herder"})
                 return
             try:
-                body = self._read(conn)
+                body = decode_request(recv_line(conn, MAX_REQUEST))
             except (OSError, ValueError) as exc:
                 self._send(conn, {"ok": False, "error": f"bad request: {exc}"})
                 return
@@ -102,47 +105,14 @@ class ControlServer:
                 self.requests.put(request)
                 self._wake()
                 try:
-                    reply = request.reply.result(timeout=body.get("wait", 0) + LOOP_TIMEOUT)
+                    reply = request.reply.result(timeout=LOOP_TIMEOUT)
                 except FutureTimeout:
                     reply = {"ok": False, "error": "the master did not answer in time (is its loop hung?)"}
             self._send(conn, reply)
 
     @staticmethod
-    def _read(conn: socket.socket) -> dict:
-        body = json.loads(recv_line(conn, MAX_REQUEST).decode("utf-8") or "null")
-        if not isinstance(body, dict) or not isinstance(body.get("cmd"), str):
-            raise ValueError('expected a JSON object with a "cmd"')
-        return body
-
-    @staticmethod
     def _send(conn: socket.socket, reply: dict) -> None:
         try:
-            conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
+            conn.sendall(encode(reply))
         except OSError:
             pass
-
-
-def recv_line(sock: socket.socket, limit: int) -> bytes:
-    """One newline-terminated message (or what came before EOF), at most `limit` bytes."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > limit:
-            raise ValueError("message too long")
-    return data
-
-
-def call(state_dir: str, body: dict, timeout: float = LOOP_TIMEOUT + 2) -> dict:
-    """Client side: send one request, return the reply. Raises OSError if nobody listens."""
-    path = os.path.join(state_dir, SOCKET_NAME)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout + body.get("wait", 0))
-        sock.connect(path)
-        sock.sendall(json.dumps(body).encode() + b"\n")
-        data = recv_line(sock, MAX_REPLY)
-    if not data:
-        raise ConnectionError("the master closed the connection without a reply")
-    return json.loads(data)

@@ -28,9 +28,10 @@ DOWN_STEP = 0.1
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    min_workers: int
-    max_workers: int
-    interval: float = 1.0  # seconds between observations
+    # Bounds of the count the policy decides: this host's, or with a cluster cap the whole
+    # cluster's (each host then runs its share; see herder.supervisor.autoscaler).
+    lowest: int
+    highest: int
     scale_down_delay: float = 30.0
     drain_target: float = 30.0
     # Smoothing of the per-worker rate: weight of the newest sample. (The growth rate is
@@ -67,7 +68,7 @@ class Decision:
 
 
 def clamp(value: int, cfg: ScaleConfig) -> int:
-    return max(cfg.min_workers, min(cfg.max_workers, value))
+    return max(cfg.lowest, min(cfg.highest, value))
 
 
 def learn_rate(state: ScaleState, completed: int, busy_seconds: float, cfg: ScaleConfig) -> ScaleState:
@@ -102,6 +103,22 @@ def _unrounded_need(
     return max(load.running, extra)
 
 
+def smoothed_growth(previous: float, last: Load | None, load: Load, drain_target: float) -> float:
+    """The backlog's growth rate (jobs/s), folding in the newest pair of readings.
+
+    Smoothed over the drain target it is projected across: `need` weighs growth T/dt times
+    more than the backlog it comes from, so a per-interval weight like alpha would turn a
+    jittery backlog into swings of many workers. Status shows each queue's growth smoothed
+    the same way.
+    """
+    if last is None or not load.at > last.at:
+        return previous
+    dt = load.at - last.at
+    sample = (load.backlog - last.backlog) / dt
+    weight = dt / (dt + drain_target)
+    return weight * sample + (1 - weight) * previous
+
+
 def decide(
     state: ScaleState,
     load: Load | None,
@@ -116,15 +133,7 @@ def decide(
     """
     if load is None:
         return Decision(clamp(current, cfg), current, "no load reading: holding"), state
-    growth = state.growth
-    if state.last is not None and load.at > state.last.at:
-        dt = load.at - state.last.at
-        sample = (load.backlog - state.last.backlog) / dt
-        # Smoothed over the drain target it is projected across: `need` weighs growth T/dt
-        # times more than the backlog it comes from, so a per-interval weight like alpha
-        # would turn a jittery backlog into swings of many workers.
-        weight = dt / (dt + cfg.drain_target)
-        growth = weight * sample + (1 - weight) * state.growth
+    growth = smoothed_growth(state.growth, state.last, load, cfg.drain_target)
     raw = _unrounded_need(load, growth, state.per_worker, completions_per_s, cfg)
     need = clamp(math.ceil(raw - 1e-9), cfg)
     since = load.at - cfg.scale_down_delay

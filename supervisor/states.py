@@ -1,32 +1,44 @@
-"""Worker states, decided only by the master's reconcile loop.
+"""Worker states and the one funnel every change goes through (supervisord's model).
 
-Reader threads record what a worker said (observations); the loop turns observations
-and its own actions into one of these states and logs every transition with a reason.
+Reader threads only record what a worker said (Observations); the reconcile loop turns
+that and its own actions into a state here. `change_state` checks the move against
+TRANSITIONS, logs it with its reason, and refuses a move the table does not allow: an
+illegal transition is a bug in the loop, and says so loudly.
 
     STARTING --ready--> IDLE <--busy/done--> BUSY
         |                 |                    |
-        |      master sends `stop`             |
-        +-------------> STOPPING <-------------+
-        |                 |
-   unresponsive / EOF     | `stop` line + exit 0, or stop timeout
-        v                 v
-     KILLING ---------> EXITED --(slot dies young)--> BACKOFF --(delay)--> STARTING
+        |  `stop` sent (scale down, rolling restart, drain)
+        +--------------> STOPPING <-----------+
+        |                 |                    |
+        |   unresponsive: no `ready`, silence, EOF, job or stop timeout, hurried stop
+        +--------------> KILLING <-------------+   (from STARTING, IDLE, BUSY, STOPPING)
+                          |
+   any state --exit--> EXITED    (reaped; a job it held goes back on its queue)
 
-- STARTING: spawned, no `ready` yet. Deadline: start_timeout.
+- STARTING: spawned, no `ready` yet. Deadline: start_timeout (or heartbeat_timeout of
+  silence once it has said `idle`).
 - IDLE: waiting for a job; must send `idle` at least every heartbeat_timeout.
 - BUSY: running a job; must send `beat` lines (heartbeat_timeout) and finish within the
   job's timeout plus job_timeout_grace.
 - STOPPING: the master sent `stop`; the worker finishes its job, says `stop`, exits 0.
   Deadline: stop_timeout, then KILLING.
 - KILLING: SIGTERM sent to the worker's process group; SIGKILL after kill_timeout.
-- EXITED: reaped. A job it still held goes back on its queue (or to the failed registry).
-- BACKOFF: a slot whose workers keep dying young waits, doubling each time (capped),
-  before it spawns again, so a crash loop never spins.
+- EXITED: reaped. Final.
+
+Backoff is not a worker state: it belongs to the slot (herder.supervisor.fleet.Slot), which
+waits before it spawns again when its workers keep dying young.
 """
 
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from herder.supervisor.fleet import Worker
+
+log = logging.getLogger("herder")
 
 
 class WorkerState(StrEnum):
@@ -36,4 +48,33 @@ class WorkerState(StrEnum):
     STOPPING = "stopping"
     KILLING = "killing"
     EXITED = "exited"
-    BACKOFF = "backoff"
+
+
+S = WorkerState
+TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
+    S.STARTING: frozenset({S.IDLE, S.BUSY, S.STOPPING, S.KILLING, S.EXITED}),
+    S.IDLE: frozenset({S.BUSY, S.STOPPING, S.KILLING, S.EXITED}),
+    S.BUSY: frozenset({S.IDLE, S.STOPPING, S.KILLING, S.EXITED}),
+    S.STOPPING: frozenset({S.KILLING, S.EXITED}),
+    S.KILLING: frozenset({S.EXITED}),
+    S.EXITED: frozenset(),
+}
+# On their way out: they no longer count towards the target.
+LEAVING = frozenset({S.STOPPING, S.KILLING})
+WORKING = frozenset({S.IDLE, S.BUSY})
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+def change_state(w: Worker, new: WorkerState, reason: str) -> None:
+    """The one place a worker's state changes: checked against TRANSITIONS, logged."""
+    if w.state == new:
+        return
+    if new not in TRANSITIONS[w.state]:
+        raise IllegalTransition(f"slot {w.slot} pid {w.pid}: {w.state} -> {new} is not allowed ({reason})")
+    # One IDLE<->BUSY flip per job: DEBUG, or a busy fleet's log is nothing else.
+    level = logging.DEBUG if {w.state, new} <= WORKING else logging.INFO
+    log.log(level, "slot %d pid %d: %s -> %s (%s)", w.slot, w.pid, w.state, new, reason)
+    w.state = new

@@ -1,4 +1,5 @@
-"""One worker subprocess and the two reader threads that watch its pipes.
+"""One worker subprocess and the two reader threads that watch its pipes: the real
+ProcessHandle (herder.supervisor.fleet) that the process launcher hands the master.
 
 Readers only record what they saw (Go-style: one reader per pipe); the master's loop
 reads a snapshot and decides. Whatever a worker writes, the master's memory stays
@@ -17,9 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from herder.common.worker_protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
+from herder.common.worker_protocol import MAX_LINE_BYTES, STOP, LineSplitter, ProtocolError, parse_line
 from herder.supervisor import logs
-from herder.supervisor.states import WorkerState
 
 log = logging.getLogger("herder")
 
@@ -71,18 +71,10 @@ class Observations:
 
 @dataclass
 class WorkerProcess:
-    slot: int
     popen: subprocess.Popen[bytes]
-    spawned_at: float
+    label: str  # "slot N pid P", the prefix of its relayed stderr
     obs: Observations
     lock: threading.Lock = field(default_factory=threading.Lock)
-    state: WorkerState = WorkerState.STARTING
-    stop_sent_at: float | None = None
-    kill_started_at: float | None = None
-    kill_reason: str = ""
-    sigkilled: bool = False
-    generation: int = 0  # a rolling restart replaces every worker of an older generation
-    spared: bool = False  # judged hung, but the kill budget was spent
     readers: list[threading.Thread] = field(default_factory=list)
 
     @property
@@ -91,7 +83,7 @@ class WorkerProcess:
 
     @classmethod
     def spawn(
-        cls, slot: int, argv: list[str], env: dict[str, str], wake: Callable[[], None]
+        cls, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]
     ) -> WorkerProcess:
         popen = subprocess.Popen(
             argv,
@@ -107,8 +99,9 @@ class WorkerProcess:
         )
         assert popen.stdin and popen.stdout and popen.stderr
         os.set_blocking(popen.stdin.fileno(), False)  # the master never blocks on a worker
-        now = time.monotonic()
-        proc = cls(slot=slot, popen=popen, spawned_at=now, obs=Observations(last_seen=now))
+        proc = cls(
+            popen=popen, label=f"slot {slot} pid {popen.pid}", obs=Observations(last_seen=time.monotonic())
+        )
         proc.readers = [
             threading.Thread(
                 target=proc._read_stdout, args=(wake,), name=f"out-{slot}-{popen.pid}", daemon=True
@@ -189,7 +182,7 @@ class WorkerProcess:
         assert self.popen.stderr
         splitter = LineSplitter(MAX_LINE_BYTES)
         window_start, logged = time.monotonic(), 0
-        prefix = f"slot {self.slot} pid {self.pid}"
+        prefix = self.label
         for chunk in read_chunks(self.popen.stderr.fileno()):
             now = time.monotonic()
             if now - window_start >= 1.0:
@@ -210,7 +203,7 @@ class WorkerProcess:
             logs.relay(prefix, [tail.decode("utf-8", "replace").rstrip()])
         self.popen.stderr.close()
 
-    # ---- actions (called by the master loop only) -----------------------------------------
+    # ---- the ProcessHandle (called by the master loop only) --------------------------------
 
     def snapshot(self) -> Observations:
         with self.lock:
@@ -219,11 +212,11 @@ class WorkerProcess:
     def send_stop(self) -> None:
         assert self.popen.stdin
         try:
-            os.write(self.popen.stdin.fileno(), b"stop\n")
+            os.write(self.popen.stdin.fileno(), STOP)
         except (BlockingIOError, BrokenPipeError, OSError):
             pass  # a worker that does not read stdin is killed at the stop timeout
 
-    def signal_group(self, sig: signal.Signals) -> None:
+    def signal_group(self, sig: int) -> None:
         """Signal the worker's process group, which holds the children its jobs started."""
         try:
             os.killpg(self.pid, sig)

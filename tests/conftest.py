@@ -240,7 +240,7 @@ class Herder:
             return None
         for k in kids:
             try:
-                if "herder.supervisor.master" in " ".join(k.cmdline()):
+                if k.cmdline()[-2:] == ["-m", "herder.supervisor"]:
                     return k
             except psutil.NoSuchProcess:
                 pass

@@ -126,9 +126,9 @@ def test_socket_is_private_and_refuses_another_uid(herder):
     os.chmod(state, 0o755)
     os.chmod(sock, 0o666)
     probe = (  # import first: as nobody, root's Python installation may not be readable
-        "import os, sys; from herder.supervisor import control; "
+        "import os, sys; from herder.supervisor.ctl import client; "
         f"os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid}); "
-        "print(control.call(sys.argv[1], {'cmd': 'status'}))"
+        "print(client.call(sys.argv[1], {'cmd': 'status'}))"
     )
     repo = str(Path(__file__).resolve().parent.parent)
     r = subprocess.run(

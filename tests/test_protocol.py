@@ -1,4 +1,5 @@
-"""Unit tests of the pure protocol code: the parser and the bounded line splitter."""
+"""Unit tests of the pure protocol code: both channels' formats and parsers, and the one
+bounded line splitter."""
 
 from __future__ import annotations
 
@@ -6,14 +7,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from herder.common import uplink_protocol as up
+from herder.common import worker_protocol as wp
 from herder.common.worker_protocol import LineSplitter, Message, ProtocolError, parse_line
 
 
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        (b"ready 42 1700000000.5 1", Message("ready", 1700000000.5, pid=42)),
-        (b"ready 42 1700000000.5", Message("ready", 1700000000.5, pid=42)),
+        (b"ready 42 1700000000.5 1", Message("ready", 1700000000.5)),
+        (b"ready 42 1700000000.5", Message("ready", 1700000000.5)),
         (b"busy abc-1 10.0 180", Message("busy", 10.0, job_id="abc-1", timeout=180.0)),
         (b"busy abc-1 10.0 -1", Message("busy", 10.0, job_id="abc-1", timeout=-1.0)),
         (b"busy abc-1 10.0", Message("busy", 10.0, job_id="abc-1")),
@@ -93,3 +96,44 @@ def test_splitter_is_lossless_for_short_lines_whatever_the_chunking(lines: list[
     for i in range(0, len(data), step):
         out += s.feed(data[i : i + step])
     assert [line.decode() for line, _ in out] == lines
+
+
+@given(
+    job=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=256),
+    ts=st.floats(0, 4e9),
+    timeout=st.one_of(st.none(), st.just(-1.0), st.integers(0, 10**6).map(float), st.floats(0.001, 1e6)),
+    ok=st.booleans(),
+)
+def test_what_the_worker_writes_the_master_reads(
+    job: str, ts: float, timeout: float | None, ok: bool
+) -> None:
+    """Both ends import one module: every line a worker can build parses back to its meaning."""
+    lines = {
+        wp.ready_line(42, ts): ("ready", None),
+        wp.idle_line(ts): ("idle", None),
+        wp.busy_line(job, ts, timeout): ("busy", job),
+        wp.beat_line(job, ts): ("beat", job),
+        wp.done_line(job, ts, ok): ("done", job),
+        wp.stop_line(ts): ("stop", None),
+    }
+    for line, (verb, job_id) in lines.items():
+        assert line.endswith(b"\n") and len(line) <= wp.MAX_LINE_BYTES
+        msg = parse_line(line[:-1])
+        assert (msg.verb, msg.job_id) == (verb, job_id)
+        assert abs(msg.ts - ts) < 1e-5
+    busy = parse_line(wp.busy_line(job, ts, timeout)[:-1])
+    assert busy.timeout == (None if timeout is None else pytest.approx(timeout, rel=1e-9))
+    assert parse_line(wp.done_line(job, ts, ok)[:-1]).ok is ok
+    assert wp.is_stop_request(wp.STOP)
+
+
+def test_what_the_master_writes_the_watchdog_reads() -> None:
+    assert up.parse_uplink(up.ready_line(7, 1.0)[:-1]) == up.UplinkMessage("ready")
+    assert up.parse_uplink(up.alive_line(1.0)[:-1]) == up.UplinkMessage("alive")
+    assert up.parse_uplink(up.status_line("3/4  workers,\n 1 busy")[:-1]) == up.UplinkMessage(
+        "status", "3/4 workers, 1 busy"
+    )
+    assert up.parse_uplink(up.reloading_line(1.0)[:-1]).verb == "reloading"  # type: ignore[union-attr]
+    assert up.parse_uplink(up.stopping_line(1.0)[:-1]).verb == "stopping"  # type: ignore[union-attr]
+    assert up.parse_uplink(b"bogus 1") is None
+    assert len(up.status_line("x" * 10_000)) <= up.MAX_STATUS + 10

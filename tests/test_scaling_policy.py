@@ -1,6 +1,6 @@
 """Unit and property tests of the autoscaling policy (supervisor/scaling.py).
 
-The policy is pure, so time is simulated: one observation every `cfg.interval` seconds,
+The policy is pure, so time is simulated: one observation every `SimConfig.interval` seconds,
 and the fleet is assumed to follow `desired` (closed loop) unless a test says otherwise.
 No Redis, no processes: the whole file runs in a few seconds.
 """
@@ -30,6 +30,12 @@ from herder.supervisor.states import WorkerState
 
 FAST = settings(max_examples=200, deadline=None)
 
+
+@dataclass(frozen=True)
+class SimConfig(ScaleConfig):
+    interval: float = 1.0  # seconds between the simulation's observations
+
+
 # ---------------------------------------------------------------- strategies and helpers
 
 rates = st.one_of(st.none(), st.floats(0.01, 20.0))  # None: cold start, rate not learned yet
@@ -42,13 +48,13 @@ observations = st.one_of(
 
 
 @st.composite
-def configs(draw: st.DrawFn) -> ScaleConfig:
+def configs(draw: st.DrawFn) -> SimConfig:
     lo = draw(st.integers(0, 10))
     hi = draw(st.integers(lo, lo + 60))
     interval = draw(st.sampled_from([0.1, 0.5, 1.0, 2.0, 5.0]))
-    return ScaleConfig(
-        min_workers=lo,
-        max_workers=hi,
+    return SimConfig(
+        lowest=lo,
+        highest=hi,
         interval=interval,
         scale_down_delay=interval * draw(st.one_of(st.floats(0.0, 60.0), st.just(30.0))),
         drain_target=draw(st.floats(1.0, 300.0)),
@@ -101,7 +107,7 @@ class Step:
 class Sim:
     """A fleet driven by the policy, one observation every cfg.interval."""
 
-    cfg: ScaleConfig
+    cfg: SimConfig
     state: ScaleState
     current: int
     at: float = 0.0
@@ -155,15 +161,15 @@ def changes(desired: list[int], start: int = 1) -> list[tuple[int, int]]:
 )
 def test_desired_is_always_within_min_and_max(cfg, rate, data, steps):
     # The starting count may be outside the bounds (e.g. max lowered by a config change).
-    current = data.draw(st.integers(0, cfg.max_workers + 10), label="current")
+    current = data.draw(st.integers(0, cfg.highest + 10), label="current")
     sim = Sim(cfg, state_with_rate(rate, cfg), current)
     low_since = None
     for obs, lag, learned in steps:
         load = None if obs is None else Load(sim.at, obs[0], obs[1])
         step = sim.observe(load, 0.0 if obs is None else obs[2], lag)
         d = step.decision
-        assert cfg.min_workers <= d.desired <= cfg.max_workers, d
-        hold = max(cfg.min_workers, min(cfg.max_workers, step.current))
+        assert cfg.lowest <= d.desired <= cfg.highest, d
+        hold = max(cfg.lowest, min(cfg.highest, step.current))
         if load is None:
             assert d.desired == hold  # Redis silent: hold the count, clamped
         else:
@@ -180,7 +186,7 @@ def test_desired_is_always_within_min_and_max(cfg, rate, data, steps):
 
 
 def test_no_reading_holds_the_count_clamped():
-    cfg = ScaleConfig(min_workers=2, max_workers=8)
+    cfg = SimConfig(lowest=2, highest=8)
     state = ScaleState(per_worker=1.0, growth=3.0)
     for current, held in [(0, 2), (2, 2), (5, 5), (8, 8), (50, 8)]:
         decision, after = decide(state, None, current, 4.0, cfg)
@@ -191,7 +197,7 @@ def test_no_reading_holds_the_count_clamped():
 def test_holding_above_max_is_clamped():
     # Regression. Counterexample found by the property above: max_workers 4, a fleet of 6
     # (max was lowered) and an idle queue: decide() held at 6 while waiting out the delay.
-    cfg = ScaleConfig(min_workers=0, max_workers=4)
+    cfg = SimConfig(lowest=0, highest=4)
     decision, _ = decide(ScaleState(), Load(0.0, 0, 0), 6, 0.0, cfg)
     assert decision.desired == 4
 
@@ -231,10 +237,10 @@ def test_pick_idle_to_stop_examples():
 def test_big_backlog_step_reaches_max_at_once(cfg, data):
     now = 1000.0
     state = data.draw(any_states(now), label="state")
-    current = data.draw(st.integers(0, cfg.max_workers + 3), label="current")
+    current = data.draw(st.integers(0, cfg.highest + 3), label="current")
     rate = state.per_worker
     # Enough to need max_workers: max * rate * drain_target jobs, or max jobs at cold start.
-    enough = math.ceil(cfg.max_workers * rate * cfg.drain_target) if rate is not None else cfg.max_workers
+    enough = math.ceil(cfg.highest * rate * cfg.drain_target) if rate is not None else cfg.highest
     sim = Sim(cfg, state, current, at=now)
     desired = []
     for _ in range(2):  # the backlog stays at least that large for two intervals
@@ -243,11 +249,11 @@ def test_big_backlog_step_reaches_max_at_once(cfg, data):
         completions = data.draw(st.floats(0.0, 500.0))
         desired.append(sim.step(backlog, running, completions).decision.desired)
     # Required: max within two intervals. The policy does it in one, whatever it remembered.
-    assert desired == [cfg.max_workers, cfg.max_workers]
+    assert desired == [cfg.highest, cfg.highest]
 
 
 def test_up_fast_examples():
-    cfg = ScaleConfig(min_workers=1, max_workers=20, drain_target=30.0)
+    cfg = SimConfig(lowest=1, highest=20, drain_target=30.0)
     # Cold start: one worker per waiting job.
     decision, _ = decide(ScaleState(), Load(0.0, 20, 0), 1, 0.0, cfg)
     assert decision.desired == 20
@@ -286,7 +292,7 @@ def burst(sim: Sim, extra: int) -> None:
     data=st.data(),
 )
 def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, prefix, extra, data):
-    start = data.draw(st.integers(cfg.min_workers, cfg.max_workers), label="start")
+    start = data.draw(st.integers(cfg.lowest, cfg.highest), label="start")
     sim = warmed_up(cfg, rate, prefix, start)
     burst(sim, extra)
     held = sim.current
@@ -298,7 +304,7 @@ def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, pre
         elapsed = i * cfg.interval
         if elapsed < cfg.scale_down_delay - 1e-6:
             assert d == held, (i, desired)  # not a worker less before the delay has elapsed
-    assert desired[reach:] == [cfg.min_workers] * 5, (reach, desired)
+    assert desired[reach:] == [cfg.lowest] * 5, (reach, desired)
 
 
 @FAST
@@ -311,7 +317,7 @@ def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, pre
     data=st.data(),
 )
 def test_a_load_fading_to_zero_reaches_min_a_delay_after_it_is_gone(cfg, rate, prefix, extra, fade, data):
-    start = data.draw(st.integers(cfg.min_workers, cfg.max_workers), label="start")
+    start = data.draw(st.integers(cfg.lowest, cfg.highest), label="start")
     sim = warmed_up(cfg, rate, prefix, start)
     burst(sim, extra)
     held = sim.current
@@ -325,11 +331,11 @@ def test_a_load_fading_to_zero_reaches_min_a_delay_after_it_is_gone(cfg, rate, p
     assert all(a >= b for a, b in pairwise(desired))  # straight down, no bounce
     # Min within the delay after the queue is empty (+1 interval of float slack), which is
     # at most the delay plus the fade: never the two delays of a staircase.
-    assert desired[fade - 1 + reach :] == [cfg.min_workers] * (len(desired) - fade + 1 - reach), desired
+    assert desired[fade - 1 + reach :] == [cfg.lowest] * (len(desired) - fade + 1 - reach), desired
 
 
 def test_down_slowly_example():
-    cfg = ScaleConfig(min_workers=1, max_workers=10, interval=1.0, scale_down_delay=30.0)
+    cfg = SimConfig(lowest=1, highest=10, scale_down_delay=30.0)
     sim = Sim(cfg, ScaleState(per_worker=1.0), 1)
     sim.step(300, 0, 0.0)
     assert sim.current == 10
@@ -359,9 +365,9 @@ def noisy_constant_load(
 def noisy_scenarios(draw: st.DrawFn, workers_from_backlog: float):
     interval = draw(st.sampled_from([0.5, 1.0, 2.0]))
     hi = draw(st.integers(1, 300))
-    cfg = ScaleConfig(
-        min_workers=draw(st.integers(0, hi)),
-        max_workers=hi,
+    cfg = SimConfig(
+        lowest=draw(st.integers(0, hi)),
+        highest=hi,
         interval=interval,
         scale_down_delay=interval * draw(st.integers(20, 60)),
         drain_target=draw(st.floats(10.0, 120.0)),
@@ -377,7 +383,7 @@ def noisy_scenarios(draw: st.DrawFn, workers_from_backlog: float):
 @given(scenario=noisy_scenarios(workers_from_backlog=10.0))
 def test_noisy_constant_load_changes_desired_only_a_few_times(scenario):
     cfg, rate, running, level, seed = scenario
-    steps = noisy_constant_load(cfg, rate, running, level, seed, start=cfg.min_workers)
+    steps = noisy_constant_load(cfg, rate, running, level, seed, start=cfg.lowest)
     desired = [s.decision.desired for s in steps]
     later = changes(desired, start=10)
     assert len(later) <= 3, (later, desired)
@@ -389,7 +395,7 @@ def test_noisy_constant_load_changes_desired_only_a_few_times(scenario):
 @given(scenario=noisy_scenarios(workers_from_backlog=200.0), data=st.data())
 def test_noisy_load_never_goes_up_down_up_within_a_delay(scenario, data):
     cfg, rate, running, level, seed = scenario
-    start = data.draw(st.integers(cfg.min_workers, cfg.max_workers), label="start")
+    start = data.draw(st.integers(cfg.lowest, cfg.highest), label="start")
     steps = noisy_constant_load(cfg, rate, running, level, seed, start=start)
     desired = [s.decision.desired for s in steps]
     moves = changes(desired)
@@ -405,7 +411,7 @@ def test_noisy_load_regression():
     # 30 s drain target made need swing between 16 and 130; with seed 0 desired changed 22
     # times in 300 s, stayed between 53 and 130, and went 122 -> 86 at t=48 and back up to
     # 130 at t=49 (a scale-down kept only the highest need of the last 5 intervals).
-    cfg = ScaleConfig(min_workers=1, max_workers=200)
+    cfg = SimConfig(lowest=1, highest=200)
     for seed in range(5):
         steps = noisy_constant_load(cfg, 0.1, 10, 60, seed, start=1)
         desired = [s.decision.desired for s in steps]
@@ -430,7 +436,7 @@ def test_noisy_load_regression():
 def test_a_larger_backlog_never_gives_fewer_workers(cfg, data, backlogs_, running, completions):
     now = 1000.0
     state = data.draw(any_states(now), label="state")
-    current = data.draw(st.integers(0, cfg.max_workers + 3), label="current")
+    current = data.draw(st.integers(0, cfg.highest + 3), label="current")
     small, large = sorted(backlogs_)
     d_small, _ = decide(state, Load(now, small, running), current, completions, cfg)
     d_large, _ = decide(state, Load(now, large, running), current, completions, cfg)
@@ -446,14 +452,14 @@ def test_a_larger_backlog_never_gives_fewer_workers(cfg, data, backlogs_, runnin
 
 
 def test_workers_needed_cold_start_counts_a_worker_per_waiting_job():
-    cfg = ScaleConfig(min_workers=0, max_workers=100)
+    cfg = SimConfig(lowest=0, highest=100)
     assert workers_needed(Load(0.0, 7, 3), 0.0, None, 0.0, cfg) == 10
     assert workers_needed(Load(0.0, 0, 3), 0.0, None, 0.0, cfg) == 3
     assert workers_needed(Load(0.0, 0, 0), -5.0, None, 0.0, cfg) == 0
 
 
 def test_workers_needed_with_a_learned_rate():
-    cfg = ScaleConfig(min_workers=0, max_workers=100, drain_target=30.0)
+    cfg = SimConfig(lowest=0, highest=100, drain_target=30.0)
     # 1 job/s arriving (completions, no growth) + 60 waiting, 0.5 job/s per worker:
     # (1 * 30 + 60) / (0.5 * 30) = 6 workers.
     assert workers_needed(Load(0.0, 60, 2), 0.0, 0.5, 1.0, cfg) == 6
@@ -490,7 +496,7 @@ def test_learn_rate_ignores_samples_that_carry_no_rate():
     # Regression. Counterexample found by the property above: 1 job over 5e-324 s gave an
     # infinite rate, then with alpha 1 the next sample made it inf * 0 = NaN, on which
     # decide() raised ValueError (math.ceil of NaN).
-    cfg = ScaleConfig(min_workers=0, max_workers=10, alpha=1.0)
+    cfg = SimConfig(lowest=0, highest=10, alpha=1.0)
     state = learn_rate(ScaleState(per_worker=0.5), 1, 5e-324, cfg)
     state = learn_rate(state, 1, 1.0, cfg)
     assert state.per_worker == 1.0
@@ -499,7 +505,7 @@ def test_learn_rate_ignores_samples_that_carry_no_rate():
 
 
 def test_learn_rate_examples():
-    cfg = ScaleConfig(min_workers=0, max_workers=10, alpha=0.5)
+    cfg = SimConfig(lowest=0, highest=10, alpha=0.5)
     state = learn_rate(ScaleState(), 10, 20.0, cfg)
     assert state.per_worker == 0.5  # first sample taken as is
     state = learn_rate(state, 30, 20.0, cfg)

@@ -1,46 +1,42 @@
-"""Entry point: python -P -m watchdog [-- MASTER_ARGV...]
+"""Entry point: python -P -m herder.watchdog [-- MASTER_ARGV...]
 
-Settings come from the resolved config that `herder run` puts in the environment
-(read with json, standard library only); the master command defaults to herder's own.
+Settings come from the resolved Config that `herder run` puts in the environment (the
+schema in herder.common.config, standard library only); the master command defaults to
+herder's own.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
 
-from herder.watchdog.core import EX_CONFIG, Watchdog
+from herder.common.config import Config, ConfigError
+from herder.common.exits import EX_CONFIG
+from herder.watchdog.core import Watchdog
 from herder.watchdog.embedded_redis import EmbeddedRedis
 
 
 def main(argv: list[str]) -> int:
-    raw = os.environ.get("HERDER_RESOLVED_CONFIG")
-    if not raw:
+    try:
+        cfg = Config.from_env()
+    except ConfigError:
         print("herder watchdog: start herder with `herder run`", file=sys.stderr)
         return EX_CONFIG
-    cfg = json.loads(raw)
     logging.basicConfig(
         stream=sys.stderr,
-        level=str(cfg.get("log_level", "INFO")).upper(),
+        level=cfg.log_level.upper(),
         format="%(asctime)s herder-watchdog[%(process)d] %(levelname)s %(message)s",
     )
-    master_argv = (
-        argv[argv.index("--") + 1 :]
-        if "--" in argv
-        else [sys.executable, "-P", "-m", "herder.supervisor.master"]
-    )
-    stop_grace = float(cfg["stop_timeout"]) + float(cfg["kill_timeout"]) + 10.0
+    master = [sys.executable, "-P", "-m", "herder.supervisor"]
     dog = Watchdog(
-        master_argv,
-        heartbeat_timeout=float(cfg["master_heartbeat_timeout"]),
-        max_restarts=int(cfg["max_restarts"]),
-        restart_window=float(cfg["restart_window"]),
-        stop_grace=stop_grace,
-        ping_grace=3 * float(cfg["heartbeat_interval"]),
-        redis=EmbeddedRedis(cfg["state_dir"]) if cfg.get("embedded_redis") else None,
-        user=str(cfg.get("user") or ""),
+        argv[argv.index("--") + 1 :] if "--" in argv else master,
+        heartbeat_timeout=cfg.master_heartbeat_timeout,
+        max_restarts=cfg.max_restarts,
+        restart_window=cfg.restart_window,
+        stop_grace=cfg.drain_seconds + 10.0,
+        ping_grace=3 * cfg.heartbeat_interval,
+        redis=EmbeddedRedis(cfg.state_dir) if cfg.embedded_redis else None,
+        user=cfg.user,
     )
     return dog.run()
 

@@ -24,17 +24,15 @@ import sys
 import time
 from collections import deque
 
+from herder.common.exits import EX_CONFIG, describe
+from herder.common.lines import LineSplitter
+from herder.common.uplink_protocol import parse_uplink
 from herder.watchdog.embedded_redis import EmbeddedRedis
 from herder.watchdog.notify import Notifier
 
 log = logging.getLogger("herder.watchdog")
 
 PR_SET_CHILD_SUBREAPER = 36
-EX_CONFIG = 78
-EX_SOFTWARE = 70
-# Exit codes of a master that a restart cannot fix: give them to the service manager.
-FATAL_MASTER_CODES = {EX_CONFIG, EX_SOFTWARE}
-MAX_LINE = 4096
 TICK = 0.25
 
 
@@ -85,7 +83,7 @@ class Watchdog:
         self.stopping = False
         self.stop_started = 0.0
         self.exit_code = 0
-        self._buf = b""
+        self._lines = LineSplitter()
         self._signals: list[int] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -136,7 +134,7 @@ class Watchdog:
         os.set_blocking(self.master.stdout.fileno(), False)
         self.master_seen = time.monotonic()
         self.master_ready = False
-        self._buf = b""
+        self._lines = LineSplitter()
         log.info("master %d started", self.master.pid)
 
     def read_master(self) -> None:
@@ -150,18 +148,15 @@ class Watchdog:
         if not chunk:
             self.master.stdout.close()
             return
-        self._buf += chunk
-        while b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            self.on_master_line(line[:MAX_LINE].decode("utf-8", "replace").split())
-        if len(self._buf) > MAX_LINE:
-            self._buf = b""  # a line too long to be ours: drop it, stay bounded
+        for line, _cut in self._lines.feed(chunk):
+            self.on_master_line(line)
 
-    def on_master_line(self, fields: list[str]) -> None:
-        if not fields:
+    def on_master_line(self, raw: bytes) -> None:
+        self.master_seen = time.monotonic()  # any line is a sign of life
+        msg = parse_uplink(raw)
+        if msg is None:
             return
-        self.master_seen = time.monotonic()
-        verb = fields[0]
+        verb = msg.verb
         if verb == "stopping" and not self.stopping:
             # A stop asked of the master itself (herder stop): do not restart it.
             self.stopping = True
@@ -174,7 +169,7 @@ class Watchdog:
             self.master_ready = True
             self.notify.ready()
         elif verb == "status":
-            self.notify.status(" ".join(fields[1:]))
+            self.notify.status(msg.text)
         elif verb == "reloading":
             self.notify.reloading()
 
@@ -235,12 +230,6 @@ class Watchdog:
         if self.stopping:
             log.info("master %d exited (%s) while stopping", pid, describe(code))
             self.exit_code = 0 if code in (0, -signal.SIGTERM) else 1
-            return
-        if code in FATAL_MASTER_CODES:
-            log.error("master %d exited with %d, which a restart cannot fix: giving up", pid, code)
-            self.exit_code = code
-            self.stopping = True
-            self.stop_started = time.monotonic()
             return
         self.schedule_restart(f"master {pid} exited unexpectedly ({describe(code)})")
 
@@ -399,12 +388,3 @@ def child_pids() -> list[int]:
         if len(fields) > 1 and fields[1] == me:
             pids.append(int(entry))
     return pids
-
-
-def describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"

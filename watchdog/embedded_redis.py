@@ -128,11 +128,6 @@ class EmbeddedRedis:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else self.adopted_pid
 
-    def alive(self) -> bool:
-        if self.proc is not None:
-            return self.proc.poll() is None
-        return ping(self.socket)
-
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM: Redis flushes its append-only file and exits."""
         pid = self.pid

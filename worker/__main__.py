@@ -1,27 +1,16 @@
-"""Entry point: python -P -m worker --queue Q [--queue Q2] [--path DIR] ...
+"""Entry point: python -P -m herder.worker, started by the master.
 
-The Redis URL comes from the environment (HERDER_REDIS_URL), never from argv, so a
-password cannot be read from the process list.
+Everything comes from the environment the master sets (herder.supervisor.launcher): the
+resolved Config, as for the watchdog and the master, and the worker's slot. Nothing is on
+argv, so a Redis password cannot be read from the process list.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
 import time
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m worker")
-    p.add_argument("--queue", action="append", dest="queues", default=[])
-    p.add_argument("--path", action="append", dest="paths", default=[])
-    p.add_argument("--name")
-    p.add_argument("--heartbeat-interval", type=float, default=1.0)
-    p.add_argument("--orphan-log")
-    p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
 
 
 def wait_for_redis(connection, channel) -> bool:
@@ -52,33 +41,37 @@ def wait_for_redis(connection, channel) -> bool:
         time.sleep(channel.heartbeat_interval)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def main() -> int:
+    from herder.common import worker_protocol as wp
+    from herder.common.config import Config
+
+    cfg = Config.from_env()
     # The channel goes first: from here on fd 1 is stderr and only the channel
     # writes protocol lines.
     from herder.worker.channel import Channel
 
-    channel = Channel(heartbeat_interval=args.heartbeat_interval, orphan_log=args.orphan_log)
+    channel = Channel(heartbeat_interval=cfg.heartbeat_interval, orphan_log=cfg.orphan_log)
     channel.start()
     # Job modules are imported after herder's own packages, so a user module named
-    # like one of ours cannot replace it (and is reported if it tries).
-    for path in reversed(args.paths):
+    # like one of ours cannot replace it.
+    for path in reversed(cfg.paths):
         sys.path.insert(0, os.path.abspath(path))
 
     from redis import Redis
 
     from herder.worker.rq_worker import HerderWorker
 
-    url = os.environ.get("HERDER_REDIS_URL", "redis://127.0.0.1:6379/0")
-    connection = Redis.from_url(url)
+    if not cfg.redis_url:
+        print("herder worker: no Redis URL configured", file=sys.stderr)
+        return 1
+    connection = Redis.from_url(cfg.redis_url)
     if not wait_for_redis(connection, channel):
         channel.stopped()
         return 0
-    slot = os.environ.get("HERDER_SLOT", "0")
-    name = args.name or f"herder.{socket.gethostname()}.{slot}.{os.getpid()}"
-    w = HerderWorker(args.queues or ["default"], name=name, connection=connection)
+    name = wp.rq_worker_name(socket.gethostname(), os.environ.get(wp.ENV_SLOT, "0"), os.getpid())
+    w = HerderWorker(cfg.queues, name=name, connection=connection)
     w.attach(channel)
-    w.work(logging_level=args.log_level, log_format="%(levelname)s %(message)s")
+    w.work(logging_level=cfg.log_level.upper(), log_format="%(levelname)s %(message)s")
     channel.stopped()
     return 0
 

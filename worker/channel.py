@@ -1,4 +1,4 @@
-"""The worker's end of the protocol (docs/protocol.md).
+"""The worker's end of the worker <-> master channel (herder.common.worker_protocol).
 
 At start the channel keeps a private duplicate of fd 1 for protocol lines and points
 fd 1 at stderr, so a job's print, a C extension or a child process writes to the log
@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 
-PROTOCOL_VERSION = 1
+from herder.common import worker_protocol as wp
+from herder.common.lines import LineSplitter
 
 
 class Channel:
@@ -38,8 +39,7 @@ class Channel:
 
     # ---- lines to the master -------------------------------------------------
 
-    def _send(self, line: str) -> None:
-        data = (line + "\n").encode()
+    def _send(self, data: bytes) -> None:
         with self._lock:
             if self._orphaned:
                 return
@@ -53,28 +53,27 @@ class Channel:
         self._sentinel.start()
 
     def ready(self) -> None:
-        self._send(f"ready {os.getpid()} {time.time():.6f} {PROTOCOL_VERSION}")
+        self._send(wp.ready_line(os.getpid(), time.time()))
 
     def idle(self) -> None:
         """The main loop's heartbeat; at most twice per interval, however often it is called."""
         now = time.monotonic()
         if now - self._last_idle >= self.heartbeat_interval / 2:
             self._last_idle = now
-            self._send(f"idle {time.time():.6f}")
+            self._send(wp.idle_line(time.time()))
 
     def busy(self, job_id: str, timeout: float | None) -> None:
         with self._lock:
             self._job_id = job_id
-        field = "" if timeout is None else f" {int(timeout) if timeout == int(timeout) else timeout}"
-        self._send(f"busy {job_id} {time.time():.6f}{field}")
+        self._send(wp.busy_line(job_id, time.time(), timeout))
 
     def done(self, job_id: str, ok: bool) -> None:
         with self._lock:
             self._job_id = None
-        self._send(f"done {job_id} {time.time():.6f} {'ok' if ok else 'failed'}")
+        self._send(wp.done_line(job_id, time.time(), ok))
 
     def stopped(self) -> None:
-        self._send(f"stop {time.time():.6f}")
+        self._send(wp.stop_line(time.time()))
 
     # ---- requests from the master ---------------------------------------------
 
@@ -106,7 +105,7 @@ class Channel:
 
     def _watch_master(self) -> None:
         stdin_open = True
-        buf = b""
+        splitter = LineSplitter()
         while True:
             if stdin_open:
                 readable, _, _ = select.select([0], [], [], self.heartbeat_interval)
@@ -118,11 +117,8 @@ class Channel:
                             self._master_gone("stdin closed and the parent changed: the master is gone")
                         else:
                             self.request_stop("stdin closed")
-                    buf = (buf + chunk)[-4096:]
-                    while b"\n" in buf:
-                        line, buf = buf.split(b"\n", 1)
-                        if line.strip() == b"stop":
-                            self.request_stop("stop from the master")
+                    if any(wp.is_stop_request(line) for line, _ in splitter.feed(chunk)):
+                        self.request_stop("stop from the master")
                     continue
             else:
                 time.sleep(self.heartbeat_interval)
@@ -131,4 +127,4 @@ class Channel:
             with self._lock:
                 job_id = self._job_id
             if job_id is not None:
-                self._send(f"beat {job_id} {time.time():.6f}")
+                self._send(wp.beat_line(job_id, time.time()))

@@ -1,9 +1,12 @@
-"""herder's settings: one dataclass, validated in one place.
+"""herder's configuration schema: one dataclass that the CLI, watchdog, master and worker
+all read, its validation, its layering and its reload, in one place. Standard library only.
 
-The CLI resolves flags and environment into a Config, validates it (a bad value exits
-78, EX_CONFIG, naming the key and where it came from), then hands it to the watchdog
-and master as JSON in the environment: never on argv, where a Redis password would be
-visible in the process list.
+Where each setting comes from: defaults (the dataclass) < TOML file < HERDER_* environment
+< flags. Every value goes through `coerce`, which knows its key and its source, so a wrong
+type or an impossible value anywhere produces one message naming both, and exit 78
+(EX_CONFIG). `herder run` resolves and validates, then hands the Config to the watchdog,
+master and workers as JSON in the environment (ENV_RESOLVED): never on argv, where a Redis
+password would be visible in the process list.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
-EX_CONFIG = 78
+from herder.common.exits import EX_CONFIG
+
+__all__ = ["EX_CONFIG", "Config", "ConfigError", "reread", "resolve", "load_file"]
+
 ENV_RESOLVED = "HERDER_RESOLVED_CONFIG"
 
 
@@ -157,6 +163,16 @@ class Config:
     def ceiling(self) -> int:
         """The most workers herder runs."""
         return self.workers if self.max_workers is None else self.max_workers
+
+    @property
+    def orphan_log(self) -> str | None:
+        """Where a worker whose master died writes what its last job prints."""
+        return os.path.join(self.state_dir, "orphaned-workers.log") if self.state_dir else None
+
+    @property
+    def drain_seconds(self) -> float:
+        """The longest a graceful stop can take: every job's stop timeout, then the kill."""
+        return self.stop_timeout + self.kill_timeout
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -316,3 +332,17 @@ def example_file() -> str:
         else:
             lines.append(f"{key} = {value}")
     return "\n".join(lines) + "\n"
+
+
+def reread(cfg: Config) -> Config:
+    """`cfg` with its file layer read again (reload); keys pinned by environment or flags
+    stay, and so does what `herder run` decided once (state dir, host id, embedded Redis)."""
+    assert cfg.config_file
+    pinned = {k: (getattr(cfg, k), "environment or command line") for k in cfg.pinned}
+    fresh, _ = resolve([load_file(cfg.config_file), pinned])
+    fresh.config_file, fresh.pinned, fresh.state_dir = cfg.config_file, cfg.pinned, cfg.state_dir
+    fresh.host_id = cfg.host_id
+    fresh.embedded_redis = cfg.embedded_redis
+    if cfg.embedded_redis and fresh.redis_url is None:
+        fresh.redis_url = cfg.redis_url  # the watchdog's private Redis stays where it is
+    return fresh

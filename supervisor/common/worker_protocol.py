@@ -1,18 +1,30 @@
-"""The worker -> master line protocol, version 1 (docs/protocol.md).
+"""The worker <-> master channel, version 1 (docs/protocol.md): both ends import this.
 
-Pure code: parsing and bounded line splitting, no I/O, so it is unit-tested directly.
+worker -> master, on the worker's private stdout: one line per message, built by the
+`*_line` functions, read by `parse_line`. master -> worker, on the worker's stdin:
+`STOP`. A program given as --worker-command learns what it needs from the environment
+variables named here. Pure code, standard library only, unit-tested directly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PROTOCOL_VERSION = 1
-# A protocol line is short (a verb, a job id, two numbers). Anything longer is a
-# misbehaving worker: the rest of the line is discarded, not buffered.
-MAX_LINE_BYTES = 4096
+from herder.common.lines import MAX_LINE_BYTES, LineSplitter
 
+__all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of the protocol
+
+VERSION = 1
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
+
+STOP = b"stop\n"  # master -> worker: finish the current job, then exit
+
+# The environment a worker starts with: the interface of any --worker-command program.
+ENV_REDIS_URL = "HERDER_REDIS_URL"  # never on argv, where `ps` would show a password
+ENV_SLOT = "HERDER_SLOT"
+ENV_QUEUES = "HERDER_QUEUES"  # comma-separated, in priority order
+ENV_HEARTBEAT_INTERVAL = "HERDER_HEARTBEAT_INTERVAL"  # seconds between `idle`/`beat` lines
+ENV_PROTOCOL_VERSION = "HERDER_PROTOCOL_VERSION"
 
 
 class ProtocolError(ValueError):
@@ -24,11 +36,46 @@ class Message:
     verb: str
     ts: float
     job_id: str | None = None
-    pid: int | None = None
     ok: bool | None = None
     # Seconds the job may run (RQ's job.timeout); None when the worker did not say,
     # -1 for a job that may run forever.
     timeout: float | None = None
+
+
+def rq_worker_name(host: str, slot: int | str, pid: int) -> str:
+    """The name herder's RQ worker registers under, so the master can unregister a dead one."""
+    return f"herder.{host}.{slot}.{pid}"
+
+
+# ---- worker side: building lines -------------------------------------------------------
+
+
+def ready_line(pid: int, ts: float) -> bytes:
+    return f"ready {pid} {ts:.6f} {VERSION}\n".encode()
+
+
+def idle_line(ts: float) -> bytes:
+    return f"idle {ts:.6f}\n".encode()
+
+
+def busy_line(job_id: str, ts: float, timeout: float | None) -> bytes:
+    field = "" if timeout is None else f" {int(timeout) if timeout == int(timeout) else timeout}"
+    return f"busy {job_id} {ts:.6f}{field}\n".encode()
+
+
+def beat_line(job_id: str, ts: float) -> bytes:
+    return f"beat {job_id} {ts:.6f}\n".encode()
+
+
+def done_line(job_id: str, ts: float, ok: bool) -> bytes:
+    return f"done {job_id} {ts:.6f} {'ok' if ok else 'failed'}\n".encode()
+
+
+def stop_line(ts: float) -> bytes:
+    return f"stop {ts:.6f}\n".encode()
+
+
+# ---- master side: reading lines --------------------------------------------------------
 
 
 def _ts(field: str) -> float:
@@ -60,13 +107,11 @@ def parse_line(raw: bytes) -> Message:
     match verb, len(args):
         case "ready", 2 | 3:
             # ready <pid> <ts> [<protocol-version>]
-            try:
-                pid = int(args[0])
-            except ValueError:
-                raise ProtocolError(f"bad pid {args[0][:40]!r}") from None
-            if len(args) == 3 and args[2] != str(PROTOCOL_VERSION):
+            if not args[0].isdigit():
+                raise ProtocolError(f"bad pid {args[0][:40]!r}")
+            if len(args) == 3 and args[2] != str(VERSION):
                 raise ProtocolError(f"unsupported protocol version {args[2][:20]!r}")
-            return Message("ready", _ts(args[1]), pid=pid)
+            return Message("ready", _ts(args[1]))
         case "busy", 2 | 3:
             # busy <job-id> <ts> [<timeout-seconds>]
             timeout = None
@@ -91,54 +136,6 @@ def parse_line(raw: bytes) -> Message:
             raise ProtocolError(f"unknown verb {verb[:40]!r}")
 
 
-class LineSplitter:
-    """Splits a byte stream into lines with a hard cap on line length.
-
-    Memory stays bounded by ``max_line`` whatever the peer sends: an over-long line
-    is cut, the remainder up to the next newline is dropped, and the cut is counted.
-    """
-
-    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
-        self.max_line = max_line
-        self._buf = bytearray()
-        self._discarding = False
-        self.oversized = 0  # lines cut because they were longer than max_line
-        self.dropped_bytes = 0
-
-    def feed(self, chunk: bytes) -> list[tuple[bytes, bool]]:
-        """Return complete lines as (line, was_truncated)."""
-        out: list[tuple[bytes, bool]] = []
-        start = 0
-        while start < len(chunk):
-            nl = chunk.find(b"\n", start)
-            end = len(chunk) if nl < 0 else nl
-            piece = chunk[start:end]
-            if self._discarding:
-                self.dropped_bytes += len(piece)
-            else:
-                room = self.max_line - len(self._buf)
-                if len(piece) > room:
-                    self._buf += piece[:room]
-                    self.dropped_bytes += len(piece) - room
-                    self.oversized += 1
-                    out.append((bytes(self._buf), True))
-                    self._buf.clear()
-                    self._discarding = True
-                else:
-                    self._buf += piece
-            if nl < 0:
-                break
-            if not self._discarding:
-                out.append((bytes(self._buf), False))
-            self._buf.clear()
-            self._discarding = False
-            start = nl + 1
-        return out
-
-    def flush(self) -> bytes | None:
-        """At EOF: the unterminated tail, if any."""
-        if self._buf and not self._discarding:
-            tail = bytes(self._buf)
-            self._buf.clear()
-            return tail
-        return None
+def is_stop_request(line: bytes) -> bool:
+    """Worker side: is this stdin line the master's `stop`?"""
+    return line.strip() == STOP.strip()

@@ -19,12 +19,11 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+import herder.watchdog.embedded_redis as embedded_redis
 from herder.common import config as settings
 from herder.common.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError
-from herder.supervisor import __version__, control
-from herder.supervisor import status as status_mod
-from herder.supervisor.ctl import service
-from herder.watchdog import embedded_redis
+from herder.supervisor import __version__
+from herder.supervisor.ctl import client, render, service
 
 MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
 
@@ -301,10 +300,10 @@ def ask(state_dir: str | None, body: dict) -> dict:
     """One request to the running herder; exit 4 (like supervisorctl) if it cannot be reached."""
     path = state_dir or default_state_dir()
     try:
-        reply = control.call(path, body)
+        reply = client.call(path, body)
     except (OSError, ValueError) as exc:
         click.echo(f"herder: no herder answering at {path} ({exc.__class__.__name__}: {exc})", err=True)
-        sys.exit(status_mod.EXIT_UNREACHABLE)
+        sys.exit(render.EXIT_UNREACHABLE)
     if not reply.get("ok"):
         click.echo(f"herder: {reply.get('error', 'request failed')}", err=True)
         sys.exit(1)
@@ -324,9 +323,9 @@ def status(state_dir: str | None, as_json: bool, watch: bool) -> None:
         else:
             if watch:
                 click.clear()
-            click.echo(status_mod.render(reply))
+            click.echo(render.render(reply))
         if not watch:
-            sys.exit(status_mod.exit_code(reply))
+            sys.exit(render.exit_code(reply))
         time.sleep(1.0)
 
 
@@ -370,7 +369,7 @@ def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
         return
     while True:
         try:
-            control.call(path, {"cmd": "ping"}, timeout=2)
+            client.call(path, {"cmd": "ping"}, timeout=2)
         except (OSError, ValueError):
             click.echo("stopped")
             return

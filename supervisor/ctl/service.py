@@ -20,7 +20,7 @@ TEMPLATES = {"systemd": "herder.service.in", "launchd": "herder.plist.in"}
 
 def template_path(kind: str) -> Path:
     name = TEMPLATES[kind]
-    for base in (Path(__file__).resolve().parent.parent / "scripts", Path(sys.prefix) / "share" / "herder"):
+    for base in (Path(__file__).resolve().parents[2] / "scripts", Path(sys.prefix) / "share" / "herder"):
         if (base / name).is_file():
             return base / name
     raise FileNotFoundError(f"template {name} not found in scripts/ or {sys.prefix}/share/herder")

@@ -71,7 +71,7 @@ def cluster_keys(now: float, window: float) -> tuple[str, str]:
 
 @dataclass
 class ClusterView:
-    """The cluster-wide kill counts as the observer last read them (the loop never waits on Redis)."""
+    """The cluster-wide kill counts as the load reader last read them (the loop never waits on Redis)."""
 
     current: int = 0
     previous: int = 0

@@ -51,13 +51,12 @@ RESERVED_KEY = "herder:cluster:reserved"
 @dataclass(frozen=True)
 class Grant:
     granted: int  # workers this host may run
-    others: int  # workers the other live hosts reserve
     hosts: tuple[str, ...]  # live host ids, sorted
 
 
 def parse_grant(reply: list) -> Grant:
-    granted, others, *hosts = reply
-    return Grant(int(granted), int(others), tuple(h.decode() if isinstance(h, bytes) else h for h in hosts))
+    granted, _others, *hosts = reply  # the script also says what the others reserve
+    return Grant(int(granted), tuple(h.decode() if isinstance(h, bytes) else h for h in hosts))
 
 
 def share_of(total: int, hosts: tuple[str, ...], me: str) -> int:

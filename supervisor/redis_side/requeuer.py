@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis import Redis
@@ -33,10 +32,9 @@ class Task:
 
 
 class Requeuer:
-    def __init__(self, connection: Redis, max_requeues: int, wake: Callable[[], None] | None = None) -> None:
+    def __init__(self, connection: Redis, max_requeues: int) -> None:
         self.connection = connection
         self.max_requeues = max_requeues
-        self._wake = wake
         self._tasks: deque[Task] = deque()
         self._cond = threading.Condition()
         self._busy = False
@@ -105,8 +103,6 @@ class Requeuer:
             with self._cond:
                 self._tasks.popleft()
                 self._busy = False
-            if self._wake:
-                self._wake()
 
     def _do(self, task: Task) -> None:
         if task.kind == "forget":

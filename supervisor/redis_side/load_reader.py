@@ -1,4 +1,5 @@
-"""Reads the load from Redis once per scale interval, in one pipelined round trip.
+"""The load reader: reads the queues' load from Redis once per scale interval, in one
+pipelined round trip.
 
 A thread, so a slow or unreachable Redis never stalls the reconcile loop: the loop
 reads the latest reading (or None: hold the count) and decides. When a cluster cap is
@@ -40,20 +41,19 @@ class ClusterSettings:
     kill_window: float = 60.0
 
 
-class Observer:
+class LoadReader:
     def __init__(
         self,
         connection: Redis,
         queues: list[str],
         interval: float,
-        wake: Callable[[], None],
         cluster: ClusterSettings | None = None,
     ) -> None:
         self.connection = connection
         self.queues = queues
         self.interval = interval
         self.cluster = cluster
-        self._wake = wake
+        self._wake: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
         self.set_queues(queues)
         self._reading: Reading | None = None
@@ -62,7 +62,7 @@ class Observer:
         self._outage_since: float | None = None
         self._reserve = connection.register_script(RESERVE) if cluster else None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="observer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="load-reader", daemon=True)
 
     def set_queues(self, queues: list[str]) -> None:
         """The queues to read, from the next interval on (a reload may change them)."""
@@ -77,7 +77,9 @@ class Observer:
         with self._lock:
             self.queues, self._keys = queues, keys
 
-    def start(self) -> None:
+    def start(self, wake: Callable[[], None]) -> None:
+        """Read every interval from now on, calling `wake` after each reading."""
+        self._wake = wake
         self._thread.start()
 
     def stop(self) -> None:

@@ -1,0 +1,47 @@
+"""The master process: python -P -m herder.supervisor, started by the watchdog.
+
+Composes the master from its parts: the real launcher and clock, the Redis-facing threads
+(when there is a Redis), the uplink to the watchdog. Everything it needs comes from the
+resolved Config in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from redis import Redis
+
+from herder.common.config import Config
+from herder.supervisor import logs
+from herder.supervisor.launcher import Clock, SubprocessLauncher
+from herder.supervisor.master import Master
+from herder.supervisor.redis_side.load_reader import ClusterSettings, LoadReader
+from herder.supervisor.redis_side.requeuer import Requeuer
+from herder.supervisor.uplink import Uplink
+
+
+def main() -> int:
+    cfg = Config.from_env()
+    logs.setup(cfg.log_level)
+    host_id = cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
+    requeuer = reader = None
+    if cfg.redis_url:  # status shows queue lengths even for a fixed count
+
+        def connect() -> Redis:
+            return Redis.from_url(cfg.redis_url or "", socket_timeout=5, socket_connect_timeout=3)
+
+        requeuer = Requeuer(connect(), cfg.max_requeues)
+        cluster = None
+        if cfg.cluster_max_workers is not None:
+            cluster = ClusterSettings(host_id, cfg.cluster_max_workers, cfg.host_ttl, cfg.kill_budget_window)
+        reader = LoadReader(connect(), cfg.queues, cfg.scale_interval, cluster)
+    master = Master(
+        cfg, SubprocessLauncher(), Clock(), requeuer=requeuer, reader=reader, uplink=Uplink(), host_id=host_id
+    )
+    return master.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

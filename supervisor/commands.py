@@ -1,0 +1,226 @@
+"""Control requests and reload: what `herder status`, `scale`, `restart`, `reload`, `stop`
+and `enqueue` do, and SIGHUP.
+
+The control thread hands each request to the reconcile loop, which answers it here
+(`handle_requests`), so a reply always matches what the loop decides; `ping` and `enqueue`
+touch no fleet state and are answered on the control thread (`answer_directly`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from herder.common.config import Config, ConfigError, reread
+from herder.supervisor.autoscaler import Autoscaler
+from herder.supervisor.control import ControlServer
+from herder.supervisor.counters import Counters
+from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.redis_side.load_reader import LoadReader
+from herder.supervisor.redis_side.requeuer import Requeuer
+from herder.supervisor.snapshot import FleetView, build_status
+from herder.supervisor.uplink import Uplink
+
+if TYPE_CHECKING:
+    from herder.supervisor.guard import KillGuard
+    from herder.supervisor.launcher import Clock
+
+log = logging.getLogger("herder")
+
+# Changing one of these means new workers: a rolling restart follows the reload.
+RESTART_KEYS = frozenset(
+    {"queues", "paths", "worker_command", "redis_url", "log_level", "heartbeat_interval"}
+)
+
+
+class Fleet(Protocol):
+    """What commands read and change of the master (herder.supervisor.master.Master)."""
+
+    cfg: Config
+    clock: Clock
+    host_id: str
+    target: int
+    generation: int
+    stopping: bool
+    started_at: float
+    workers: dict[int, Worker]
+    slots: dict[int, Slot]
+    scaler: Autoscaler
+    counters: Counters
+    guard: KillGuard
+    requeuer: Requeuer | None
+    reader: LoadReader | None
+    uplink: Uplink | None
+    control: ControlServer | None
+
+    def live_workers(self) -> list[Worker]: ...
+
+    def begin_stop(self, hurry: bool, why: str) -> None: ...
+
+
+class Commands:
+    def __init__(self, m: Fleet) -> None:
+        self.m = m
+
+    # ---- on the control thread ---------------------------------------------------------
+
+    def answer_directly(self, body: dict) -> dict | None:
+        """Requests the control thread answers itself (no fleet state involved)."""
+        if body["cmd"] == "ping":
+            return {"ok": True, "pid": os.getpid()}
+        if body["cmd"] == "enqueue":
+            return self.enqueue(body)
+        return None
+
+    def enqueue(self, body: dict) -> dict:
+        """`herder enqueue`: put a job on a queue, for trying things out."""
+        from redis import Redis
+        from rq import Queue
+
+        cfg = self.m.cfg
+        if not cfg.redis_url:
+            return {"ok": False, "error": "no Redis configured"}
+        func, args = body.get("func"), body.get("args", [])
+        if not isinstance(func, str) or not func or not isinstance(args, list):
+            return {"ok": False, "error": 'enqueue needs "func" (a dotted name) and "args" (a list)'}
+        name = body.get("queue") or cfg.queues[0]
+        try:
+            conn = Redis.from_url(cfg.redis_url, socket_timeout=5, socket_connect_timeout=3)
+            job = Queue(name, connection=conn).enqueue(func, *args)
+        except Exception as exc:  # Redis errors name host and port, never the password
+            return {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+        return {"ok": True, "job_id": job.id, "queue": name}
+
+    # ---- in the reconcile loop -----------------------------------------------------------
+
+    def handle_requests(self) -> None:
+        control = self.m.control
+        if control is None:
+            return
+        while True:
+            try:
+                request = control.requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                reply = self.answer(request.body)
+            except Exception as exc:  # a bad request must never take the loop down
+                log.exception("control request %r failed", request.body.get("cmd"))
+                reply = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+            request.reply.set_result(reply)
+
+    def answer(self, body: dict) -> dict:
+        match body["cmd"]:
+            case "status":
+                return build_status(self.view())
+            case "scale":
+                return self.rescale(body)
+            case "restart":
+                return self.restart("herder restart")
+            case "reload":
+                return self.reload("herder reload")
+            case "stop":
+                if "timeout" in body:
+                    self.m.cfg.stop_timeout = float(body["timeout"])
+                self.m.begin_stop(hurry=False, why="herder stop")
+                return {"ok": True, "stopping": len(self.m.workers)}
+            case cmd:
+                return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def view(self) -> FleetView:
+        m = self.m
+        now = m.clock.monotonic()
+        requeued, failed = (m.requeuer.requeued, m.requeuer.failed) if m.requeuer else (0, 0)
+        backoff = [s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now)]
+        return FleetView(
+            cfg=m.cfg,
+            host_id=m.host_id,
+            started_at=m.started_at,
+            now=now,
+            target=m.target,
+            grant=m.scaler.grant,
+            live=len(m.live_workers()),
+            stopping=m.stopping,
+            degraded=m.guard.degraded,
+            workers=[(w, w.proc.snapshot()) for w in m.workers.values()],
+            backoff=sorted(backoff),
+            queues=dict(m.scaler.queues),
+            totals={
+                "spawned": m.counters.totals.spawned,
+                "killed": m.counters.totals.killed,
+                "requeued": requeued,
+                "failed_by_herder": failed,
+            },
+        )
+
+    def restart(self, why: str) -> dict:
+        m = self.m
+        m.generation += 1
+        n = len(m.live_workers())
+        log.info("%s: rolling restart of %d workers (generation %d)", why, n, m.generation)
+        return {"ok": True, "replacing": n, "generation": m.generation}
+
+    def rescale(self, body: dict[str, Any]) -> dict:
+        m, cfg = self.m, self.m.cfg
+        if "workers" in body:
+            n = int(body["workers"])
+            if n < 1:
+                return {"ok": False, "error": "workers must be at least 1"}
+            if cfg.autoscale:
+                return {"ok": False, "error": "autoscaling is on: use --min/--max"}
+            m.cfg = replace(cfg, workers=n)
+            m.target = n
+        else:
+            if not cfg.autoscale:
+                return {
+                    "ok": False,
+                    "error": "autoscaling is off: herder run needs --max-workers for --min/--max",
+                }
+            lo = int(body.get("min", cfg.floor))
+            hi = int(body.get("max", cfg.ceiling))
+            if not 0 <= lo <= hi or hi < 1:
+                return {"ok": False, "error": f"need 0 <= min <= max and max >= 1, got {lo}, {hi}"}
+            m.cfg = replace(cfg, min_workers=lo, max_workers=hi)
+            m.target = max(lo, min(hi, m.target))
+        m.scaler.configure(m.cfg)
+        bounds = f"min {m.cfg.floor}, max {m.cfg.ceiling}" if m.cfg.autoscale else "fixed"
+        log.info("scale: target now %d workers (%s)", m.target, bounds)
+        return {"ok": True, "desired": m.target, "min": m.cfg.floor, "max": m.cfg.ceiling}
+
+    def reload(self, why: str) -> dict:
+        """Re-read the config file; settings pinned by the environment or flags stay."""
+        m = self.m
+        if not m.cfg.config_file:
+            log.warning("%s: no config file to re-read (herder run had no --config)", why)
+            return {"ok": False, "error": "herder run was started without --config: nothing to re-read"}
+        if m.uplink:
+            m.uplink.reloading()
+        try:
+            new = reread(m.cfg)
+        except ConfigError as exc:
+            log.error("%s: keeping the running config: %s", why, exc)
+            if m.uplink:
+                m.uplink.ready()
+            return {"ok": False, "error": str(exc)}
+        old = m.cfg
+        changed = sorted(k for k in vars(new) if getattr(new, k) != getattr(old, k))
+        if {"workers", "min_workers", "max_workers"} & set(changed):
+            self.rescale(
+                {"workers": new.workers} if not new.autoscale else {"min": new.floor, "max": new.ceiling}
+            )
+        m.cfg = new
+        m.scaler.configure(new)
+        log.info(
+            "%s: config re-read from %s; changed: %s", why, new.config_file, ", ".join(changed) or "nothing"
+        )
+        if "queues" in changed and m.reader:
+            m.reader.set_queues(new.queues)
+        restart = RESTART_KEYS & set(changed)
+        if restart:
+            self.restart(f"{why} ({', '.join(sorted(restart))} changed)")
+        if m.uplink:
+            m.uplink.ready()
+        return {"ok": True, "changed": changed}

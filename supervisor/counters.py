@@ -1,0 +1,121 @@
+"""The master's counters: fleet totals, and the per-worker problems it reports in the log.
+
+Readers count a worker's malformed, oversized and throttled lines as they happen; the
+loop reports only what is new, at most every REPORT_INTERVAL seconds per worker (and once
+more when it exits), so a misbehaving worker cannot flood the master's log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from herder.supervisor.fleet import Worker
+from herder.supervisor.workerproc import STDERR_LINES_PER_SECOND, Observations
+
+log = logging.getLogger("herder")
+
+REPORT_INTERVAL = 5.0
+
+
+@dataclass
+class Totals:
+    spawned: int = 0
+    exited: int = 0
+    killed: int = 0
+    malformed: int = 0
+    oversized: int = 0
+    throttled: int = 0
+    jobs_ok: int = 0
+    jobs_failed: int = 0
+    busy_seconds: float = 0.0
+
+
+@dataclass
+class _Reported:
+    """Counter values already logged for one worker, so logs say what is new."""
+
+    malformed: int = 0
+    oversized: int = 0
+    throttled: int = 0
+    stderr_dropped: int = 0
+    at: float = float("-inf")
+
+
+@dataclass
+class Counters:
+    totals: Totals = field(default_factory=Totals)
+    _reported: dict[int, _Reported] = field(default_factory=dict)  # by pid
+
+    def fold_exit(self, w: Worker, obs: Observations, now: float) -> None:
+        """A worker was reaped: add its job counts to the totals, report its last problems."""
+        t = self.totals
+        t.exited += 1
+        t.jobs_ok += obs.jobs_ok
+        t.jobs_failed += obs.jobs_failed
+        t.busy_seconds += obs.busy_seconds
+        self.report(w, obs, now)
+        self._reported.pop(w.pid, None)
+
+    def report_due(self, workers: list[Worker], now: float) -> None:
+        for w in workers:
+            if now - self._reported.setdefault(w.pid, _Reported()).at >= REPORT_INTERVAL:
+                self.report(w, w.proc.snapshot(), now)
+
+    def report(self, w: Worker, obs: Observations, now: float) -> None:
+        rep = self._reported.setdefault(w.pid, _Reported())
+        new_malformed = obs.malformed - rep.malformed
+        new_oversized = obs.oversized - rep.oversized
+        new_throttled = obs.throttled - rep.throttled
+        new_dropped = obs.stderr_dropped - rep.stderr_dropped
+        if new_malformed or new_oversized or new_throttled or new_dropped:
+            log.warning(
+                "slot %d pid %d: %d malformed and %d oversized protocol lines, throttled %d times, "
+                "dropped %d stderr lines over %d/s (totals %d, %d, %d, %d; last problem: %s)",
+                w.slot,
+                w.pid,
+                new_malformed,
+                new_oversized,
+                new_throttled,
+                new_dropped,
+                STDERR_LINES_PER_SECOND,
+                obs.malformed,
+                obs.oversized,
+                obs.throttled,
+                obs.stderr_dropped,
+                obs.last_error or "-",
+            )
+            self.totals.malformed += new_malformed
+            self.totals.oversized += new_oversized
+            self.totals.throttled += new_throttled
+        rep.malformed, rep.oversized, rep.throttled = obs.malformed, obs.oversized, obs.throttled
+        rep.stderr_dropped, rep.at = obs.stderr_dropped, now
+
+    def jobs_and_busy_seconds(self, workers: list[Worker]) -> tuple[int, float]:
+        """Jobs done and seconds spent busy, by the whole fleet since the start."""
+        jobs, busy = self.totals.jobs_ok + self.totals.jobs_failed, self.totals.busy_seconds
+        for w in workers:
+            o = w.proc.snapshot()
+            jobs += o.jobs_ok + o.jobs_failed
+            busy += o.busy_seconds
+        return jobs, busy
+
+    def log_summary(self, requeued: int, failed: int, not_requeued: int) -> None:
+        t = self.totals
+        log.info(
+            "master %d stopped: spawned %d, exited %d, killed %d, jobs ok %d failed %d, requeued %d, "
+            "failed by herder %d, malformed lines %d, oversized lines %d, "
+            "jobs not requeued for want of Redis %d",
+            os.getpid(),
+            t.spawned,
+            t.exited,
+            t.killed,
+            t.jobs_ok,
+            t.jobs_failed,
+            requeued,
+            failed,
+            t.malformed,
+            t.oversized,
+            not_requeued,
+        )

@@ -1,0 +1,61 @@
+"""What `herder status` prints, from the status snapshot the master sends (a dict)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# `herder status` exit codes, as supervisorctl's.
+EXIT_RUNNING = 0
+EXIT_NOT_RUNNING = 3
+EXIT_UNREACHABLE = 4
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def render(status: dict[str, Any]) -> str:
+    """The human-readable status, like supervisorctl's."""
+    m, wd = status["master"], status["watchdog"]
+    lines = [
+        f"herder: {'running' if status['running'] else 'NOT fully running'}"
+        f"{' (stopping)' if status['stopping'] else ''}   master {m['pid']} up {_duration(m['uptime'])}"
+        f"   watchdog {wd['pid']} up {_duration(wd['uptime'])}",
+        f"redis: {status['redis_url']}",
+    ]
+    if status.get("health", "ok") != "ok":
+        lines.append(f"health: {status['health']}")
+    scale = f"min {status['min']}, max {status['max']}" if status["autoscale"] else "fixed"
+    if status["cluster_max"] is not None:
+        scale += f", cluster max {status['cluster_max']} (granted {status['cluster_grant']})"
+    lines.append(f"workers: {status['actual']} of {status['desired']} desired ({scale})")
+    if status["slots_in_backoff"]:
+        lines.append(f"slots in backoff: {', '.join(map(str, status['slots_in_backoff']))}")
+    for q in status["queues"]:
+        lines.append(
+            f"queue {q['name']}: {q['backlog']} waiting, {q['running']} running, growth {q['growth']:+.1f}/s"
+        )
+    lines.append("")
+    lines.append(
+        f"{'SLOT':>4} {'PID':>7} {'STATE':<9} {'UP':>6} {'OK':>6} {'FAILED':>6} {'RSS':>7} {'CPU%':>5}  JOB"
+    )
+    for w in status["workers"]:
+        rss = f"{w['rss'] / 2**20:.0f}M" if w["rss"] else "-"
+        cpu = f"{w['cpu_percent']:.0f}" if w["cpu_percent"] is not None else "-"
+        job = f"{w['job']} ({_duration(w['job_seconds'])})" if w["job"] else ""
+        lines.append(
+            f"{w['slot']:>4} {w['pid']:>7} {w['state']:<9} {_duration(w['uptime']):>6} "
+            f"{w['jobs_ok']:>6} {w['jobs_failed']:>6} {rss:>7} {cpu:>5}  {job}"
+        )
+    return "\n".join(lines)
+
+
+def exit_code(status: dict[str, Any]) -> int:
+    return EXIT_RUNNING if status.get("running") else EXIT_NOT_RUNNING

@@ -1,0 +1,71 @@
+"""The master's seam to the operating system and the clock (supervisord's `options`).
+
+The reconcile loop starts workers only through a Launcher and reads time only through a
+Clock, so unit tests give it fakes and run reap, murder, backoff and rolling restarts in
+milliseconds (tests/test_master_unit.py); the end-to-end tests use these real ones.
+Also here: the command line and environment a worker starts with.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from herder.common import worker_protocol as wp
+from herder.common.config import ENV_RESOLVED, Config
+from herder.supervisor.fleet import ProcessHandle
+from herder.supervisor.workerproc import WorkerProcess
+
+
+class Clock:
+    """Monotonic time for deadlines, wall time for what other hosts must agree on."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+
+class Launcher(Protocol):
+    def spawn(
+        self, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]
+    ) -> ProcessHandle:
+        """Start a worker (raise OSError if it cannot start)."""
+        ...
+
+
+class SubprocessLauncher:
+    def spawn(
+        self, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]
+    ) -> ProcessHandle:
+        return WorkerProcess.spawn(argv, env, slot, wake)
+
+
+def worker_argv(cfg: Config) -> list[str]:
+    """herder's own RQ worker (it reads the Config from its environment), or the user's."""
+    if cfg.worker_command:
+        return list(cfg.worker_command)
+    return [sys.executable, "-P", "-m", "herder.worker"]
+
+
+def worker_env(cfg: Config, slot: int) -> dict[str, str]:
+    """The resolved Config for herder's worker, and the documented HERDER_* variables for a
+    --worker-command program (docs/protocol.md, "Environment")."""
+    env = dict(os.environ)
+    env[ENV_RESOLVED] = cfg.to_env()
+    env.update(
+        {
+            wp.ENV_SLOT: str(slot),
+            wp.ENV_QUEUES: ",".join(cfg.queues),
+            wp.ENV_HEARTBEAT_INTERVAL: f"{cfg.heartbeat_interval:g}",
+            wp.ENV_PROTOCOL_VERSION: str(wp.VERSION),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if cfg.redis_url:
+        env[wp.ENV_REDIS_URL] = cfg.redis_url
+    return env

@@ -1,0 +1,80 @@
+"""Is a worker alive and well? Pure functions of (worker, observations, clock, config).
+
+The reconcile loop asks `judge` about each worker once per pass; a verdict is the reason
+to kill it, and whether that reason is herder's own *judgement* that the worker is hung
+(silence, no `ready`, a closed stdout), which a widespread fault can fool and so spends
+the kill budget, or a deadline the worker itself agreed to (a job past its own timeout,
+a stop past the stop timeout), which does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from herder.common.config import Config
+from herder.supervisor.fleet import Worker
+from herder.supervisor.states import WorkerState
+from herder.supervisor.workerproc import Observations
+
+EOF_GRACE = 1.0  # seconds a worker may live on after closing its stdout
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reason: str
+    judged_hung: bool  # takes a kill token (see the module doc)
+
+
+def derived_state(w: Worker, obs: Observations) -> WorkerState:
+    """The state the worker's own lines imply, unless the master's action rules."""
+    if w.state in (WorkerState.KILLING, WorkerState.STOPPING, WorkerState.EXITED) or not obs.ready:
+        return w.state
+    return WorkerState.BUSY if obs.job_id is not None else WorkerState.IDLE
+
+
+def past_job_timeout(obs: Observations, now: float, cfg: Config) -> float | None:
+    """Seconds the current job is past its timeout plus grace, or None if it is not."""
+    if obs.job_id is None:
+        return None
+    timeout = obs.job_timeout if obs.job_timeout is not None else cfg.job_timeout
+    over = now - obs.job_started - timeout
+    return over if timeout >= 0 and over > cfg.job_timeout_grace else None
+
+
+def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | None:
+    """Why this worker must be killed now, or None while it is fine."""
+    over = past_job_timeout(obs, now, cfg)
+    # A stop timeout is part of a stop, and a job past its own timeout is killed as RQ itself
+    # would: neither is a judgement a widespread fault could fool.
+    hung = w.state != WorkerState.STOPPING and over is None
+    if obs.stdout_eof:
+        # EOF comes a moment before the exit that caused it: allow the process time to go.
+        grace = cfg.kill_timeout if obs.said_stop else EOF_GRACE
+        if now - obs.eof_at > grace:
+            how = " after saying stop" if obs.said_stop else " but kept running"
+            return Verdict("closed its stdout" + how, judged_hung=hung)
+        return None
+    stopping_for = now - w.stop_sent_at if w.stop_sent_at is not None else 0.0
+    if w.state == WorkerState.STOPPING and stopping_for > cfg.stop_timeout:
+        busy = f", job {obs.job_id} still running" if obs.job_id else ""
+        return Verdict(f"still running {cfg.stop_timeout:g} s after `stop`{busy}", judged_hung=False)
+    if not obs.ready:
+        if obs.last_seen > w.spawned_at:
+            # Heartbeats before `ready`: alive, waiting (for Redis, say); judged by silence.
+            silent = now - obs.last_seen
+            if silent > cfg.heartbeat_timeout:
+                why = f"silent for {silent:.1f} s before `ready` (limit {cfg.heartbeat_timeout:g} s)"
+                return Verdict(why, judged_hung=hung)
+            return None
+        if now - w.spawned_at > cfg.start_timeout:
+            why = f"no `ready` within the start timeout of {cfg.start_timeout:g} s"
+            return Verdict(why, judged_hung=hung)
+        return None
+    silent = now - obs.last_seen
+    if silent > cfg.heartbeat_timeout:
+        why = f"silent for {silent:.1f} s (heartbeat timeout {cfg.heartbeat_timeout:g} s)"
+        return Verdict(why, judged_hung=hung)
+    if over is not None:
+        timeout = obs.job_timeout if obs.job_timeout is not None else cfg.job_timeout
+        return Verdict(f"busy {over:.0f} s past its {timeout:g} s timeout", judged_hung=False)
+    return None

@@ -1,0 +1,118 @@
+"""The status snapshot: what `herder status` shows, built in the master's loop from a
+FleetView (plain data the loop hands over), never from the Master itself. The CLI renders
+it (herder.supervisor.ctl.render); docs/control.md describes the JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from herder.common.config import Config, redact_url
+from herder.supervisor.fleet import Worker
+from herder.supervisor.states import WORKING
+from herder.supervisor.workerproc import Observations
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    backlog: int
+    running: int
+    growth: float  # jobs/s, smoothed as the scaling policy smooths it
+
+
+@dataclass(frozen=True)
+class FleetView:
+    cfg: Config
+    host_id: str
+    started_at: float  # wall clock
+    now: float  # monotonic
+    target: int
+    grant: int | None
+    live: int
+    stopping: bool
+    degraded: str
+    workers: list[tuple[Worker, Observations]]
+    backoff: list[int]  # slots waiting out a backoff
+    queues: dict[str, QueueStats]
+    totals: dict[str, int]
+
+
+_processes: dict[int, psutil.Process] = {}  # kept so cpu_percent() measures since the last status
+
+
+def _usage(pid: int) -> tuple[int | None, float | None]:
+    try:
+        proc = _processes.get(pid) or _processes.setdefault(pid, psutil.Process(pid))
+        with proc.oneshot():
+            return proc.memory_info().rss, proc.cpu_percent(None)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        _processes.pop(pid, None)
+        return None, None
+
+
+def _uptime(pid: int) -> float | None:
+    try:
+        return time.time() - psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def build_status(v: FleetView) -> dict[str, Any]:
+    workers = []
+    for w, o in sorted(v.workers, key=lambda pair: pair[0].slot):
+        rss, cpu = _usage(w.pid)
+        workers.append(
+            {
+                "slot": w.slot,
+                "pid": w.pid,
+                "state": str(w.state),
+                "job": o.job_id,
+                "job_seconds": round(v.now - o.job_started, 1) if o.job_id else None,
+                "jobs_ok": o.jobs_ok,
+                "jobs_failed": o.jobs_failed,
+                "last_done": o.last_done_wall,
+                "rss": rss,
+                "cpu_percent": cpu,
+                "uptime": round(v.now - w.spawned_at, 1),
+                "malformed_lines": o.malformed,
+            }
+        )
+    for pid in set(_processes) - {w.pid for w, _ in v.workers}:
+        _processes.pop(pid, None)
+    running = (
+        v.live >= v.target
+        and not v.backoff
+        and not v.stopping
+        and not v.degraded
+        and all(w.state in WORKING for w, _ in v.workers)
+    )
+    watchdog_pid = os.getppid()
+    cfg = v.cfg
+    return {
+        "ok": True,
+        "running": running,
+        "health": f"degraded: {v.degraded}" if v.degraded else "ok",
+        "master": {"pid": os.getpid(), "uptime": round(time.time() - v.started_at, 1), "host_id": v.host_id},
+        "watchdog": {"pid": watchdog_pid, "uptime": _uptime(watchdog_pid)},
+        "redis_url": redact_url(cfg.redis_url),
+        "autoscale": cfg.autoscale,
+        "min": cfg.floor,
+        "max": cfg.ceiling,
+        "cluster_max": cfg.cluster_max_workers,
+        "cluster_grant": v.grant,
+        "desired": v.target,
+        "actual": v.live,
+        "stopping": v.stopping,
+        "slots_in_backoff": v.backoff,
+        "queues": [
+            {"name": name, "backlog": q.backlog, "running": q.running, "growth": round(q.growth, 2)}
+            for name, q in sorted(v.queues.items())
+        ],
+        "workers": workers,
+        "totals": v.totals,
+    }

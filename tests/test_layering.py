@@ -1,0 +1,99 @@
+"""The map of the rooms in docs/design.md, enforced: which part of herder may import what.
+
+Read from the source (ast), so it runs in milliseconds and a new import that breaks the
+layering fails here, with the file and the line, before anyone has to notice.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Where each installed package's source lives (pyproject.toml's package-dir).
+SOURCES = {
+    "herder.common": REPO / "supervisor" / "common",
+    "herder.supervisor": REPO / "supervisor",
+    "herder.worker": REPO / "worker",
+    "herder.watchdog": REPO / "watchdog",
+}
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+
+# room -> what it may import besides the standard library and itself
+ALLOWED: dict[str, set[str]] = {
+    "herder.common": set(),
+    "herder.watchdog": {"herder.common"},
+    "herder.worker": {"herder.common", "rq", "redis"},
+    "herder.supervisor.redis_side": {"herder.common", "herder.supervisor.scaling", "rq", "redis"},
+    "herder.supervisor": {"herder.common", "herder.supervisor", "rq", "redis", "psutil"},
+    "herder.supervisor.ctl": {
+        "herder.common",
+        "herder.supervisor",
+        "herder.watchdog.embedded_redis",
+        "click",
+    },
+}
+
+
+def modules() -> list[tuple[str, Path]]:
+    out = []
+    for package, root in SOURCES.items():
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            if package == "herder.supervisor" and parts[:1] == ["common"]:
+                continue  # installed as herder.common
+            out.append((".".join([package, *parts]), path))
+    return out
+
+
+def room_of(module: str) -> str:
+    return max((room for room in ALLOWED if module == room or module.startswith(room + ".")), key=len)
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def allowed(room: str, name: str) -> bool:
+    if name.split(".")[0] in STDLIB or name == room or name.startswith(room + "."):
+        return True
+    return any(name == ok or name.startswith(ok + ".") for ok in ALLOWED[room])
+
+
+@pytest.mark.parametrize(("module", "path"), modules(), ids=[m for m, _ in modules()])
+def test_each_room_imports_only_what_the_map_allows(module: str, path: Path) -> None:
+    room = room_of(module)
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {name}"
+        for line, name in imports(path)
+        if not allowed(room, name)
+    ]
+    assert not bad, f"{room} may import only the standard library and {sorted(ALLOWED[room])}: {bad}"
+
+
+def test_the_master_process_never_imports_the_operator_side_or_other_processes() -> None:
+    for module, path in modules():
+        if room_of(module) in ("herder.supervisor", "herder.supervisor.redis_side"):
+            names = [name for _, name in imports(path)]
+            assert not [
+                n
+                for n in names
+                if n.startswith(("herder.supervisor.ctl", "herder.watchdog", "herder.worker"))
+            ]
+
+
+def test_nothing_imports_the_top_level_names_herder_installs_under() -> None:
+    """`supervisor`, `worker` and `watchdog` are other projects' packages."""
+    for _, path in modules():
+        names = [name for _, name in imports(path)]
+        assert not [n for n in names if n.split(".")[0] in ("supervisor", "worker", "watchdog")], path

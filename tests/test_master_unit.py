@@ -1,0 +1,396 @@
+"""The master's decisions in milliseconds: the reconcile loop driven with a fake clock and a
+fake process launcher (gunicorn's arbiter tests and supervisord's options object are the
+models). The end-to-end tests run the same loop on real processes; these pin the rules.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import replace
+
+import pytest
+
+from herder.common.config import Config
+from herder.supervisor.fleet import Worker
+from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
+from herder.supervisor.master import Master
+from herder.supervisor.states import TRANSITIONS, IllegalTransition, WorkerState, change_state
+from herder.supervisor.workerproc import Observations
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return 1_700_000_000.0 + self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class FakeProc:
+    """A worker process that does what the test says, when the test says it."""
+
+    def __init__(self, pid: int, clock: FakeClock) -> None:
+        self.pid = pid
+        self.clock = clock
+        self.obs = Observations(last_seen=clock.t)
+        self.code: int | None = None
+        self.signals: list[int] = []
+        self.stops = 0
+        self.obeys_term = True
+
+    # the ProcessHandle
+    def snapshot(self) -> Observations:
+        return replace(self.obs)
+
+    def send_stop(self) -> None:
+        self.stops += 1
+
+    def signal_group(self, sig: int) -> None:
+        self.signals.append(sig)
+        if sig == signal.SIGKILL or (sig == signal.SIGTERM and self.obeys_term):
+            self.exit(-sig)
+
+    def has_exited(self) -> bool:
+        return self.code is not None
+
+    def reap(self) -> int:
+        assert self.code is not None
+        return self.code
+
+    # what the worker says and does
+    def ready(self) -> None:
+        self.obs.ready, self.obs.last_seen = True, self.clock.t
+
+    def busy(self, job: str, timeout: float | None = None) -> None:
+        o = self.obs
+        o.job_id, o.job_started, o.job_timeout, o.last_seen = job, self.clock.t, timeout, self.clock.t
+
+    def done(self) -> None:
+        self.obs.job_id, self.obs.last_seen = None, self.clock.t
+        self.obs.jobs_ok += 1
+
+    def beat(self) -> None:
+        self.obs.last_seen = self.clock.t
+
+    def exit(self, code: int) -> None:
+        if self.code is None:
+            self.code = code
+
+
+class FakeLauncher:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.spawned: list[FakeProc] = []
+        self.fail = False
+
+    def spawn(self, argv: list[str], env: dict[str, str], slot: int, wake) -> FakeProc:  # noqa: ANN001
+        if self.fail:
+            raise OSError("no such file")
+        proc = FakeProc(100 + len(self.spawned), self.clock)
+        self.spawned.append(proc)
+        return proc
+
+
+class FakeRequeuer:
+    def __init__(self) -> None:
+        self.requeues: list[tuple[str, str]] = []
+        self.forgotten: list[str] = []
+        self.requeued = self.failed = 0
+
+    def requeue(self, job_id: str, reason: str) -> None:
+        self.requeues.append((job_id, reason))
+
+    def forget(self, name: str) -> None:
+        self.forgotten.append(name)
+
+    def count_kill(self, key: str, window: float) -> None:
+        pass
+
+    def drain(self, timeout: float) -> int:
+        return 0
+
+
+FAST = Config(
+    redis_url=None,
+    workers=2,
+    heartbeat_interval=1.0,
+    heartbeat_timeout=3.0,
+    kill_timeout=1.0,
+    stop_timeout=5.0,
+    start_timeout=10.0,
+    job_timeout=30.0,
+    job_timeout_grace=1.0,
+    min_uptime=1.0,
+)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLauncher, FakeRequeuer]:
+    launcher, requeuer = FakeLauncher(clock), FakeRequeuer()
+    m = Master(replace(FAST, **settings), launcher, clock, requeuer=requeuer, host_id="test")  # type: ignore[arg-type]
+    return m, launcher, requeuer
+
+
+def live(m: Master) -> dict[int, FakeProc]:
+    return {w.slot: w.proc for w in m.workers.values()}  # type: ignore[misc]
+
+
+def all_ready(m: Master) -> None:
+    for proc in live(m).values():
+        proc.ready()
+    m.step()
+
+
+# ---- spawn, ready, reap ----------------------------------------------------------------------
+
+
+def test_spawns_the_target_and_marks_ready_workers_idle(clock: FakeClock) -> None:
+    m, launcher, _ = make(clock, workers=3)
+    m.step()
+    assert len(launcher.spawned) == 3
+    assert {w.state for w in m.workers.values()} == {WorkerState.STARTING}
+    all_ready(m)
+    assert {w.state for w in m.workers.values()} == {WorkerState.IDLE}
+    launcher.spawned[0].busy("job-1")
+    m.step()
+    assert m.workers[0].state == WorkerState.BUSY
+
+
+def test_a_worker_that_dies_mid_job_is_replaced_at_once_and_its_job_requeued(clock: FakeClock) -> None:
+    m, launcher, requeuer = make(clock)
+    m.step()
+    all_ready(m)
+    clock.advance(2)  # lived past min_uptime: no backoff
+    victim = live(m)[1]
+    victim.busy("job-7")
+    m.step()
+    victim.exit(-signal.SIGKILL)
+    m.step()
+    assert requeuer.requeues == [("job-7", "worker died (killed by SIGKILL) while running the job")]
+    assert requeuer.forgotten == [f"herder.{m.hostname}.1.{victim.pid}"]
+    assert live(m)[1] is launcher.spawned[-1] and len(launcher.spawned) == 3
+    assert m.counters.totals.exited == 1
+
+
+def test_a_slot_whose_workers_die_young_backs_off_exponentially(clock: FakeClock) -> None:
+    m, launcher, _ = make(clock, workers=1, backoff_initial=0.1, backoff_max=1.0)
+    m.step()
+    delays = []
+    for _ in range(6):
+        launcher.spawned[-1].exit(1)  # before `ready`: died young
+        m.step()
+        slot = m.slots[0]
+        delays.append(round(slot.next_spawn_at - clock.t, 3))
+        assert 0 not in m.workers  # not respawned before its time
+        assert m.next_wait() == pytest.approx(min(0.25, delays[-1]))
+        clock.advance(delays[-1])
+        m.step()
+        assert 0 in m.workers
+    assert delays == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    # A worker that lives past min_uptime resets the slot.
+    launcher.spawned[-1].ready()
+    clock.advance(2)
+    m.step()
+    launcher.spawned[-1].exit(1)
+    m.step()
+    assert m.slots[0].young_deaths == 0 and 0 in m.workers
+
+
+def test_a_launcher_that_cannot_spawn_backs_off_too(clock: FakeClock) -> None:
+    m, launcher, _ = make(clock, workers=1)
+    launcher.fail = True
+    m.step()
+    assert not m.workers and m.slots[0].in_backoff(clock.t)
+
+
+# ---- murder: the unresponsive ------------------------------------------------------------------
+
+
+def test_a_silent_worker_gets_sigterm_then_sigkill_after_the_kill_timeout(clock: FakeClock) -> None:
+    m, _, requeuer = make(clock, workers=1)
+    m.step()
+    proc = live(m)[0]
+    proc.ready()
+    proc.busy("job-1")
+    proc.obeys_term = False  # frozen: SIGTERM does nothing
+    m.step()
+    clock.advance(3.5)  # past the 3 s heartbeat timeout
+    m.step()
+    assert proc.signals == [signal.SIGTERM, signal.SIGCONT]
+    assert m.workers[0].state == WorkerState.KILLING
+    clock.advance(1.0)  # the kill timeout
+    m.step()
+    assert proc.signals[-1] == signal.SIGKILL
+    m.step()
+    assert requeuer.requeues == [
+        ("job-1", "killed by herder: silent for 3.5 s (heartbeat timeout 3 s) while running the job")
+    ]
+
+
+def test_the_kill_budget_spares_half_the_fleet_and_health_recovers(clock: FakeClock) -> None:
+    m, _, _ = make(clock, workers=4, kill_budget=0.5)
+    m.step()
+    all_ready(m)
+    for proc in live(m).values():
+        proc.obeys_term = False
+    clock.advance(4)  # every worker silent: a widespread fault
+    m.step()
+    killing = [w for w in m.workers.values() if w.state == WorkerState.KILLING]
+    spared = [w for w in m.workers.values() if w.spared]
+    assert len(killing) == 2 and len(spared) == 2
+    assert m.guard.degraded.startswith("kill budget spent on this host")
+    for w in spared:
+        w.proc.beat()  # type: ignore[attr-defined]
+    m.step()
+    assert m.guard.degraded == ""
+
+
+def test_a_job_past_its_own_timeout_is_killed_even_with_the_budget_spent(clock: FakeClock) -> None:
+    m, _, _ = make(clock, workers=1, kill_budget=0.01)
+    assert m.guard.budget.take(1, now=clock.wall())  # the one token this window is gone
+    m.step()
+    proc = live(m)[0]
+    proc.ready()
+    proc.busy("slow", timeout=5)
+    for _ in range(7):  # beats keep coming: alive, just slow
+        clock.advance(1)
+        proc.beat()
+        m.step()
+    assert m.workers[0].state == WorkerState.KILLING
+    assert m.workers[0].kill_reason == "busy 2 s past its 5 s timeout"
+
+
+# ---- stop, scale down, rolling restart ---------------------------------------------------------
+
+
+def test_a_graceful_stop_lets_jobs_finish_and_kills_only_past_the_stop_timeout(clock: FakeClock) -> None:
+    m, _, requeuer = make(clock, workers=2, stop_timeout=5.0)
+    m.step()
+    all_ready(m)
+    quick, slow = live(m)[0], live(m)[1]
+    slow.busy("long-job")
+    m.step()
+    m.events.record(signal.SIGTERM)
+    m.step()
+    assert quick.stops == 1 and slow.stops == 1
+    quick.exit(0)
+    m.step()
+    assert 0 not in m.workers and requeuer.requeues == []
+    for _ in range(5):
+        clock.advance(1)
+        slow.beat()
+        m.step()
+    assert m.workers[1].state == WorkerState.STOPPING
+    clock.advance(1)
+    slow.beat()
+    m.step()
+    assert m.workers[1].state == WorkerState.KILLING
+    m.step()
+    assert not m.workers
+    assert requeuer.requeues == [
+        (
+            "long-job",
+            "killed by herder: still running 5 s after `stop`, job long-job still running"
+            " while running the job",
+        )
+    ]
+
+
+def test_scale_down_stops_only_idle_workers(clock: FakeClock) -> None:
+    m, _, _ = make(clock, workers=3)
+    m.step()
+    all_ready(m)
+    for proc in live(m).values():
+        proc.busy("j")
+    m.step()
+    m.commands.rescale({"workers": 1})
+    m.step()
+    assert all(p.stops == 0 for p in live(m).values())  # all busy: nobody is stopped
+    live(m)[2].done()
+    m.step()
+    assert [s for s, p in live(m).items() if p.stops] == [2]
+
+
+def test_a_rolling_restart_starts_replacements_before_it_stops_anyone(clock: FakeClock) -> None:
+    m, launcher, _ = make(clock, workers=4)
+    m.step()
+    all_ready(m)
+    old = set(live(m).values())
+    m.commands.restart("test")
+    lowest_ready = 4
+    for _ in range(20):
+        m.step()
+        for proc in launcher.spawned:
+            if proc not in old and not proc.obs.ready:
+                proc.ready()  # replacements come up one pass after they are spawned
+        for proc in old:
+            if proc.stops and proc.code is None:
+                proc.exit(0)
+        ready = sum(w.state in (WorkerState.IDLE, WorkerState.BUSY) for w in m.workers.values())
+        lowest_ready = min(lowest_ready, ready)
+    assert not old & set(live(m).values())  # every old worker replaced
+    assert lowest_ready >= 4  # and capacity never dipped
+    assert len(m.workers) == 4
+
+
+# ---- pure parts ------------------------------------------------------------------------------
+
+
+def worker(state: WorkerState = WorkerState.IDLE, spawned_at: float = 0.0) -> Worker:
+    return Worker(0, FakeProc(1, FakeClock()), spawned_at=spawned_at, state=state)
+
+
+def test_judge_eof_start_timeout_and_waiting_for_redis() -> None:
+    cfg = FAST
+    w = worker(WorkerState.STARTING)
+    quiet = Observations(last_seen=0.0)
+    assert judge(w, quiet, cfg.start_timeout - 0.1, cfg) is None
+    verdict = judge(w, quiet, cfg.start_timeout + 0.1, cfg)
+    assert verdict and verdict.judged_hung and "start timeout" in verdict.reason
+    waiting = Observations(last_seen=5.0)  # `idle` before `ready`: judged by silence instead
+    assert judge(w, waiting, 5.0 + cfg.heartbeat_timeout - 0.1, cfg) is None
+    assert judge(w, waiting, 5.0 + cfg.heartbeat_timeout + 0.1, cfg)
+    eof = Observations(last_seen=0.0, ready=True, stdout_eof=True, eof_at=10.0)
+    assert judge(worker(), eof, 10.0 + EOF_GRACE - 0.1, cfg) is None
+    assert judge(worker(), eof, 10.0 + EOF_GRACE + 0.1, cfg)
+
+
+def test_derived_state_follows_the_worker_unless_the_master_decided() -> None:
+    busy = Observations(last_seen=0.0, ready=True, job_id="j")
+    assert derived_state(worker(WorkerState.STARTING), busy) == WorkerState.BUSY
+    assert derived_state(worker(WorkerState.STOPPING), busy) == WorkerState.STOPPING
+    assert derived_state(worker(WorkerState.STARTING), Observations(last_seen=0.0)) == WorkerState.STARTING
+
+
+def test_the_transition_table_is_enforced() -> None:
+    w = worker(WorkerState.KILLING)
+    with pytest.raises(IllegalTransition):
+        change_state(w, WorkerState.IDLE, "a bug")
+    change_state(w, WorkerState.EXITED, "reaped")
+    assert TRANSITIONS[WorkerState.EXITED] == frozenset()
+    assert all(WorkerState.EXITED in targets for s, targets in TRANSITIONS.items() if s != WorkerState.EXITED)
+    assert all(
+        WorkerState.KILLING in TRANSITIONS[s]
+        for s in (WorkerState.STARTING, WorkerState.IDLE, WorkerState.BUSY, WorkerState.STOPPING)
+    )
+
+
+def test_one_ctrl_c_delivered_twice_is_one_and_a_later_one_hurries(clock: FakeClock) -> None:
+    m, _, _ = make(clock)
+    m.events.record(signal.SIGINT)
+    m.events.record(signal.SIGINT)
+    requests = m.events.requests()
+    assert [(r.action, r.hurry) for r in requests] == [("stop", False)]
+    clock.advance(2)
+    m.events.record(signal.SIGINT)
+    assert [(r.action, r.hurry) for r in m.events.requests()] == [("stop", True)]
