@@ -13,18 +13,22 @@ min, next to what KEDA's defaults would give for the same load. Not a test: run 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from redis import Redis
 from rq import Queue
+
+from bench_base import BenchError, say, wait_for
+from bench_procs import Processes, RedisServer, child_env, end_all
+from bench_report import publish
 
 HERDER = str(Path(sys.executable).with_name("herder"))
 JOB_SOURCE = "import time\n\n\ndef work(seconds):\n    time.sleep(seconds)\n"
@@ -34,15 +38,23 @@ KEDA_POLLING = 30.0
 KEDA_COOLDOWN = 300.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@dataclass
+class Timeline:
+    """Samples of `herder status --json`, and the moments that matter, in seconds since sampling began."""
+
+    samples: list[dict] = field(default_factory=list)
+    spike_at: float = 0.0
+    max_at: float | None = None  # max workers reached
+    drained_at: float | None = None  # queue empty, nothing running
+    min_at: float | None = None  # back to min workers
 
 
 def status(state: Path) -> dict | None:
     r = subprocess.run(
-        [HERDER, "status", "--json", "--state-dir", str(state)], capture_output=True, text=True
+        [HERDER, "status", "--json", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
     )
     return json.loads(r.stdout) if r.returncode in (0, 3) else None
 
@@ -58,113 +70,15 @@ def main() -> int:
     args = p.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="herder-spike-"))
-    (tmp / "jobs").mkdir()
-    (tmp / "jobs" / "spike_jobs.py").write_text(JOB_SOURCE)
-    port = free_port()
-    redis_proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    state = tmp / "state"
-    herder = None
     try:
-        r = Redis.from_url(url)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except Exception:
-                time.sleep(0.05)
-        herder = subprocess.Popen(
-            [
-                HERDER,
-                "run",
-                "--redis-url",
-                url,
-                "--state-dir",
-                str(state),
-                "--path",
-                str(tmp / "jobs"),
-                "--min-workers",
-                "1",
-                "--max-workers",
-                str(args.max_workers),
-                "--scale-down-delay",
-                str(args.scale_down_delay),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(tmp / "herder.log", "wb"),  # noqa: SIM115 - lives as long as herder
-        )
-        while not (st := status(state)) or not st["running"]:
-            time.sleep(0.2)
-        samples: list[dict] = []
-        t0 = time.monotonic()
+        tl = measure(args, tmp)
+    except BenchError as exc:
+        say(f"error: {exc}; logs kept in {tmp}")
+        return 1
 
-        def sample() -> dict | None:
-            st = status(state)
-            if st:
-                q = st["queues"][0] if st["queues"] else {"backlog": 0, "growth": 0.0, "running": 0}
-                samples.append(
-                    {
-                        "t": time.monotonic() - t0,
-                        "backlog": q["backlog"],
-                        "growth": q["growth"],
-                        "running": q["running"],
-                        "desired": st["desired"],
-                        "actual": st["actual"],
-                    }
-                )
-            return st
-
-        for _ in range(8):  # 2 s of quiet before the spike
-            sample()
-            time.sleep(0.25)
-        spike_at = time.monotonic() - t0
-        q = Queue(connection=r)
-        with r.pipeline() as pipe:
-            for _ in range(args.jobs):
-                q.enqueue("spike_jobs.work", args.job_seconds, pipeline=pipe)
-            pipe.execute()
-        max_at = drained_at = min_at = None
-        while True:
-            sample()
-            s = samples[-1]
-            if max_at is None and s["actual"] >= args.max_workers:
-                max_at = s["t"]
-            if drained_at is None and max_at is not None and s["backlog"] == 0 and s["running"] == 0:
-                drained_at = s["t"]
-            if drained_at is not None and s["actual"] <= 1:
-                min_at = s["t"]
-                break
-            if s["t"] > spike_at + 120 + args.scale_down_delay:
-                break
-            time.sleep(0.25)
-        for _ in range(8):
-            sample()
-            time.sleep(0.25)
-    finally:
-        if herder and herder.poll() is None:
-            herder.send_signal(signal.SIGTERM)
-            herder.wait(60)
-        redis_proc.terminate()
-        redis_proc.wait(10)
-
-    to_max = (max_at - spike_at) if max_at is not None else None
-    to_min = (min_at - drained_at) if min_at is not None and drained_at is not None else None
-    drain = (drained_at - spike_at) if drained_at is not None else None
+    to_max = (tl.max_at - tl.spike_at) if tl.max_at is not None else None
+    to_min = (tl.min_at - tl.drained_at) if tl.min_at is not None and tl.drained_at is not None else None
+    drain = (tl.drained_at - tl.spike_at) if tl.drained_at is not None else None
     lines = [
         "## Autoscaling: a spike on a quiet queue",
         "",
@@ -183,15 +97,99 @@ def main() -> int:
         f"| spike to queue drained | {fmt(drain)} | |",
         f"| drained to min workers | {fmt(to_min)} | {KEDA_COOLDOWN:.0f} s (cooldownPeriod) |",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.markdown:
-        Path(args.markdown).write_text(report)
+    publish("\n".join(lines) + "\n", args.markdown)
     if args.png:
-        draw(samples, spike_at, args, Path(args.png))
+        draw(tl.samples, tl.spike_at, args, Path(args.png))
         print(f"drew {args.png}")
     shutil.rmtree(tmp, ignore_errors=True)
     return 0 if to_max is not None and to_min is not None else 1
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> Timeline:
+    """Run herder on a private Redis, land the burst, and sample until it is back at min workers."""
+    (tmp / "jobs").mkdir()
+    (tmp / "jobs" / "spike_jobs.py").write_text(JOB_SOURCE)
+    procs = Processes()
+    server = RedisServer("redis-server", tmp, procs)
+    state = tmp / "state"
+    herder = None
+    tl = Timeline()
+    try:
+        r = server.start()
+        herder = procs.start(
+            [
+                HERDER,
+                "run",
+                "--redis-url",
+                server.url,
+                "--state-dir",
+                str(state),
+                "--path",
+                str(tmp / "jobs"),
+                "--min-workers",
+                "1",
+                "--max-workers",
+                str(args.max_workers),
+                "--scale-down-delay",
+                str(args.scale_down_delay),
+            ],
+            tmp / "herder.log",
+        )
+
+        def running() -> bool:
+            st = status(state)
+            return bool(st and st["running"])
+
+        wait_for("herder to report running", running, timeout=60, interval=0.2)
+        t0 = time.monotonic()
+
+        def sample() -> None:
+            st = status(state)
+            if st:
+                q = st["queues"][0] if st["queues"] else {"backlog": 0, "growth": 0.0, "running": 0}
+                tl.samples.append(
+                    {
+                        "t": time.monotonic() - t0,
+                        "backlog": q["backlog"],
+                        "growth": q["growth"],
+                        "running": q["running"],
+                        "desired": st["desired"],
+                        "actual": st["actual"],
+                    }
+                )
+
+        for _ in range(8):  # 2 s of quiet before the spike
+            sample()
+            time.sleep(0.25)
+        tl.spike_at = time.monotonic() - t0
+        q = Queue(connection=r)
+        with r.pipeline() as pipe:
+            for _ in range(args.jobs):
+                q.enqueue("spike_jobs.work", args.job_seconds, pipeline=pipe)
+            pipe.execute()
+        while True:
+            sample()
+            s = tl.samples[-1]
+            if tl.max_at is None and s["actual"] >= args.max_workers:
+                tl.max_at = s["t"]
+            if tl.drained_at is None and tl.max_at is not None and s["backlog"] == 0 and s["running"] == 0:
+                tl.drained_at = s["t"]
+            if tl.drained_at is not None and s["actual"] <= 1:
+                tl.min_at = s["t"]
+                break
+            if s["t"] > tl.spike_at + 120 + args.scale_down_delay:
+                break
+            time.sleep(0.25)
+        for _ in range(8):
+            sample()
+            time.sleep(0.25)
+    finally:
+        if herder and herder.poll() is None:
+            herder.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                herder.wait(60)
+        end_all(procs, server)
+    return tl
 
 
 def fmt(seconds: float | None) -> str:

@@ -1,0 +1,178 @@
+"""The processes the bench starts: the subreaper, the private redis-server, and ending them all.
+
+Every process it starts (Redis, the pools and whatever they spawn) is ended in `finally`,
+on Ctrl-C and on error as well: the bench makes itself a child subreaper, so even workers
+orphaned by a dying pool stay its descendants and are found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+import redis
+from redis import Redis
+
+from bench_base import BenchError, say
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphans of our children (workers of a master that died) get re-parented to us."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def child_env() -> dict[str, str]:
+    """Our environment minus herder's and RQ's settings, so nothing leaks into a contender."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("HERDER_", "RQ_"))}
+
+
+class Processes:
+    """Every process the bench starts, and the means to end them all."""
+
+    def __init__(self) -> None:
+        self.popens: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self, argv: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env or child_env(),
+                close_fds=True,
+                # Its own session: a Ctrl-C at the terminal reaches only the bench, which
+                # then ends everything itself, in order.
+                start_new_session=True,
+            )
+        self.popens.append(popen)
+        return popen
+
+    def kill_all(self, spare: set[int], extra: Iterable[psutil.Process] = ()) -> int:
+        """SIGKILL every descendant of ours (adopted orphans included, as we are a subreaper)
+        and its process group, plus `extra`, except the processes in `spare`. Returns how
+        many live processes it hit. Exited children are only known by their unreaped pid or
+        as psutil objects, so a recycled pid is never signalled."""
+        procs: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            for q in psutil.Process().children(recursive=True):
+                procs.setdefault(q.pid, q)
+        for q in extra:
+            with contextlib.suppress(psutil.Error):
+                if q.is_running():
+                    procs.setdefault(q.pid, q)
+                    for k in q.children(recursive=True):
+                        procs.setdefault(k.pid, k)
+        for pid in spare:
+            procs.pop(pid, None)
+        spare_groups = set()
+        for pid in spare:
+            with contextlib.suppress(OSError):
+                spare_groups.add(os.getpgid(pid))
+        alive = []
+        for p in procs.values():
+            with contextlib.suppress(psutil.Error):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+        groups = set()
+        for p in alive:
+            with contextlib.suppress(OSError):
+                groups.add(os.getpgid(p.pid))
+        for g in groups - spare_groups - {os.getpgrp(), 0, 1}:
+            with contextlib.suppress(OSError):
+                os.killpg(g, signal.SIGKILL)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()  # psutil refuses if the pid was reused by another process
+        psutil.wait_procs(alive, timeout=5)
+        self.reap(spare)
+        return len(alive)
+
+    def reap(self, spare: set[int]) -> None:
+        for popen in self.popens:
+            if popen.pid not in spare:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    popen.wait(timeout=1)
+        tracked = {p.pid for p in self.popens}
+        for child in psutil.Process().children():
+            if child.pid not in tracked and child.pid not in spare:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(child.pid, os.WNOHANG)  # an adopted orphan's zombie
+
+
+class RedisServer:
+    def __init__(self, binary: str, workdir: Path, procs: Processes) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.procs = procs
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid if self.popen else -1
+
+    @staticmethod
+    def free_port() -> int:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port != 6379:
+                return port
+
+    def start(self) -> Redis:
+        for _attempt in range(5):
+            self.port = self.free_port()
+            argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+            argv += ["--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no"]
+            self.popen = self.procs.start(argv, self.workdir / "redis-server.log")
+            conn = Redis(host="127.0.0.1", port=self.port, db=0)
+            deadline = time.monotonic() + 10
+            while self.popen.poll() is None and time.monotonic() < deadline:
+                try:
+                    conn.ping()
+                    return conn
+                except redis.ConnectionError:
+                    time.sleep(0.02)
+            self.stop()  # lost the port to someone else, or too slow: try another
+        raise BenchError(f"could not start {self.binary}; see {self.workdir / 'redis-server.log'}")
+
+    def stop(self) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.terminate()  # redis saves nothing: `--save ''` and no AOF
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+
+
+def end_all(procs: Processes, server: RedisServer) -> None:
+    """The last cleanup: every leftover process but Redis, then Redis, then anything still around."""
+    hit = procs.kill_all(spare={server.pid})
+    if hit:
+        say(f"cleanup: killed {hit} leftover process(es)")
+    server.stop()
+    procs.kill_all(spare=set())

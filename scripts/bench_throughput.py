@@ -1,0 +1,125 @@
+"""The throughput scenario: enqueue N no-op jobs, then start the pool, and time the jobs.
+
+jobs/s is N over the span from the first job's `started_at` to the last job's `ended_at`
+(RQ's own job timestamps), so start-up does not count. Also measured: wall time (pool
+launch to the last `ended_at`), steady-state jobs/s (10% to 90% of the `ended_at`s), and
+CPU per job split between the workers and the supervising processes. Contenders take
+turns round by round, with the Redis DB flushed before every run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.registry import FailedJobRegistry, FinishedJobRegistry
+
+from bench_base import BenchError, say
+from bench_contenders import JOB_FUNC, QUEUE, THROUGHPUT_CONTENDERS, Contender, Scenario
+from bench_cpu import CpuMeter
+
+
+class ThroughputTest(Scenario):
+    def run(self) -> dict[str, list[dict]]:
+        results: dict[str, list[dict]] = {c.key: [] for c in THROUGHPUT_CONTENDERS}
+        for r in range(1, self.args.rounds + 1):
+            for c in THROUGHPUT_CONTENDERS:  # taking turns spreads any drift over everyone
+                say(f"throughput round {r}/{self.args.rounds}: {c.label}, {self.args.jobs} jobs")
+                try:
+                    res = self.round(c, r)
+                except BenchError as exc:
+                    self.findings.problems.append(f"throughput, {c.label}, round {r}: {exc}")
+                    say(f"  FAILED: {exc}")
+                    continue
+                results[c.key].append(res)
+                say(
+                    f"  {res['jobs_per_s']:.0f} jobs/s over {res['span']:.2f} s "
+                    f"(steady {res['steady_jobs_per_s']:.0f}); wall {res['wall']:.2f} s; "
+                    f"CPU/job workers {res['cpu_workers'] * 1000:.2f} ms "
+                    f"+ supervisor {res['cpu_supervisor'] * 1000:.2f} ms; "
+                    f"{res['workers_used']} workers ran jobs; stopped in {res['stop'].seconds:.1f} s; "
+                    f"other processes' load {res['other_load']:.2f} cores, steal {res['steal']:.2f}"
+                )
+        return results
+
+    def enqueue(self, n: int) -> list[str]:
+        q = Queue(QUEUE, connection=self.redis)
+        ids: list[str] = []
+        for start in range(0, n, 500):
+            datas = [Queue.prepare_data(JOB_FUNC) for _ in range(min(500, n - start))]
+            with self.redis.pipeline() as pipe:
+                jobs = q.enqueue_many(datas, pipeline=pipe)
+                pipe.execute()
+            ids += [j.id for j in jobs]
+        if q.count != n:
+            raise BenchError(f"enqueued {n} jobs but the queue holds {q.count}")
+        return ids
+
+    def round(self, c: Contender, round_no: int) -> dict:
+        n = self.args.jobs
+        self.noise.wait_quiet()
+        meter = CpuMeter()
+        self.redis.flushdb()
+        ids = self.enqueue(n)
+        pool = self.launcher.launch(c, f"throughput-{c.key}-{round_no}")
+        log_path = pool.log_path
+        try:
+            finished = FinishedJobRegistry(QUEUE, connection=self.redis)
+            failed = FailedJobRegistry(QUEUE, connection=self.redis)
+            deadline = time.monotonic() + self.args.round_timeout
+            # CPU snapshots at 10% and 90% of the jobs done: steady-state CPU per job, by role.
+            marks = [max(1, n // 10), n - n // 10]
+            snaps: list[tuple[int, float, float]] = []
+            while True:
+                done = finished.get_job_count(cleanup=False) + failed.get_job_count(cleanup=False)
+                if len(snaps) < 2 and done >= marks[len(snaps)] and n >= 20:
+                    snaps.append((done, *pool.cpu_split()))
+                if done >= n:
+                    break
+                if pool.popen.poll() is not None:
+                    raise BenchError(
+                        f"exited ({pool.popen.returncode}) after {done} of {n} jobs; see {log_path}"
+                    )
+                if time.monotonic() > deadline:
+                    raise BenchError(f"only {done} of {n} jobs done after {self.args.round_timeout:g} s")
+                time.sleep(0.01)
+        finally:
+            stop = self.launcher.stop(pool)
+        starts, ends, by_worker, bad = [], [], Counter(), Counter()
+        for i in range(0, n, 500):
+            for job in Job.fetch_many(ids[i : i + 500], connection=self.redis):
+                if job is None or job.get_status(refresh=False) != JobStatus.FINISHED:
+                    bad[job.get_status(refresh=False) if job else "missing"] += 1
+                    continue
+                starts.append(job.started_at.timestamp())
+                ends.append(job.ended_at.timestamp())
+                by_worker[job.worker_name] += 1
+        if bad:
+            raise BenchError(f"{sum(bad.values())} of {n} jobs did not finish: {dict(bad)}; see {log_path}")
+        first, last = min(starts), max(ends)
+        ends.sort()
+        lo, hi = n // 10, n - 1 - n // 10
+        steady = (hi - lo) / (ends[hi] - ends[lo]) if ends[hi] > ends[lo] else math.nan
+        cpu_sup = cpu_work = math.nan
+        if len(snaps) == 2 and snaps[1][0] > snaps[0][0]:
+            jobs = snaps[1][0] - snaps[0][0]
+            cpu_sup = (snaps[1][1] - snaps[0][1]) / jobs
+            cpu_work = (snaps[1][2] - snaps[0][2]) / jobs
+        other_load = meter.stop()
+        self.noise.check(other_load, meter.steal, f"throughput, {c.label}, round {round_no}")
+        return {
+            "other_load": other_load,
+            "steal": meter.steal,
+            "jobs_per_s": n / (last - first),
+            "steady_jobs_per_s": steady,
+            "cpu_supervisor": cpu_sup,
+            "cpu_workers": cpu_work,
+            "span": last - first,
+            "wall": last - pool.launched_at,
+            "first_job_after": first - pool.launched_at,
+            "workers_used": len(by_worker),
+            "stop": stop,
+        }
