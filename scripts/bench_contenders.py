@@ -32,8 +32,7 @@ JOB_SOURCE = (
     '"""Written by scripts/bench: the job every contender runs."""\n\n\ndef noop():\n    return None\n'
 )
 HERDER_MIN_UPTIME = 1.0  # herder's default --min-uptime: a worker dying younger than this backs off
-# herder's master runs as `python -P -m herder.supervisor.master`; any module of the
-# herder.supervisor package is accepted, as its modules are being rearranged.
+# herder's master runs as `python -P -m herder.supervisor`.
 HERDER_MASTER_PACKAGE = "herder.supervisor"
 
 

@@ -89,7 +89,7 @@ def snapshot_herder(dest: Path) -> Path:
     env = child_env()
     env["PYTHONPATH"] = str(dest)
     # Import herder's entry points (by their public names only: the modules inside
-    # herder.supervisor are being rearranged), then check where every herder module came from.
+    # herder.supervisor may be rearranged), then check where every herder module came from.
     probe = (
         "import sys, herder.supervisor.ctl.cli, herder.watchdog, herder.worker\n"
         "for name, m in sorted(sys.modules.items()):\n"
