@@ -82,16 +82,11 @@ def learn_rate(state: ScaleState, completed: int, busy_seconds: float, cfg: Scal
     return replace(state, per_worker=rate)
 
 
-def workers_needed(
-    load: Load, growth: float, per_worker: float | None, completions: float, cfg: ScaleConfig
-) -> int:
-    """Workers to keep up with arrivals and drain the backlog within the drain target."""
-    return math.ceil(_unrounded_need(load, growth, per_worker, completions, cfg) - 1e-9)
-
-
-def _unrounded_need(
+def unrounded_need(
     load: Load, growth: float, per_worker: float | None, completions: float, cfg: ScaleConfig
 ) -> float:
+    """Workers (unrounded) to keep up with arrivals and drain the backlog within the drain
+    target: the formula in the module doc."""
     if load.backlog <= 0 and growth <= 0:
         return load.running
     if per_worker is None or per_worker <= 0:
@@ -134,7 +129,7 @@ def decide(
     if load is None:
         return Decision(clamp(current, cfg), current, "no load reading: holding"), state
     growth = smoothed_growth(state.growth, state.last, load, cfg.drain_target)
-    raw = _unrounded_need(load, growth, state.per_worker, completions_per_s, cfg)
+    raw = unrounded_need(load, growth, state.per_worker, completions_per_s, cfg)
     need = clamp(math.ceil(raw - 1e-9), cfg)
     since = load.at - cfg.scale_down_delay
     recent = (*((at, n) for at, n in state.recent if at >= since), (load.at, raw))

@@ -24,11 +24,17 @@ from herder.supervisor.scaling import (
     decide,
     learn_rate,
     pick_idle_to_stop,
-    workers_needed,
+    unrounded_need,
 )
 from herder.supervisor.states import WorkerState
 
 FAST = settings(max_examples=200, deadline=None)
+
+
+def workers_needed(
+    load: Load, growth: float, rate: float | None, completions: float, cfg: ScaleConfig
+) -> int:
+    return math.ceil(unrounded_need(load, growth, rate, completions, cfg) - 1e-9)
 
 
 @dataclass(frozen=True)

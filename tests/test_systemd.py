@@ -133,7 +133,7 @@ def test_notify_reaches_an_abstract_namespace_socket():
         assert sock.recv(1024).decode().split("\n") == ["READY=1", "STATUS=2/2 workers"]
     finally:
         sock.close()
-    assert not Notifier({}).enabled  # no NOTIFY_SOCKET: silent
+    assert Notifier({}).address is None  # no NOTIFY_SOCKET: silent
 
 
 def test_watchdog_usec_for_another_pid_is_ignored():

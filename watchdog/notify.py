@@ -32,10 +32,6 @@ class Notifier:
         self._last_ping = 0.0
         self._failed = False
 
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
-
     def send(self, *fields: str) -> None:
         if self.address is None:
             return

@@ -15,16 +15,14 @@ MAX_LINE_BYTES = 4096
 class LineSplitter:
     """Splits a byte stream into lines with a hard cap on line length.
 
-    An over-long line is cut at ``max_line`` bytes, the remainder up to the next newline
-    is dropped, and the cut is counted.
+    An over-long line is cut at ``max_line`` bytes and flagged; the remainder up to the
+    next newline is dropped (the caller counts the cuts).
     """
 
     def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
         self.max_line = max_line
         self._buf = bytearray()
         self._discarding = False
-        self.oversized = 0  # lines cut because they were longer than max_line
-        self.dropped_bytes = 0
 
     def feed(self, chunk: bytes) -> list[tuple[bytes, bool]]:
         """Return complete lines as (line, was_truncated)."""
@@ -34,14 +32,10 @@ class LineSplitter:
             nl = chunk.find(b"\n", start)
             end = len(chunk) if nl < 0 else nl
             piece = chunk[start:end]
-            if self._discarding:
-                self.dropped_bytes += len(piece)
-            else:
+            if not self._discarding:
                 room = self.max_line - len(self._buf)
                 if len(piece) > room:
                     self._buf += piece[:room]
-                    self.dropped_bytes += len(piece) - room
-                    self.oversized += 1
                     out.append((bytes(self._buf), True))
                     self._buf.clear()
                     self._discarding = True
