@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -32,6 +34,13 @@ JOBS_DIR = TESTS / "jobs"
 FAKE_WORKERS = TESTS / "fakeworkers"
 HERDER = str(Path(sys.executable).with_name("herder"))
 TAG_VAR = "HERDER_TEST_TAG"
+GRACEFUL_STOP = signal.SIGTERM
+# The master's last words: its counters, the only record of them once herder has exited.
+MASTER_SUMMARY = re.compile(
+    r"master (?P<pid>\d+) stopped: spawned (?P<spawned>\d+), exited (?P<exited>\d+), "
+    r"killed (?P<killed>\d+), jobs ok (?P<jobs_ok>\d+) failed (?P<jobs_failed>\d+), "
+    r"requeued (?P<requeued>\d+), failed by herder (?P<failed_by_herder>\d+)"
+)
 
 # Short timeouts keep the suite fast; each test may override.
 FAST = {
@@ -282,6 +291,26 @@ class Herder:
 
         return wait_for(pid, timeout, what=f"a worker to take job {job_id}")  # type: ignore[return-value]
 
+    def status(self) -> dict[str, Any]:
+        """`herder status --json`, run as an operator would run it."""
+        r = subprocess.run(
+            [self.argv[0], "status", "--json", "--state-dir", self.state_dir],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode in (0, 3), f"herder status exited {r.returncode}: {r.stderr}"
+        return json.loads(r.stdout)
+
+    def totals(self) -> dict[str, int]:
+        """The live master's counters: spawned, killed, requeued, failed_by_herder."""
+        return self.status()["totals"]
+
+    def master_summaries(self) -> list[dict[str, int]]:
+        """Every master's final counters (pid, spawned, exited, killed, jobs_ok, jobs_failed,
+        requeued, failed_by_herder), oldest first, from the line each logs as it stops."""
+        return [{k: int(v) for k, v in m.groupdict().items()} for m in MASTER_SUMMARY.finditer(self.log())]
+
     def signal(self, sig: signal.Signals) -> None:
         assert self.proc
         self.proc.send_signal(sig)
@@ -289,6 +318,31 @@ class Herder:
     def wait_exit(self, timeout: float = 30) -> int:
         assert self.proc
         return self.proc.wait(timeout)
+
+    def stop_and_check(
+        self,
+        sig: signal.Signals | None = GRACEFUL_STOP,
+        timeout: float = 30,
+        expect: int | None = 0,
+        left_timeout: float = 10,
+    ) -> float:
+        """The usual end of a test: send `sig` to `herder run` (None: it is already on its
+        way out), wait up to `timeout` s for it to exit with `expect` (None: any code), then
+        check that none of its processes is left and none left a zombie.
+
+        Returns the seconds from the signal to the exit.
+        """
+        assert self.proc
+        self.workers()  # note the current workers, so a zombie among them is caught
+        started = time.monotonic()
+        if sig is not None:
+            self.signal(sig)
+        code = self.wait_exit(timeout)
+        took = time.monotonic() - started
+        if expect is not None:
+            assert code == expect, f"herder run exited {code}, not {expect}; log ends:\n{self.log()[-3000:]}"
+        self.assert_nothing_left(left_timeout)
+        return took
 
     def cleanup(self) -> list[str]:
         """Kill whatever is left; return a description of leftovers (should be none)."""

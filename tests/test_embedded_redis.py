@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue
 
 from conftest import HERDER, wait_for
@@ -54,18 +54,14 @@ def test_runs_jobs_on_its_own_redis_and_keeps_the_queue_across_restarts(herder, 
     master.kill()
     wait_for(lambda: (m := h.master()) is not None and m.pid != master.pid, 10, what="a new master")
     assert embedded_redis_pids(short_state_dir) == [redis_pid]
-    h.signal(signal.SIGTERM)
-    assert h.wait_exit(30) == 0
-    h.assert_nothing_left()
+    h.stop_and_check()
     assert embedded_redis_pids(short_state_dir) == []  # stopped with herder
     # Start again on the same state dir: the parked job is still there, and runs when served.
     h2 = herder(redis_url=None, workers="1", state_dir=str(short_state_dir), queue=["parked"])
     h2.wait_workers(1)
     r2 = Redis.from_url(url)
     wait_for(lambda: r2.lrange("finished:p", 0, -1) == [parked.id.encode()], 15, what="the parked job")
-    h2.signal(signal.SIGTERM)
-    assert h2.wait_exit(30) == 0
-    h2.assert_nothing_left()
+    h2.stop_and_check()
     assert embedded_redis_pids(short_state_dir) == []
 
 
@@ -81,11 +77,17 @@ def test_embedded_redis_that_dies_is_started_again(herder, short_state_dir: Path
     )
     url = f"unix://{short_state_dir}/redis.sock?db=0"
     r = Redis.from_url(url)
+
+    def answers() -> bool:  # the new process is there before its socket is
+        try:
+            return bool(r.ping())
+        except RedisConnectionError:
+            return False
+
+    wait_for(answers, 10, what="the new embedded redis to answer")
     job = Queue(connection=r).enqueue("herder_testjobs.record", "again")
     wait_for(
         lambda: r.lrange("finished:again", 0, -1) == [job.id.encode()], 20, what="work after the restart"
     )
-    h.signal(signal.SIGTERM)
-    assert h.wait_exit(30) == 0
-    h.assert_nothing_left()
+    h.stop_and_check()
     assert embedded_redis_pids(short_state_dir) == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -68,6 +67,4 @@ def test_master_and_workers_run_as_the_given_user(herder, jobs, world_readable_i
         timeout=20,
     )
     assert r.returncode == 0, r.stderr
-    h.signal(signal.SIGTERM)
-    assert h.wait_exit(30) == 0
-    h.assert_nothing_left()
+    h.stop_and_check()

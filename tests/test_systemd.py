@@ -59,8 +59,7 @@ def test_notify_ready_watchdog_stopping_in_order(herder, systemd):
     wait_for(lambda: systemd.fields("READY=1"), 10, what="READY=1")
     wait_for(lambda: len(systemd.fields("WATCHDOG=1")) >= 3, 5, what="watchdog pings")
     assert any(f.startswith("STATUS=2/2 workers") for _, f in systemd.messages)
-    h.signal(signal.SIGTERM)
-    assert h.wait_exit(30) == 0
+    h.stop_and_check()
     ready = systemd.fields("READY=1")[0][0]
     first_ping = systemd.fields("WATCHDOG=1")[0][0]
     stopping = systemd.fields("STOPPING=1")
@@ -68,7 +67,6 @@ def test_notify_ready_watchdog_stopping_in_order(herder, systemd):
     assert ready <= first_ping  # WATCHDOG=1 means healthy: not before the fleet is up
     assert systemd.fields("WATCHDOG=1")[2][0] < stopping[0][0]
     assert ready < stopping[0][0]
-    h.assert_nothing_left()
 
 
 def test_a_hung_master_stops_the_watchdog_pings(herder, systemd):
@@ -85,9 +83,7 @@ def test_a_hung_master_stops_the_watchdog_pings(herder, systemd):
     assert len(systemd.fields("WATCHDOG=1")) == before, "pinged systemd for a hung master"
     os.kill(master.pid, signal.SIGCONT)
     wait_for(lambda: len(systemd.fields("WATCHDOG=1")) > before, 5, what="pings to resume")
-    h.signal(signal.SIGTERM)
-    assert h.wait_exit(30) == 0
-    h.assert_nothing_left()
+    h.stop_and_check()
 
 
 def test_reload_sends_reloading_then_ready(herder, systemd, tmp_path: Path):
@@ -104,9 +100,7 @@ def test_reload_sends_reloading_then_ready(herder, systemd, tmp_path: Path):
     wait_for(
         lambda: [t for t, _ in systemd.fields("READY=1") if t >= reloading_at], 10, what="READY after reload"
     )
-    h.signal(signal.SIGTERM)
-    assert h.wait_exit(30) == 0
-    h.assert_nothing_left()
+    h.stop_and_check()
 
 
 def test_long_drain_extends_the_stop_timeout(herder, systemd, jobs):
@@ -114,11 +108,9 @@ def test_long_drain_extends_the_stop_timeout(herder, systemd, jobs):
     h.wait_workers(1)
     job = jobs.enqueue("record", "long", 6)
     wait_for(lambda: jobs.started("long"), 10, what="the long job")
-    h.signal(signal.SIGTERM)
-    assert h.wait_exit(30) == 0
+    h.stop_and_check()
     assert jobs.finished("long") == [job.id]
     assert len(systemd.fields("EXTEND_TIMEOUT_USEC=")) >= 1
-    h.assert_nothing_left()
 
 
 def test_notify_reaches_an_abstract_namespace_socket():
