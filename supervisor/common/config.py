@@ -35,52 +35,76 @@ class ConfigError(Exception):
         self.source = source
 
 
+def setting(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002
+    """A user setting: its default and the help its flag shows (`herder run --help`)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def internal(default: Any = None, factory: Any = None) -> Any:
+    """Bookkeeping `herder run` fills in itself: not a setting a user writes."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"internal": True})
+    return field(default=default, metadata={"internal": True})
+
+
 @dataclass
 class Config:
-    redis_url: str | None = None
-    queues: list[str] = field(default_factory=lambda: ["default"])
-    workers: int = 2
-    # Deadline for a job whose busy line carries no timeout (RQ's own default is 180 s).
-    job_timeout: float = 180.0
-    # How long past its timeout a job may run before herder kills it. RQ's in-process
-    # alarm fires at the timeout; this is the backstop for code that alarm cannot stop.
-    job_timeout_grace: float = 10.0
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 10.0
-    start_timeout: float = 30.0
-    stop_timeout: float = 30.0
-    kill_timeout: float = 5.0
-    max_requeues: int = 3
-    # At most this share of the fleet may be killed as unresponsive per kill_budget_window
-    # (cluster-wide too with a cluster cap): a widespread fault must not take every worker.
-    kill_budget: float = 0.5
-    kill_budget_window: float = 60.0
-    # A worker that exits sooner than this after its spawn "died young": its slot backs off.
-    min_uptime: float = 1.0
-    backoff_initial: float = 0.1
-    backoff_max: float = 30.0
-    paths: list[str] = field(default_factory=list)
-    worker_command: list[str] | None = None
-    state_dir: str = ""
-    log_level: str = "INFO"
-    user: str = ""  # started as root: the master, workers and embedded Redis run as this user
-    config_file: str | None = None  # where the file layer came from, for reload
-    embedded_redis: bool = False  # no redis_url given: the watchdog runs a private redis-server
-    pinned: list[str] = field(default_factory=list)  # keys set by environment or flags: reload keeps them
+    """Every setting, its default and its help: the flags, HERDER_* variables and TOML keys
+    of `herder run` are all made from these fields (flag --name-with-dashes, variable
+    HERDER_NAME, key name; `queue` and `path` are the singular, repeatable forms)."""
+
+    redis_url: str | None = setting(
+        None, "Redis URL, e.g. redis://:password@host:6379/0 (default: embedded)."
+    )
+    queues: list[str] = setting(
+        help="Queue to work on (repeatable), in priority order.", factory=lambda: ["default"]
+    )
+    workers: int = setting(2, "Number of workers (fixed).")
     # Autoscaling: on when max_workers is set (then `workers` is ignored).
-    min_workers: int | None = None
-    max_workers: int | None = None
-    scale_interval: float = 1.0
-    scale_down_delay: float = 30.0
-    drain_target: float = 30.0
+    min_workers: int | None = setting(None, "Autoscale: never fewer workers than this (default 1).")
+    max_workers: int | None = setting(None, "Autoscale up to this many workers (turns autoscaling on).")
+    scale_interval: float = setting(1.0, "Seconds between load readings (one Redis round trip).")
+    scale_down_delay: float = setting(30.0, "Seconds the need must stay low before workers stop.")
+    drain_target: float = setting(30.0, "Size the fleet to empty the backlog within this many seconds.")
     # Several hosts on one Redis: a cap on the whole cluster's workers.
-    host_id: str = ""  # default hostname:pid of the master
-    cluster_max_workers: int | None = None
-    host_ttl: float = 10.0
+    host_id: str = setting("", "This host's name in a cluster (default hostname:pid).")
+    cluster_max_workers: int | None = setting(None, "Cap on the workers of all hosts on this Redis.")
+    host_ttl: float = setting(10.0, "Seconds after which a silent host is forgotten.")
+    # Deadline for a job whose busy line carries no timeout (RQ's own default is 180 s).
+    job_timeout: float = setting(180.0, "Seconds a job may run when it does not set its own timeout.")
+    # RQ's in-process alarm fires at the timeout; this is the backstop for code it cannot stop.
+    job_timeout_grace: float = setting(10.0, "Seconds past its timeout before herder kills a job.")
+    heartbeat_interval: float = setting(1.0, "Seconds between a worker's heartbeat lines.")
+    heartbeat_timeout: float = setting(10.0, "Seconds of worker silence before it is killed.")
+    start_timeout: float = setting(30.0, "Seconds a new worker has to say `ready`.")
+    stop_timeout: float = setting(30.0, "Seconds a stopping worker has to finish its job.")
+    kill_timeout: float = setting(5.0, "Seconds from SIGTERM to SIGKILL.")
+    max_requeues: int = setting(3, "Times a dead worker's job is requeued before it is failed.")
+    # A widespread fault must not take every worker (cluster-wide too with a cluster cap).
+    kill_budget: float = setting(0.5, "Share of the fleet that may be killed as hung per budget window.")
+    kill_budget_window: float = setting(60.0, "Seconds of the kill budget's sliding window.")
+    min_uptime: float = setting(1.0, "A worker exiting sooner than this died young: its slot backs off.")
+    backoff_initial: float = setting(0.1, "Seconds a slot waits after its first young death (then doubling).")
+    backoff_max: float = setting(30.0, "The longest a slot's backoff grows.")
     # Watchdog: master silence deadline and restart intensity.
-    master_heartbeat_timeout: float = 15.0
-    max_restarts: int = 5
-    restart_window: float = 60.0
+    master_heartbeat_timeout: float = setting(15.0, "Master silence before a restart.")
+    max_restarts: int = setting(5, "Master restarts within --restart-window before giving up.")
+    restart_window: float = setting(60.0, "Seconds.")
+    paths: list[str] = setting(help="Directory to import job modules from (repeatable).", factory=list)
+    worker_command: list[str] | None = setting(
+        None, "Run this program as the worker (it must speak the protocol)."
+    )
+    state_dir: str = setting(
+        "",
+        "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID).",
+    )
+    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR.")
+    user: str = setting("", "Started as root: run the master, workers and embedded Redis as this user.")
+    config_file: str | None = internal()  # where the file layer came from, for reload
+    embedded_redis: bool = internal(False)  # no redis_url given: the watchdog runs a private redis-server
+    pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them
 
     def validate(self, sources: dict[str, str] | None = None) -> None:
         src = sources or {}
@@ -213,10 +237,24 @@ _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 # Keys a user may write in a file or flag that map to another field name.
 ALIASES = {"queue": "queues", "path": "paths"}
 SECRET_KEYS = {"redis_url"}
-# Bookkeeping fields herder fills in itself; not settings a user writes.
-INTERNAL = {"config_file", "pinned", "embedded_redis"}
-_TYPES = {k: v for k, v in typing.get_type_hints(Config).items() if k not in INTERNAL}
-KEYS = [f.name for f in fields(Config) if f.name not in INTERNAL]
+KEYS = [f.name for f in fields(Config) if not f.metadata.get("internal")]
+_TYPES = {k: v for k, v in typing.get_type_hints(Config).items() if k in KEYS}
+HELP = {f.name: f.metadata["help"] for f in fields(Config) if f.name in KEYS}
+
+
+def flag_of(key: str) -> str:
+    """The command-line flag of a setting: --queue for queues, --max-workers for max_workers."""
+    singular = {field_name: alias for alias, field_name in ALIASES.items()}
+    return "--" + singular.get(key, key).replace("_", "-")
+
+
+def env_of(key: str) -> str:
+    """The environment variable of a setting: HERDER_QUEUE, HERDER_MAX_WORKERS."""
+    return "HERDER_" + flag_of(key)[2:].replace("-", "_").upper()
+
+
+def repeatable(key: str) -> bool:
+    return key in ALIASES.values()
 
 
 def normalize_key(key: str) -> str:
@@ -300,6 +338,11 @@ def resolve(layers: list[dict[str, tuple[Any, str]]]) -> tuple[Config, dict[str,
         for key, (value, source) in layer.items():
             setattr(cfg, key, coerce(key, value, source))
             sources[key] = source
+    if layers and "workers" in layers[-1] and "max_workers" in sources:
+        # A fixed count given last (flags, environment) would silently lose to autoscaling.
+        raise ConfigError(
+            "workers", "a fixed count conflicts with max_workers (autoscaling)", sources["workers"]
+        )
     cfg.validate(sources)
     return cfg, sources
 

@@ -69,82 +69,22 @@ def prepare_state_dir(path: str, owner: pwd.struct_passwd | None = None) -> str:
     return str(p)
 
 
-RUN_OPTIONS: list[tuple[str, str, bool, str]] = [
-    # flag, Config field, repeatable, help
-    ("--redis-url", "redis_url", False, "Redis URL, e.g. redis://:password@host:6379/0."),
-    ("--queue", "queues", True, "Queue to work on (repeatable), in priority order."),
-    ("--workers", "workers", False, "Number of workers (fixed)."),
-    ("--min-workers", "min_workers", False, "Autoscale: never fewer workers than this (default 1)."),
-    ("--max-workers", "max_workers", False, "Autoscale up to this many workers (turns autoscaling on)."),
-    ("--scale-interval", "scale_interval", False, "Seconds between load readings (one Redis round trip)."),
-    ("--scale-down-delay", "scale_down_delay", False, "Seconds the need must stay low before workers stop."),
-    (
-        "--drain-target",
-        "drain_target",
-        False,
-        "Size the fleet to empty the backlog within this many seconds.",
-    ),
-    ("--host-id", "host_id", False, "This host's name in a cluster (default hostname:pid)."),
-    ("--cluster-max-workers", "cluster_max_workers", False, "Cap on the workers of all hosts on this Redis."),
-    ("--host-ttl", "host_ttl", False, "Seconds after which a silent host is forgotten."),
-    ("--job-timeout", "job_timeout", False, "Seconds a job may run when it does not set its own timeout."),
-    (
-        "--job-timeout-grace",
-        "job_timeout_grace",
-        False,
-        "Seconds past its timeout before herder kills a job.",
-    ),
-    ("--heartbeat-interval", "heartbeat_interval", False, "Seconds between a worker's heartbeat lines."),
-    ("--heartbeat-timeout", "heartbeat_timeout", False, "Seconds of worker silence before it is killed."),
-    ("--start-timeout", "start_timeout", False, "Seconds a new worker has to say `ready`."),
-    ("--stop-timeout", "stop_timeout", False, "Seconds a stopping worker has to finish its job."),
-    ("--kill-timeout", "kill_timeout", False, "Seconds from SIGTERM to SIGKILL."),
-    ("--max-requeues", "max_requeues", False, "Times a dead worker's job is requeued before it is failed."),
-    (
-        "--kill-budget",
-        "kill_budget",
-        False,
-        "Share of the fleet that may be killed as hung per budget window.",
-    ),
-    ("--kill-budget-window", "kill_budget_window", False, "Seconds of the kill budget's sliding window."),
-    (
-        "--min-uptime",
-        "min_uptime",
-        False,
-        "A worker exiting sooner than this died young: its slot backs off.",
-    ),
-    ("--master-heartbeat-timeout", "master_heartbeat_timeout", False, "Master silence before a restart."),
-    ("--max-restarts", "max_restarts", False, "Master restarts within --restart-window before giving up."),
-    ("--restart-window", "restart_window", False, "Seconds."),
-    ("--path", "paths", True, "Directory to import job modules from (repeatable)."),
-    (
-        "--worker-command",
-        "worker_command",
-        False,
-        "Run this program as the worker (it must speak the protocol).",
-    ),
-    (
-        "--state-dir",
-        "state_dir",
-        False,
-        "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID).",
-    ),
-    ("--log-level", "log_level", False, "DEBUG, INFO, WARNING or ERROR."),
-    ("--user", "user", False, "Started as root: run the master, workers and embedded Redis as this user."),
-]
-
-
 def run_options(f):
-    """The settings flags, shared by `herder run` and `herder config`. Each can also come from
-    HERDER_<NAME>; defaults live in Config, so an unset flag is None here."""
+    """The settings flags, shared by `herder run`, `herder config` and `install-service`,
+    made from the Config schema: each can also come from its HERDER_* variable. Defaults
+    live in Config, so an unset flag is None here."""
     defaults = Config()
-    for flag, dest, multiple, help_text in reversed(RUN_OPTIONS):
-        default = getattr(defaults, dest)
-        shown = f"  [default: {default}]" if default not in (None, "", []) and dest != "state_dir" else ""
-        env = "HERDER_" + flag.lstrip("-").replace("-", "_").upper()
-        f = click.option(flag, dest, multiple=multiple, envvar=env, show_envvar=True, help=help_text + shown)(
-            f
-        )
+    for key in reversed(settings.KEYS):
+        default = getattr(defaults, key)
+        shown = f"  [default: {default}]" if default not in (None, "", []) and key != "state_dir" else ""
+        f = click.option(
+            settings.flag_of(key),
+            key,
+            multiple=settings.repeatable(key),
+            envvar=settings.env_of(key),
+            show_envvar=True,
+            help=settings.HELP[key] + shown,
+        )(f)
     f = click.option(
         "--config",
         "config_file",
@@ -157,13 +97,13 @@ def run_options(f):
 
 
 def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, str]]:
-    """Defaults < file < environment < flags, validated; ConfigError on any bad value."""
+    """Defaults < file < environment < flags (herder.common.config.resolve); ConfigError on
+    any bad value. This only turns click's view of the flags into the last layer."""
     layers = []
     config_file = opts.pop("config_file", None)
     if config_file:
         layers.append(settings.load_file(config_file))
     given: dict[str, tuple[object, str]] = {}
-    flags = {dest: flag for flag, dest, _, _ in RUN_OPTIONS}
     for key, value in opts.items():
         src = ctx.get_parameter_source(key)
         if (
@@ -172,15 +112,11 @@ def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, 
             or src not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
         ):
             continue
-        env = "HERDER_" + flags[key].lstrip("-").replace("-", "_").upper()
-        source = (
-            f"command line ({flags[key]})" if src == ParameterSource.COMMANDLINE else f"environment ({env})"
-        )
+        if src == ParameterSource.COMMANDLINE:
+            source = f"command line ({settings.flag_of(key)})"
+        else:
+            source = f"environment ({settings.env_of(key)})"
         given[key] = (list(value) if isinstance(value, tuple) else value, source)
-    if "workers" in given and (given.get("max_workers") or (layers and "max_workers" in layers[0])):
-        raise ConfigError(
-            "workers", "a fixed count conflicts with max_workers (autoscaling)", given["workers"][1]
-        )
     layers.append(given)
     cfg, sources = settings.resolve(layers)
     if config_file:
