@@ -18,7 +18,7 @@ from herder.supervisor import logs
 from herder.supervisor.launcher import Clock, SubprocessLauncher
 from herder.supervisor.master import Master
 from herder.supervisor.redis_side.load_reader import ClusterSettings, LoadReader
-from herder.supervisor.redis_side.requeuer import Requeuer
+from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.uplink import Uplink
 
 
@@ -26,19 +26,19 @@ def main() -> int:
     cfg = Config.from_env()
     logs.setup(cfg.log_level)
     host_id = cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
-    requeuer = reader = None
+    recovery = reader = None
     if cfg.redis_url:  # status shows queue lengths even for a fixed count
 
         def connect() -> Redis:
             return Redis.from_url(cfg.redis_url or "", socket_timeout=5, socket_connect_timeout=3)
 
-        requeuer = Requeuer(connect(), cfg.max_requeues)
+        recovery = Recovery(connect(), cfg, sweeping=cfg.worker_command is None)
         cluster = None
         if cfg.cluster_max_workers is not None:
             cluster = ClusterSettings(host_id, cfg.cluster_max_workers, cfg.host_ttl, cfg.kill_budget_window)
         reader = LoadReader(connect(), cfg.queues, cfg.scale_interval, cluster)
     master = Master(
-        cfg, SubprocessLauncher(), Clock(), requeuer=requeuer, reader=reader, uplink=Uplink(), host_id=host_id
+        cfg, SubprocessLauncher(), Clock(), recovery=recovery, reader=reader, uplink=Uplink(), host_id=host_id
     )
     return master.run()
 

@@ -20,7 +20,7 @@ from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
 from herder.supervisor.fleet import Slot, Worker
 from herder.supervisor.redis_side.load_reader import LoadReader
-from herder.supervisor.redis_side.requeuer import Requeuer
+from herder.supervisor.redis_side.recovery import Counts, Recovery
 from herder.supervisor.snapshot import FleetView, build_status
 from herder.supervisor.uplink import Uplink
 
@@ -51,7 +51,7 @@ class Fleet(Protocol):
     scaler: Autoscaler
     counters: Counters
     guard: KillGuard
-    requeuer: Requeuer | None
+    recovery: Recovery | None
     reader: LoadReader | None
     uplink: Uplink | None
     control: ControlServer | None
@@ -133,7 +133,7 @@ class Commands:
     def view(self) -> FleetView:
         m = self.m
         now = m.clock.monotonic()
-        requeued, failed = (m.requeuer.requeued, m.requeuer.failed) if m.requeuer else (0, 0)
+        counts = m.recovery.counts if m.recovery else Counts()
         backoff = [s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now)]
         return FleetView(
             cfg=m.cfg,
@@ -151,8 +151,9 @@ class Commands:
             totals={
                 "spawned": m.counters.totals.spawned,
                 "killed": m.counters.totals.killed,
-                "requeued": requeued,
-                "failed_by_herder": failed,
+                "requeued": counts.requeued,
+                "recovered_by_sweep": counts.swept,
+                "failed_by_herder": counts.failed,
             },
         )
 

@@ -11,17 +11,17 @@ from collections.abc import Iterable
 from herder.common.config import Config
 from herder.supervisor.fleet import Worker
 from herder.supervisor.redis_side.budget import ClusterView, KillBudget, cluster_keys
-from herder.supervisor.redis_side.requeuer import Requeuer
+from herder.supervisor.redis_side.recovery import Recovery
 
 log = logging.getLogger("herder")
 
 
 class KillGuard:
-    def __init__(self, cfg: Config, requeuer: Requeuer | None) -> None:
+    def __init__(self, cfg: Config, recovery: Recovery | None) -> None:
         self.budget = KillBudget(window=cfg.kill_budget_window, fraction=cfg.kill_budget)
         self.cluster_cap = cfg.cluster_max_workers
         self.cluster = ClusterView() if cfg.cluster_max_workers is not None else None
-        self.requeuer = requeuer  # counts kills cluster-wide, off the loop
+        self.recovery = recovery  # counts kills cluster-wide, off the loop
         self.degraded = ""  # why health is degraded, or ""
 
     def cluster_read(self, kills: tuple[int, int, float] | None) -> None:
@@ -35,8 +35,8 @@ class KillGuard:
         if self.cluster is not None and self.cluster_cap is not None:
             cluster = (self.cluster, self.cluster_cap)
         if self.budget.take(fleet, now=wall, cluster=cluster):
-            if cluster is not None and self.requeuer is not None:
-                self.requeuer.count_kill(cluster_keys(wall, self.budget.window)[0], self.budget.window)
+            if cluster is not None and self.recovery is not None:
+                self.recovery.count_kill(cluster_keys(wall, self.budget.window)[0], self.budget.window)
             w.spared = False
             return True
         if not w.spared:

@@ -21,7 +21,7 @@ import socket
 
 from herder.common.config import Config, redact_url
 from herder.common.exits import describe
-from herder.common.worker_protocol import rq_worker_name
+from herder.common.rq_names import rq_worker_name
 from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
@@ -32,7 +32,7 @@ from herder.supervisor.guard import KillGuard
 from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge
 from herder.supervisor.redis_side.load_reader import LoadReader
-from herder.supervisor.redis_side.requeuer import Requeuer
+from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.scaling import pick_idle_to_stop
 from herder.supervisor.states import LEAVING, WorkerState, change_state
 from herder.supervisor.uplink import Uplink
@@ -48,14 +48,14 @@ class Master:
         cfg: Config,
         launcher: Launcher,
         clock: Clock,
-        requeuer: Requeuer | None = None,
+        recovery: Recovery | None = None,
         reader: LoadReader | None = None,
         uplink: Uplink | None = None,
         host_id: str = "",
     ) -> None:
         self.cfg = cfg
         self.launcher, self.clock = launcher, clock
-        self.requeuer, self.reader, self.uplink = requeuer, reader, uplink
+        self.recovery, self.reader, self.uplink = recovery, reader, uplink
         self.hostname = socket.gethostname()
         self.host_id = host_id or cfg.host_id or f"{self.hostname}:{os.getpid()}"
         self.target = cfg.floor
@@ -63,7 +63,7 @@ class Master:
         self.slots: dict[int, Slot] = {}
         self.counters = Counters()
         self.scaler = Autoscaler(cfg, self.host_id)
-        self.guard = KillGuard(cfg, requeuer)
+        self.guard = KillGuard(cfg, recovery)
         self.stopping = False
         self.generation = 0  # bumped by a rolling restart
         self.started_at = clock.wall()
@@ -113,6 +113,8 @@ class Master:
             )
         if self.reader:
             self.reader.start(self.events.wake)
+        if self.recovery:
+            self.recovery.start()
         while not (self.stopping and not self.workers):
             self.step()
             self.events.wait(self.next_wait())
@@ -128,6 +130,10 @@ class Master:
         self.commands.handle_requests()
         self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
         self.heartbeat()
+        if self.recovery:  # what the next sweep must not touch
+            live = [w for w in self.workers.values() if w.state != WorkerState.EXITED]
+            held = [o.job_id for o in (w.proc.snapshot() for w in live) if o.job_id]
+            self.recovery.tell([self.rq_name(w) for w in live], held)
 
     def next_wait(self) -> float:
         """Until the next tick, or sooner if a slot's backoff ends first (so a 0.1 s backoff
@@ -142,15 +148,15 @@ class Master:
         self.commands.handle_requests()  # answer what arrived during the last pass
         if self.control:
             self.control.close()
-        left = self.requeuer.drain(timeout=10.0) if self.requeuer else 0
+        left = self.recovery.drain(timeout=10.0) if self.recovery else 0
         if left:
             log.error(
                 "%d jobs could not be requeued (Redis unreachable); RQ's abandoned-job sweep will "
                 "find them in their StartedJobRegistry",
                 left,
             )
-        requeued, failed = (self.requeuer.requeued, self.requeuer.failed) if self.requeuer else (0, 0)
-        self.counters.log_summary(requeued, failed, left)
+        counts = self.recovery.counts if self.recovery else None
+        self.counters.log_summary(counts.requeued if counts else 0, counts.failed if counts else 0, left)
         return 0
 
     def heartbeat(self) -> None:
@@ -215,9 +221,9 @@ class Master:
                     why,
                     lived,
                 )
-                if self.requeuer is not None and self.cfg.worker_command is None:
-                    # A killed RQ worker cannot unregister itself: so `rq info` shows no ghost.
-                    self.requeuer.forget(rq_worker_name(self.hostname, w.slot, w.pid))
+                if self.recovery is not None and self.cfg.worker_command is None:
+                    # A killed RQ worker cannot unregister itself, nor say what it had popped.
+                    self.recovery.forget(self.rq_name(w))
             self.counters.fold_exit(w, obs, now)
             change_state(w, WorkerState.EXITED, how)
             if obs.job_id is not None:
@@ -240,10 +246,13 @@ class Master:
             )
 
     def requeue(self, job_id: str, reason: str) -> None:
-        if self.requeuer is None:
+        if self.recovery is None:
             log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
             return
-        self.requeuer.requeue(job_id, reason)
+        self.recovery.requeue(job_id, reason)
+
+    def rq_name(self, w: Worker) -> str:
+        return rq_worker_name(self.hostname, w.slot, w.pid)
 
     # ---- murder: the unresponsive ----------------------------------------------------------
 

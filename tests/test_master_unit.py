@@ -14,6 +14,7 @@ from herder.common.config import Config
 from herder.supervisor.fleet import Worker
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
+from herder.supervisor.redis_side.recovery import Counts
 from herder.supervisor.states import TRANSITIONS, IllegalTransition, WorkerState, change_state
 from herder.supervisor.workerproc import Observations
 
@@ -97,11 +98,18 @@ class FakeLauncher:
         return proc
 
 
-class FakeRequeuer:
+class FakeRecovery:
     def __init__(self) -> None:
         self.requeues: list[tuple[str, str]] = []
         self.forgotten: list[str] = []
-        self.requeued = self.failed = 0
+        self.told: tuple[list[str], list[str]] = ([], [])
+        self.counts = Counts()
+
+    def start(self) -> None:
+        pass
+
+    def tell(self, live: list[str], held: list[str]) -> None:
+        self.told = (sorted(live), sorted(held))
 
     def requeue(self, job_id: str, reason: str) -> None:
         self.requeues.append((job_id, reason))
@@ -135,10 +143,10 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLauncher, FakeRequeuer]:
-    launcher, requeuer = FakeLauncher(clock), FakeRequeuer()
-    m = Master(replace(FAST, **settings), launcher, clock, requeuer=requeuer, host_id="test")  # type: ignore[arg-type]
-    return m, launcher, requeuer
+def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLauncher, FakeRecovery]:
+    launcher, recovery = FakeLauncher(clock), FakeRecovery()
+    m = Master(replace(FAST, **settings), launcher, clock, recovery=recovery, host_id="test")  # type: ignore[arg-type]
+    return m, launcher, recovery
 
 
 def live(m: Master) -> dict[int, FakeProc]:
@@ -167,7 +175,7 @@ def test_spawns_the_target_and_marks_ready_workers_idle(clock: FakeClock) -> Non
 
 
 def test_a_worker_that_dies_mid_job_is_replaced_at_once_and_its_job_requeued(clock: FakeClock) -> None:
-    m, launcher, requeuer = make(clock)
+    m, launcher, recovery = make(clock)
     m.step()
     all_ready(m)
     clock.advance(2)  # lived past min_uptime: no backoff
@@ -176,8 +184,8 @@ def test_a_worker_that_dies_mid_job_is_replaced_at_once_and_its_job_requeued(clo
     m.step()
     victim.exit(-signal.SIGKILL)
     m.step()
-    assert requeuer.requeues == [("job-7", "worker died (killed by SIGKILL) while running the job")]
-    assert requeuer.forgotten == [f"herder.{m.hostname}.1.{victim.pid}"]
+    assert recovery.requeues == [("job-7", "worker died (killed by SIGKILL) while running the job")]
+    assert recovery.forgotten == [f"herder.{m.hostname}.1.{victim.pid}"]
     assert live(m)[1] is launcher.spawned[-1] and len(launcher.spawned) == 3
     assert m.counters.totals.exited == 1
 
@@ -217,7 +225,7 @@ def test_a_launcher_that_cannot_spawn_backs_off_too(clock: FakeClock) -> None:
 
 
 def test_a_silent_worker_gets_sigterm_then_sigkill_after_the_kill_timeout(clock: FakeClock) -> None:
-    m, _, requeuer = make(clock, workers=1)
+    m, _, recovery = make(clock, workers=1)
     m.step()
     proc = live(m)[0]
     proc.ready()
@@ -232,7 +240,7 @@ def test_a_silent_worker_gets_sigterm_then_sigkill_after_the_kill_timeout(clock:
     m.step()
     assert proc.signals[-1] == signal.SIGKILL
     m.step()
-    assert requeuer.requeues == [
+    assert recovery.requeues == [
         ("job-1", "killed by herder: silent for 3.5 s (heartbeat timeout 3 s) while running the job")
     ]
 
@@ -274,7 +282,7 @@ def test_a_job_past_its_own_timeout_is_killed_even_with_the_budget_spent(clock: 
 
 
 def test_a_graceful_stop_lets_jobs_finish_and_kills_only_past_the_stop_timeout(clock: FakeClock) -> None:
-    m, _, requeuer = make(clock, workers=2, stop_timeout=5.0)
+    m, _, recovery = make(clock, workers=2, stop_timeout=5.0)
     m.step()
     all_ready(m)
     quick, slow = live(m)[0], live(m)[1]
@@ -285,7 +293,7 @@ def test_a_graceful_stop_lets_jobs_finish_and_kills_only_past_the_stop_timeout(c
     assert quick.stops == 1 and slow.stops == 1
     quick.exit(0)
     m.step()
-    assert 0 not in m.workers and requeuer.requeues == []
+    assert 0 not in m.workers and recovery.requeues == []
     for _ in range(5):
         clock.advance(1)
         slow.beat()
@@ -297,7 +305,7 @@ def test_a_graceful_stop_lets_jobs_finish_and_kills_only_past_the_stop_timeout(c
     assert m.workers[1].state == WorkerState.KILLING
     m.step()
     assert not m.workers
-    assert requeuer.requeues == [
+    assert recovery.requeues == [
         (
             "long-job",
             "killed by herder: still running 5 s after `stop`, job long-job still running"

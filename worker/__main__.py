@@ -44,6 +44,7 @@ def wait_for_redis(connection, channel) -> bool:
 def main() -> int:
     from herder.common import worker_protocol as wp
     from herder.common.config import Config
+    from herder.common.rq_names import rq_worker_name
 
     cfg = Config.from_env()
     # The channel goes first: from here on fd 1 is stderr and only the channel
@@ -68,9 +69,9 @@ def main() -> int:
     if not wait_for_redis(connection, channel):
         channel.stopped()
         return 0
-    name = wp.rq_worker_name(socket.gethostname(), os.environ.get(wp.ENV_SLOT, "0"), os.getpid())
+    name = rq_worker_name(socket.gethostname(), os.environ.get(wp.ENV_SLOT, "0"), os.getpid())
     w = HerderWorker(cfg.queues, name=name, connection=connection)
-    w.attach(channel)
+    w.attach(channel, cfg.lease_seconds)
     w.work(logging_level=cfg.log_level.upper(), log_format="%(levelname)s %(message)s")
     channel.stopped()
     return 0

@@ -18,6 +18,7 @@ import select
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from herder.common import worker_protocol as wp
 from herder.common.lines import LineSplitter
@@ -35,6 +36,7 @@ class Channel:
         self._stop_reason: str | None = None
         self._orphaned = False
         self._last_idle = 0.0
+        self.on_beat: Callable[[], None] | None = None  # also called while a job runs
         self._sentinel = threading.Thread(target=self._watch_master, name="herder-sentinel", daemon=True)
 
     # ---- lines to the master -------------------------------------------------
@@ -128,3 +130,5 @@ class Channel:
                 job_id = self._job_id
             if job_id is not None:
                 self._send(wp.beat_line(job_id, time.time()))
+                if self.on_beat:
+                    self.on_beat()

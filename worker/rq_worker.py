@@ -2,8 +2,12 @@
 
 Jobs run in this process, one at a time: the master is the isolation (fork per job
 costs about 6x in RQ's own benchmark). Everything about a job's lifecycle (registries,
-results, retries, callbacks) stays RQ's: this class only adds protocol lines and
-turns the blocking dequeue into one-interval slices so the main loop can heartbeat.
+results, retries, callbacks) stays RQ's: this class only adds protocol lines, turns the
+blocking dequeue into one-interval slices so the main loop can heartbeat, and keeps the
+worker's lease (herder.common.rq_names) renewed, so any master can tell it is alive.
+
+`busy` goes out the moment the dequeue returns, before RQ's own bookkeeping, so the
+master knows the job from the instant it left the queue (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.worker import SimpleWorker
 
+from herder.common.rq_names import lease_key
 from herder.worker.channel import Channel
 
 
@@ -27,8 +32,19 @@ class HerderWorker(SimpleWorker):
     # rides on those retries (see heartbeat()), so they must come at least that often.
     max_connection_wait_time = 1.0
 
-    def attach(self, channel: Channel) -> None:
+    def attach(self, channel: Channel, lease_seconds: float) -> None:
         self.channel = channel
+        self.lease_ttl = max(1, round(lease_seconds))
+        self.lease = lease_key(self.name)
+        channel.on_beat = self.renew_lease  # while a job runs, from the channel's thread
+
+    def renew_lease(self, pipeline=None) -> None:  # noqa: ANN001 - a redis Pipeline or None
+        """The lease says this process is alive; an error here only delays it a beat."""
+        try:
+            (pipeline or self.connection).set(self.lease, "1", ex=self.lease_ttl)
+        except Exception:
+            if pipeline is not None:
+                raise
 
     def _install_signal_handlers(self) -> None:
         # Graceful stop is `stop` on stdin (or EOF). A signal from herder means "now":
@@ -46,7 +62,7 @@ class HerderWorker(SimpleWorker):
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[Job, Queue] | None:
         if timeout is None:  # burst mode: RQ's non-blocking dequeue, once
-            return super().dequeue_job_and_maintain_ttl(None, max_idle_time)
+            return self._took(super().dequeue_job_and_maintain_ttl(None, max_idle_time))
         # Block for one heartbeat interval at a time (RQ's max_idle_time makes its
         # loop return None after one empty BLPOP), and check for a stop request only
         # here, before a dequeue: never between popping a job and running it.
@@ -57,9 +73,15 @@ class HerderWorker(SimpleWorker):
                 raise StopRequested()
             result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
             if result is not None:
-                return result
+                return self._took(result)
             if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                 return None
+
+    def _took(self, result: tuple[Job, Queue] | None) -> tuple[Job, Queue] | None:
+        if result is not None:
+            job = result[0]
+            self.channel.busy(job.id, job.timeout)  # before any bookkeeping: see the module doc
+        return result
 
     def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:  # type: ignore[override]
         # RQ calls this on its main loop before every dequeue attempt, including each retry
@@ -68,12 +90,18 @@ class HerderWorker(SimpleWorker):
         if pipeline is None and self.get_state() != "busy":
             self.channel.idle()
         super().heartbeat(timeout, pipeline)
+        if pipeline is not None:
+            self.renew_lease(pipeline)  # in the same round trip as RQ's own
+        else:
+            self.renew_lease()
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        self._job_ok = False
+        try:
+            super().execute_job(job, queue)
+        finally:
+            self.channel.done(job.id, self._job_ok)
 
     def perform_job(self, job: Job, queue: Queue, execution) -> bool:  # type: ignore[override]
-        self.channel.busy(job.id, job.timeout)
-        ok = False
-        try:
-            ok = super().perform_job(job, queue, execution)
-        finally:
-            self.channel.done(job.id, ok)
-        return ok
+        self._job_ok = super().perform_job(job, queue, execution)
+        return self._job_ok

@@ -82,6 +82,8 @@ class Config:
     stop_timeout: float = setting(30.0, "Seconds a stopping worker has to finish its job.")
     kill_timeout: float = setting(5.0, "Seconds from SIGTERM to SIGKILL.")
     max_requeues: int = setting(3, "Times a dead worker's job is requeued before it is failed.")
+    # How often a master looks for jobs no live worker holds (docs/design.md, "Jobs are never lost").
+    sweep_interval: float = setting(2.0, "Seconds between sweeps for jobs whose worker is gone.")
     # A widespread fault must not take every worker (cluster-wide too with a cluster cap).
     kill_budget: float = setting(0.5, "Share of the fleet that may be killed as hung per budget window.")
     kill_budget_window: float = setting(60.0, "Seconds of the kill budget's sliding window.")
@@ -144,6 +146,7 @@ class Config:
             "master_heartbeat_timeout",
             "restart_window",
             "scale_interval",
+            "sweep_interval",
             "scale_down_delay",
             "drain_target",
             "kill_budget",
@@ -192,6 +195,12 @@ class Config:
     def orphan_log(self) -> str | None:
         """Where a worker whose master died writes what its last job prints."""
         return os.path.join(self.state_dir, "orphaned-workers.log") if self.state_dir else None
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a worker's lease outlives its last renewal. The worker renews it every
+        heartbeat interval, its master every sweep: three missed renewals mean gone."""
+        return max(5.0, 3 * max(self.sweep_interval, self.heartbeat_interval))
 
     @property
     def drain_seconds(self) -> float:

@@ -42,11 +42,6 @@ class Message:
     timeout: float | None = None
 
 
-def rq_worker_name(host: str, slot: int | str, pid: int) -> str:
-    """The name herder's RQ worker registers under, so the master can unregister a dead one."""
-    return f"herder.{host}.{slot}.{pid}"
-
-
 # ---- worker side: building lines -------------------------------------------------------
 
 

@@ -1,0 +1,24 @@
+"""How herder names its things in RQ's Redis: its workers, and the leases that say a worker
+process is alive. The worker writes its lease, its master vouches for it too, and any
+master's recovery sweep reads it (herder.supervisor.redis_side.recovery). Stdlib only.
+"""
+
+from __future__ import annotations
+
+WORKER_PREFIX = "herder."
+LEASE_PREFIX = "herder:alive:"
+
+
+def rq_worker_name(host: str, slot: int | str, pid: int) -> str:
+    """The name herder's RQ worker registers under: unique per process, and marked as
+    herder's, so a sweep knows whose job it may judge."""
+    return f"{WORKER_PREFIX}{host}.{slot}.{pid}"
+
+
+def is_herder_worker(name: str) -> bool:
+    return name.startswith(WORKER_PREFIX)
+
+
+def lease_key(worker_name: str) -> str:
+    """Exists while the worker process is alive (its TTL is Config.lease_seconds)."""
+    return LEASE_PREFIX + worker_name

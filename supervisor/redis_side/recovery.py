@@ -1,0 +1,411 @@
+"""Recovery: the one thread that does the master's Redis writes about jobs and workers.
+
+Jobs are herder's responsibility until they finish. This thread:
+- requeues the job a reaped worker held (the reconcile loop submits it: the loop never
+  waits on Redis, which can hang for a socket timeout at a time);
+- sweeps herder's queues every `sweep_interval` seconds, and at once after a worker died
+  unexpectedly or Redis came back, for jobs no live worker holds (sweep.py decides);
+- vouches for this master's live workers (renews their leases) on every sweep;
+- unregisters dead RQ workers, and counts kills for the cluster-wide kill budget.
+
+Every move of a job is one Lua script (MOVE): it re-checks, inside Redis, that the job is
+still where the sweep saw it and that its holder is still gone, then puts it at the front
+of its queue, counted against max_requeues; past the limit it goes to RQ's
+FailedJobRegistry instead, with a reason a person can read. Two masters racing for one
+job: one moves it, the other finds it gone. So every job runs at least once.
+
+A task that fails is retried with backoff, on its own: while Redis is unreachable every
+task waits (a requeue is never dropped for want of Redis); a task that fails for any other
+reason is given up after MAX_ATTEMPTS, loudly, and never blocks the tasks behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq.defaults import DEFAULT_FAILURE_TTL
+from rq.job import Job
+from rq.job_lifecycle import record_job_failure
+from rq.queue import Queue
+from rq.registry import FailedJobRegistry, StartedJobRegistry
+from rq.worker import Worker
+from rq.worker_registration import unregister
+
+from herder.common.config import Config
+from herder.common.rq_names import lease_key
+from herder.supervisor.redis_side.sweep import Fleet, Popped, Recover, Started, plan
+
+log = logging.getLogger("herder")
+
+MAX_ATTEMPTS = 5
+RETRY_INITIAL, RETRY_MAX = 0.5, 10.0
+SCAN_LIMIT = 1000  # entries read per list per sweep: a huge backlog of orphans takes a few sweeps
+COUNT_FIELD = "herder_requeues"  # in the job's hash: requeues so far, counted atomically
+
+# KEYS: 1 the StartedJobRegistry, 2 the intermediate list, 3 the queue, 4 the job's hash,
+#       5 the holder's lease (any key when there is none), 6 the FailedJobRegistry
+# ARGV: 1 "wip" or "intermediate" (where the job was seen), 2 the wip member, 3 job id,
+#       4 max requeues, 5 "1" to re-check the holder's lease, 6 failure TTL, 7 count field
+MOVE = """
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[5]) == 1 then return {'held', 0} end
+local status = redis.call('HGET', KEYS[4], 'status') or ''
+local removed
+if ARGV[1] == 'wip' then
+  removed = redis.call('ZREM', KEYS[1], ARGV[2])
+  if removed == 1 then redis.call('LREM', KEYS[2], 0, ARGV[3]) end
+else
+  if status == 'started' then return {'running', 0} end
+  removed = redis.call('LREM', KEYS[2], 1, ARGV[3])
+end
+if removed == 0 then return {'gone', 0} end
+if status ~= 'started' and status ~= 'queued' then return {'litter', 0} end
+local n = redis.call('HINCRBY', KEYS[4], ARGV[7], 1)
+if n > tonumber(ARGV[4]) then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[6], tonumber(t[1]) + tonumber(ARGV[6]), ARGV[3])
+  redis.call('HSET', KEYS[4], 'status', 'failed')
+  return {'over', n}
+end
+redis.call('HSET', KEYS[4], 'status', 'queued')
+redis.call('LPUSH', KEYS[3], ARGV[3])
+return {'requeued', n}
+"""
+
+
+@dataclass
+class Task:
+    kind: str  # "requeue", "forget" or "count_kill"
+    subject: str  # job id, RQ worker name, or counter key
+    detail: str = ""  # the reason, or the window
+    attempts: int = 0
+    due: float = 0.0
+
+
+@dataclass
+class Counts:
+    requeued: int = 0  # jobs put back on their queue
+    failed: int = 0  # jobs failed by herder past max_requeues
+    swept: int = 0  # of those, found by a sweep rather than by reaping their worker
+    given_up: int = 0  # tasks dropped after MAX_ATTEMPTS non-Redis failures
+
+
+@dataclass
+class _State:
+    fleet: Fleet = field(default_factory=Fleet)
+    dead: dict[str, float] = field(default_factory=dict)  # name -> when (monotonic)
+    poked: bool = False
+
+
+def is_outage(exc: BaseException) -> bool:
+    return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError)
+
+
+class Recovery:
+    def __init__(self, connection: Redis, cfg: Config, sweeping: bool = True) -> None:
+        self.connection = connection
+        self.cfg = cfg
+        self.sweeping = sweeping  # herder's RQ workers: sweep; a --worker-command fleet: not
+        self.counts = Counts()
+        self._move = connection.register_script(MOVE)
+        self._cond = threading.Condition()
+        self._tasks: list[Task] = []
+        self._state = _State()
+        self._first_seen: dict[tuple[str, str, str], float] = {}
+        self._next_sweep = 0.0
+        self._trust_leases_at = time.monotonic() + cfg.lease_seconds  # others renew meanwhile
+        self._outage_since: float | None = None
+        self._busy = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="recovery", daemon=True)
+
+    # ---- called by the reconcile loop (never blocks on Redis) ---------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def requeue(self, job_id: str, reason: str) -> None:
+        self._submit(Task("requeue", job_id, reason))
+
+    def forget(self, worker_name: str) -> None:
+        """A worker died: unregister it, drop its lease, and sweep for what it held."""
+        with self._cond:
+            self._state.dead[worker_name] = time.monotonic()
+            self._state.poked = True
+        self._submit(Task("forget", worker_name))
+
+    def count_kill(self, key: str, window: float) -> None:
+        """Add one kill to the cluster-wide budget counter (see budget.py)."""
+        self._submit(Task("count_kill", key, str(window)))
+
+    def tell(self, live: Iterable[str], held: Iterable[str]) -> None:
+        """This master's live workers (RQ names) and the jobs they hold, for the next sweep."""
+        with self._cond:
+            self._state.fleet = Fleet(frozenset(live), frozenset(self._state.dead), frozenset(held))
+
+    def pending(self) -> int:
+        """Requeues not yet done (a forget does not count: RQ's TTL cleans those anyway)."""
+        with self._cond:
+            return sum(t.kind == "requeue" for t in self._tasks) + self._busy
+
+    def drain(self, timeout: float) -> int:
+        """Wait up to `timeout` for the requeues to be done; return how many are left."""
+        deadline = time.monotonic() + timeout
+        while self.pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        return self.pending()
+
+    def _submit(self, task: Task) -> None:
+        with self._cond:
+            self._tasks.append(task)
+            self._cond.notify()
+
+    # ---- the thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._due(time.monotonic()):
+                    self._cond.wait(timeout=self._wait(time.monotonic()))
+                if self._stop and not self._tasks:
+                    return
+                now = time.monotonic()
+                due = [t for t in self._tasks if t.due <= now]
+                self._busy = sum(t.kind == "requeue" for t in due)
+                sweep = self.sweeping and (self._state.poked or now >= self._next_sweep)
+            for task in due:
+                self._attempt(task)
+            with self._cond:
+                self._busy = 0
+            if sweep and not self._stop:
+                self._sweep_once()
+
+    def _due(self, now: float) -> bool:
+        tasks = any(t.due <= now for t in self._tasks)
+        return tasks or (self.sweeping and (self._state.poked or now >= self._next_sweep))
+
+    def _wait(self, now: float) -> float:
+        dues = [t.due for t in self._tasks]
+        if self.sweeping:
+            dues.append(self._next_sweep)
+        return max(0.01, min(dues, default=now + 1.0) - now)
+
+    def _attempt(self, task: Task) -> None:
+        try:
+            self._do(task)
+        except Exception as exc:
+            self._failed(task, exc)
+            return
+        self._answered()
+        with self._cond:
+            self._tasks.remove(task)
+
+    def _failed(self, task: Task, exc: Exception) -> None:
+        now = time.monotonic()
+        if is_outage(exc):
+            if self._outage_since is None:
+                self._outage_since = now
+                log.error(
+                    "Redis unreachable while handling %s %s (%s: %s); retrying until it answers",
+                    task.kind,
+                    task.subject,
+                    exc.__class__.__name__,
+                    exc,
+                )
+            task.due = now + RETRY_INITIAL * 2
+            return
+        task.attempts += 1
+        if task.attempts >= MAX_ATTEMPTS:
+            log.error(
+                "giving up on %s %s after %d attempts: %s: %s", task.kind, task.subject, task.attempts,
+                exc.__class__.__name__, exc,
+            )  # fmt: skip
+            self.counts.given_up += 1
+            with self._cond:
+                self._tasks.remove(task)
+            return
+        task.due = now + min(RETRY_MAX, RETRY_INITIAL * 2**task.attempts)
+        log.warning("%s %s failed (%s: %s); retrying", task.kind, task.subject, exc.__class__.__name__, exc)
+
+    def _answered(self) -> None:
+        if self._outage_since is not None:
+            log.warning(
+                "Redis answers again after %.1f s; catching up", time.monotonic() - self._outage_since
+            )
+            self._outage_since = None
+            # Leases may have lapsed while nobody could renew them: give every live worker
+            # and master time to renew before judging anyone by theirs, then sweep.
+            self._trust_leases_at = time.monotonic() + self.cfg.lease_seconds
+            with self._cond:
+                self._state.poked = True
+
+    # ---- tasks -------------------------------------------------------------------------
+
+    def _do(self, task: Task) -> None:
+        if task.kind == "forget":
+            self._forget(task.subject)
+        elif task.kind == "count_kill":
+            with self.connection.pipeline() as pipe:
+                pipe.incr(task.subject)
+                pipe.expire(task.subject, int(float(task.detail) * 2) + 1)
+                pipe.execute()
+        else:
+            self._requeue_held(task.subject, task.detail)
+
+    def _forget(self, name: str) -> None:
+        """Remove a dead worker's RQ registration (so `rq info` shows no ghost) and its lease."""
+        worker = Worker.find_by_key(Worker.redis_worker_namespace_prefix + name, connection=self.connection)
+        with self.connection.pipeline() as pipe:
+            if worker is not None:
+                unregister(worker, pipeline=pipe)
+                pipe.delete(worker.key)
+            pipe.delete(lease_key(name))
+            pipe.execute()
+
+    def _requeue_held(self, job_id: str, reason: str) -> None:
+        """The job a reaped worker held: wherever RQ has it (started, or only popped), move it."""
+        origin = self.connection.hget(Job.key_for(job_id), "origin")
+        if origin is None:
+            log.info("job %s: not requeued (the job is gone)", job_id)
+            return
+        queue = origin.decode()
+        wip = StartedJobRegistry(queue, connection=self.connection).key
+        members = [m.decode() for m in self.connection.zscan_iter(wip, match=f"{job_id}:*")]
+        moves = [Recover("wip", queue, m, job_id, "", reason) for m in members]
+        outcomes = [self._move_one(r) for r in moves]
+        if not members:  # popped, never started
+            outcomes.append(self._move_one(Recover("intermediate", queue, job_id, job_id, "", reason)))
+        if not any(o in ("requeued", "over") for o in outcomes):
+            status = self.connection.hget(Job.key_for(job_id), "status")
+            log.info("job %s: not requeued (it is %s)", job_id, (status or b"gone").decode())
+
+    # ---- the sweep ---------------------------------------------------------------------
+
+    def _sweep_once(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            self._state.poked = False
+            horizon = now - max(60.0, 4 * self.cfg.lease_seconds)  # long after any move of theirs
+            self._state.dead = {n: t for n, t in self._state.dead.items() if t > horizon}
+            fleet = Fleet(self._state.fleet.live, frozenset(self._state.dead), self._state.fleet.held)
+        self._next_sweep = now + self.cfg.sweep_interval
+        try:
+            self._vouch(fleet.live)
+            started, popped = self._read(self.cfg.queues)
+        except Exception as exc:
+            if is_outage(exc):
+                if self._outage_since is None:
+                    self._outage_since = time.monotonic()
+                    log.error(
+                        "Redis unreachable for the recovery sweep (%s); retrying", exc.__class__.__name__
+                    )
+            else:
+                log.exception("recovery sweep failed")
+            return
+        self._answered()
+        moves, self._first_seen = plan(
+            started,
+            popped,
+            fleet,
+            self._first_seen,
+            now,
+            grace=self.cfg.sweep_interval,
+            trust_leases=now >= self._trust_leases_at,
+        )
+        for move in moves:
+            try:
+                outcome = self._move_one(move)
+            except Exception as exc:
+                log.warning("could not recover job %s (%s: %s)", move.job_id, exc.__class__.__name__, exc)
+                continue
+            if outcome in ("requeued", "over"):
+                self.counts.swept += 1
+
+    def _vouch(self, live: frozenset[str]) -> None:
+        """Renew the leases of this master's live workers: alive as long as it says so."""
+        if not live:
+            return
+        ttl = max(1, round(self.cfg.lease_seconds))
+        with self.connection.pipeline(transaction=False) as pipe:
+            for name in live:
+                pipe.set(lease_key(name), "1", ex=ttl)
+            pipe.execute()
+
+    def _read(self, queues: list[str]) -> tuple[list[Started], list[Popped]]:
+        c = self.connection
+        with c.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.lrange(Queue(q, connection=c).intermediate_queue_key, 0, SCAN_LIMIT - 1)
+                pipe.zrange(StartedJobRegistry(q, connection=c).key, 0, SCAN_LIMIT - 1)
+            replies = pipe.execute()
+        popped_ids = [(q, [x.decode() for x in replies[2 * i]]) for i, q in enumerate(queues)]
+        members = [(q, [x.decode() for x in replies[2 * i + 1]]) for i, q in enumerate(queues)]
+        with c.pipeline(transaction=False) as pipe:
+            for _, ids in popped_ids:
+                for job_id in ids:
+                    pipe.hget(Job.key_for(job_id), "status")
+            for _, ms in members:
+                for m in ms:
+                    pipe.hget(Job.key_for(m.rsplit(":", 1)[0]), "worker_name")
+            answers = iter(pipe.execute())
+        popped = [Popped(q, j, (next(answers) or b"").decode()) for q, ids in popped_ids for j in ids]
+        started = [
+            Started(q, m, m.rsplit(":", 1)[0], (next(answers) or b"").decode())
+            for q, ms in members
+            for m in ms
+        ]
+        return started, popped
+
+    def _move_one(self, r: Recover) -> str:
+        """One atomic move (MOVE); logs and counts what happened."""
+        c = self.connection
+        queue = Queue(r.queue, connection=c)
+        wip = StartedJobRegistry(r.queue, connection=c).key
+        keys = [wip, queue.intermediate_queue_key, queue.key, Job.key_for(r.job_id)]
+        keys += [lease_key(r.holder) if r.holder else wip, FailedJobRegistry(r.queue, connection=c).key]
+        check = "1" if r.holder else "0"
+        args = [r.source, r.member, r.job_id, self.cfg.max_requeues, check, DEFAULT_FAILURE_TTL, COUNT_FIELD]
+        outcome, count = self._move(keys=keys, args=args)
+        outcome, count = outcome.decode(), int(count)
+        if outcome == "requeued":
+            self.counts.requeued += 1
+            log.warning(
+                "job %s: requeued at the front of its queue (requeue %d of %d: %s)",
+                r.job_id,
+                count,
+                self.cfg.max_requeues,
+                r.why,
+            )
+            self._note(r.job_id, count, r.why)
+        elif outcome == "over":
+            self.counts.failed += 1
+            message = (
+                f"{r.why}; requeued {count - 1} times already (limit {self.cfg.max_requeues}), so failed"
+            )
+            job = Job.fetch(r.job_id, connection=c)
+            with c.pipeline() as pipe:
+                record_job_failure(job, message, pipe)
+                pipe.execute()
+            log.error("job %s: moved to the failed job registry: %s", r.job_id, message)
+        elif outcome == "litter":
+            log.debug("job %s: removed a leftover entry from the %s list", r.job_id, r.source)
+        return outcome
+
+    def _note(self, job_id: str, count: int, why: str) -> None:
+        """The count and the reason in the job's meta, for a person reading it (best effort)."""
+        try:
+            job = Job.fetch(job_id, connection=self.connection)
+            job.meta[COUNT_FIELD] = count
+            job.meta["herder_requeued_because"] = why
+            job.save_meta()
+        except Exception as exc:  # a job whose payload cannot load: the requeue stands
+            log.debug("job %s: meta not updated (%s)", job_id, exc)
