@@ -43,7 +43,7 @@ def test_parses_every_verb(line: bytes, expected: Message) -> None:
         (b"idle -5", "bad timestamp"),
         (b"done j 1.0 maybe", "bad outcome"),
         (b"ready x 1.0", "bad pid"),
-        (b"ready 1 1.0 2", "unsupported protocol version"),
+        (b"ready 1 1.0 3", "unsupported protocol version"),
         (b"\xff\xfe", "not UTF-8"),
         (b"busy " + b"j" * 300 + b" 1.0", "bad job id"),
     ],

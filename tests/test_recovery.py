@@ -13,12 +13,13 @@ import random
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 from redis import Redis
 from rq import Queue
 
-from conftest import wait_for
+from conftest import start_redis, wait_for
 
 
 def kill_storm(h, kills: int, stop: threading.Event, pause: tuple[float, float] = (0.05, 0.25)) -> list[int]:
@@ -84,3 +85,110 @@ def test_kill_storm_at_random_moments_loses_no_job(herder, conn: Redis, jobs) ->
     duplicates = sum(done.values()) - len(done)
     assert duplicates <= len(killed), (duplicates, len(killed))
     h.stop_and_check()
+
+
+def redis_on(port: int, workdir: Path, *extra: str):  # noqa: ANN201
+    """A redis-server on a given port (to restart one where its clients expect it)."""
+    import shutil
+    import subprocess
+
+    proc = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+         "--dir", str(workdir), "--save", "", *extra],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = Redis(port=port)
+
+    def up() -> bool:
+        try:
+            return bool(client.ping())
+        except Exception:
+            return False
+
+    wait_for(up, 10, what="redis-server to answer")
+    return proc
+
+
+AOF = ("--appendonly", "yes", "--appendfsync", "always")
+
+
+def test_redis_killed_mid_load_and_restarted_from_its_aof_loses_no_job(herder, tmp_path: Path) -> None:
+    proc, port = start_redis(tmp_path, *AOF)
+    url = f"redis://127.0.0.1:{port}/0"
+    conn = Redis.from_url(url)
+    try:
+        h = herder(redis_url=url, workers="4", max_requeues="10")
+        h.wait_workers(4)
+        master = h.master()
+        q = Queue("default", connection=conn)
+        with conn.pipeline() as pipe:
+            ids = [q.enqueue("herder_testjobs.record", "aof", 0.02, pipeline=pipe).id for _ in range(400)]
+            pipe.execute()
+        wait_for(lambda: conn.llen("finished:aof") >= 40, 20, what="the load to be under way")
+        proc.kill()  # kill -9, mid-load
+        proc.wait(5)
+        time.sleep(3)
+        proc = redis_on(port, tmp_path, *AOF)  # from the append-only file
+        assert_all_ran(conn, "aof", ids, timeout=60)
+        assert h.master() is not None and h.master().pid == master.pid, "the master was restarted"
+        status = h.status()
+        # No churn: at most the workers that were mid-job when Redis died were replaced.
+        assert status["totals"]["spawned"] <= 8, status["totals"]
+        assert status["slots_in_backoff"] == []
+        h.stop_and_check()
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def test_redis_frozen_for_several_heartbeat_timeouts_kills_at_most_the_budget(herder, tmp_path: Path) -> None:
+    proc, port = start_redis(tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    conn = Redis.from_url(url)
+    try:
+        h = herder(redis_url=url, workers="4", max_requeues="10")
+        h.wait_workers(4)
+        q = Queue("default", connection=conn)
+        ids = [q.enqueue("herder_testjobs.record", "frozen", 0.2).id for _ in range(60)]
+        wait_for(lambda: conn.llen("finished:frozen") >= 5, 20, what="the load to be under way")
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(8)  # more than twice the 3 s heartbeat timeout
+        proc.send_signal(signal.SIGCONT)
+        assert_all_ran(conn, "frozen", ids, timeout=60)
+        totals = h.totals()
+        assert totals["killed"] <= 2, totals  # the kill budget: half of 4 workers per minute
+        h.stop_and_check()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait(5)
+
+
+def test_a_host_that_dies_whole_has_its_jobs_recovered_by_another(herder, conn: Redis, jobs) -> None:
+    """Two hosts on one Redis; one is killed with all its workers mid-job. The other's sweep
+    finds the jobs by their lapsed leases and requeues each exactly once."""
+    fast = {"workers": "2", "sweep_interval": "1", "max_requeues": "5"}
+    a = herder(host_id="host-a", **fast)
+    b = herder(host_id="host-b", **fast)
+    a.wait_workers(2)
+    b.wait_workers(2)
+    ids = [jobs.enqueue("record", "hosts", 4).id for _ in range(4)]
+    wait_for(lambda: len(jobs.started("hosts")) == 4, 15, what="4 jobs running, two on each host")
+    a_pids = {p.pid for p in a.workers()}
+    on_a = [i for i in ids if a.worker_for_job(conn, i) in a_pids]
+    assert len(on_a) == 2, on_a
+    tree = [psutil.Process(a.pid), *psutil.Process(a.pid).children(recursive=True)]
+    for p in tree:
+        p.send_signal(signal.SIGKILL)  # the whole host at once: watchdog, master, workers
+    killed_at = time.monotonic()
+    wait_for(
+        lambda: all(conn.hget(f"rq:job:{i}", "herder_requeues") for i in on_a), 25, what="A's jobs requeued"
+    )
+    recovered_in = time.monotonic() - killed_at
+    assert_all_ran(conn, "hosts", ids, timeout=30)
+    assert runs(conn, "hosts") == {i: 1 for i in ids}  # A's runs died before finishing: one each
+    assert [int(conn.hget(f"rq:job:{i}", "herder_requeues")) for i in on_a] == [1, 1]  # never twice
+    assert b.totals()["recovered_by_sweep"] == 2
+    # The bound docs/design.md gives: lease (5 s here) + two sightings a sweep apart + a sweep.
+    assert recovered_in < 5 + 3 * 1 + 3, recovered_in
+    b.stop_and_check()

@@ -1,4 +1,4 @@
-"""The worker <-> master channel, version 1 (docs/protocol.md): both ends import this.
+"""The worker <-> master channel, version 2 (docs/protocol.md): both ends import this.
 
 worker -> master, on the worker's private stdout: one line per message, built by the
 `*_line` functions, read by `parse_line`. master -> worker, on the worker's stdin:
@@ -14,7 +14,10 @@ from herder.common.lines import MAX_LINE_BYTES, LineSplitter
 
 __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of the protocol
 
-VERSION = 1
+# Version 2: `busy` comes the moment the dequeue returns, before the queue's own
+# bookkeeping (version 1 workers may send it later; the master accepts both).
+VERSION = 2
+SUPPORTED_VERSIONS = ("1", "2")
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
 
 STOP = b"stop\n"  # master -> worker: finish the current job, then exit
@@ -104,7 +107,7 @@ def parse_line(raw: bytes) -> Message:
             # ready <pid> <ts> [<protocol-version>]
             if not args[0].isdigit():
                 raise ProtocolError(f"bad pid {args[0][:40]!r}")
-            if len(args) == 3 and args[2] != str(VERSION):
+            if len(args) == 3 and args[2] not in SUPPORTED_VERSIONS:
                 raise ProtocolError(f"unsupported protocol version {args[2][:20]!r}")
             return Message("ready", _ts(args[1]))
         case "busy", 2 | 3:
