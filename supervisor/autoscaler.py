@@ -45,6 +45,13 @@ class Autoscaler:
     def has_reading(self) -> bool:
         return self.state.last is not None
 
+    def describe(self) -> str:
+        cfg = self.cfg
+        cluster = f", host {self.host_id} in a cluster of at most {cfg.cluster_max_workers}"
+        return f"autoscaling between {cfg.floor} and {cfg.ceiling} workers" + (
+            cluster if cfg.cluster_max_workers is not None else ""
+        )
+
     def configure(self, cfg: Config) -> None:
         """New bounds or timings (herder scale, reload): clamp what was decided into them."""
         self.cfg = cfg

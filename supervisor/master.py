@@ -88,15 +88,9 @@ class Master:
 
     def run(self) -> int:
         self.events.install_signals()
-        cfg = self.cfg
-        queues = ",".join(cfg.queues)
-        log.info(
-            "master %d starting: %d workers on queues %s, redis %s",
-            os.getpid(),
-            self.target,
-            queues,
-            redact_url(cfg.redis_url),
-        )
+        cfg, queues = self.cfg, ",".join(self.cfg.queues)
+        log.info("master %d starting: %d workers on queues %s, redis %s", os.getpid(), self.target, queues,
+                 redact_url(cfg.redis_url))  # fmt: skip
         if self.control:
             try:
                 self.control.start()
@@ -104,13 +98,7 @@ class Master:
                 log.error("cannot open the control socket %s: %s", self.control.path, exc)
                 self.control = None
         if self.reader and cfg.autoscale:
-            cluster = f", host {self.host_id} in a cluster of at most {cfg.cluster_max_workers}"
-            log.info(
-                "autoscaling between %d and %d workers%s",
-                cfg.floor,
-                cfg.ceiling,
-                cluster if cfg.cluster_max_workers is not None else "",
-            )
+            log.info("%s", self.scaler.describe())
         if self.reader:
             self.reader.start(self.events.wake)
         if self.recovery:
