@@ -279,7 +279,7 @@ class Recovery:
             return
         queue = origin.decode()
         wip = StartedJobRegistry(queue, connection=self.connection).key
-        members = [m.decode() for m in self.connection.zscan_iter(wip, match=f"{job_id}:*")]
+        members = [m.decode() for m, _ in self.connection.zscan_iter(wip, match=f"{job_id}:*")]
         moves = [Recover("wip", queue, m, job_id, "", reason) for m in members]
         outcomes = [self._move_one(r) for r in moves]
         if not members:  # popped, never started
