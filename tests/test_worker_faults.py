@@ -34,7 +34,13 @@ def test_kill_9_worker_mid_job_is_replaced_and_job_completes_elsewhere(herder, j
     workers = h.wait_workers(2)
     assert victim not in {w.pid for w in workers}
     # herder requeued it and spawned a replacement; the kill was not herder's.
-    assert h.totals() == {"spawned": 3, "killed": 0, "requeued": 1, "failed_by_herder": 0}
+    assert h.totals() == {
+        "spawned": 3,
+        "killed": 0,
+        "requeued": 1,
+        "recovered_by_sweep": 0,
+        "failed_by_herder": 0,
+    }
     # The live master reaped it: no zombie under it (pytest, a subreaper, would hide one later).
     master = h.master()
     assert master is not None
@@ -58,7 +64,13 @@ def test_sigstopped_worker_is_killed_within_heartbeat_timeout_and_job_requeued(h
     assert jobs.status(job.id) == "finished"
     assert jobs.finished("t") == [job.id]
     h.wait_workers(2)
-    assert h.totals() == {"spawned": 3, "killed": 1, "requeued": 1, "failed_by_herder": 0}
+    assert h.totals() == {
+        "spawned": 3,
+        "killed": 1,
+        "requeued": 1,
+        "recovered_by_sweep": 0,
+        "failed_by_herder": 0,
+    }
     h.stop_and_check()
 
 
@@ -71,7 +83,13 @@ def test_sigstopped_idle_worker_is_killed_and_replaced(herder):
     (replacement,) = h.wait_workers(1)
     assert replacement.pid != victim.pid
     # Killed and replaced; idle, it had no job to requeue.
-    assert h.totals() == {"spawned": 2, "killed": 1, "requeued": 0, "failed_by_herder": 0}
+    assert h.totals() == {
+        "spawned": 2,
+        "killed": 1,
+        "requeued": 0,
+        "recovered_by_sweep": 0,
+        "failed_by_herder": 0,
+    }
     h.stop_and_check()
 
 
@@ -89,7 +107,13 @@ def test_hanging_job_is_killed_after_its_timeout_requeued_then_failed_with_reaso
     assert "requeued 1 times already (limit 1)" in reason
     h.wait_workers(2)  # both slots refilled
     # Killed twice for its timeout: requeued once, then failed by herder.
-    assert h.totals() == {"spawned": 4, "killed": 2, "requeued": 1, "failed_by_herder": 1}
+    assert h.totals() == {
+        "spawned": 4,
+        "killed": 2,
+        "requeued": 1,
+        "recovered_by_sweep": 0,
+        "failed_by_herder": 1,
+    }
     h.stop_and_check()
 
 
