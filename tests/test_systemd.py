@@ -53,13 +53,25 @@ def systemd(tmp_path: Path):
     fake.close()
 
 
-def test_notify_ready_watchdog_stopping_in_order(herder, systemd):
+def test_notify_ready_watchdog_stopping_in_order(herder, systemd, jobs):
     env = {"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "1000000"}  # ping every 0.5 s
     h = herder(workers="2", env=env)
     h.wait_workers(2)
     wait_for(lambda: systemd.fields("READY=1"), 10, what="READY=1")
     wait_for(lambda: len(systemd.fields("WATCHDOG=1")) >= 3, 5, what="watchdog pings")
     assert any(f.startswith("STATUS=2/2 workers") for _, f in systemd.messages)
+    # STATUS= goes out at most once a second, the newest text: a 0.6 s job changes it (queued,
+    # busy) and back to idle within a second; that idle text waits for its turn, then goes
+    # out although nothing changes any more.
+    before = len(systemd.fields("STATUS="))
+    jobs.enqueue("record", "blip", 0.6)
+    wait_for(lambda: jobs.finished("blip"), 10, what="the job")
+    idle = "STATUS=2/2 workers, 0 busy, 0 queued"
+    wait_for(lambda: systemd.fields("STATUS=")[-1][1] == idle, 5, what="the newest status")
+    statuses = systemd.fields("STATUS=")
+    assert len(statuses) >= before + 2, statuses  # the job showed, then idle again
+    sent = [t for t, _ in statuses]
+    assert all(b - a > 0.9 for a, b in zip(sent, sent[1:], strict=False)), statuses
     h.stop_and_check()
     ready = systemd.fields("READY=1")[0][0]
     first_ping = systemd.fields("WATCHDOG=1")[0][0]
