@@ -5,6 +5,13 @@ A Unix stream socket in the state dir, mode 0600 inside the 0700 directory. A pe
 another uid is refused unless it is root. Each connection carries one JSON request line
 and gets one JSON reply line (docs/control.md).
 
+A socket at the path that someone answers on belongs to a live master (one outliving its
+killed watchdog, draining): it is never unlinked. This master then runs without a control
+socket, looking every second, and takes the path once nobody answers there (the old master
+unlinks it as it exits). Exiting instead would only make the watchdog restart this master
+until it gives up, and a healthy new fleet with it. Only a socket nobody answers on (a
+dead master's) is unlinked.
+
 This thread only accepts and parses. Whatever reads or changes the fleet is handed to
 the reconcile loop (`Master.handle_requests`) and answered from there, so replies are
 consistent with what the loop decides, and a hung loop shows up as a timeout instead
@@ -13,6 +20,7 @@ of a stale answer.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -35,6 +43,27 @@ from herder.supervisor.peercred import peer_uid
 
 log = logging.getLogger("herder")
 
+RECHECK = 1.0  # seconds between looks at a control socket another master still answers on
+
+
+def answering(path: str, timeout: float = 1.0) -> str | None:
+    """Who answers on the socket at `path`: 'master pid N', 'someone', or None if nobody
+    does (no such file, or a stale socket: connection refused)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            return None
+        except OSError:
+            return "someone"  # cannot tell (busy, not ours): do not take it
+        try:
+            sock.sendall(encode({"cmd": "ping"}))
+            pid = json.loads(recv_line(sock, MAX_REQUEST) or b"null").get("pid")
+        except (OSError, ValueError, AttributeError):
+            return "someone"
+    return f"master pid {pid}" if pid else "someone"
+
 
 @dataclass
 class Request:
@@ -52,33 +81,77 @@ class ControlServer:
         self._wake = wake
         self._direct = direct
         self._sock: socket.socket | None = None
-        self._thread = threading.Thread(target=self._serve, name="control", daemon=True)
+        self._inode: int | None = None  # of the socket file we bound, so close() unlinks only ours
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if os.path.exists(self.path) and not os.path.islink(self.path):
-            os.unlink(self.path)  # a stale socket from a dead master
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)  # born 0600: no window in which others could connect
-        try:
-            sock.bind(self.path)
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.path, 0o600)
-        sock.listen(16)
-        self._sock = sock
+        """Bind now if the path is free or stale; if a live master answers there, serve once
+        it is gone (a thread looks every second). OSError if binding fails."""
+        holder = answering(self.path)
+        if holder is None:
+            self._bind()
+            target = self._serve
+        else:
+            log.error(
+                "control socket %s is answered by another herder (%s): not taking it; this master runs "
+                "without one until nobody answers there",
+                self.path,
+                holder,
+            )
+            target = self._wait_then_serve
+        self._thread = threading.Thread(target=target, name="control", daemon=True)
         self._thread.start()
+
+    def _bind(self) -> None:
+        with self._lock:
+            if self._closed.is_set():
+                return
+            if os.path.exists(self.path) and not os.path.islink(self.path):
+                os.unlink(self.path)  # a stale socket: nobody answered on it
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old_umask = os.umask(0o177)  # born 0600: no window in which others could connect
+            try:
+                sock.bind(self.path)
+            except OSError:
+                sock.close()
+                raise
+            finally:
+                os.umask(old_umask)
+            os.chmod(self.path, 0o600)
+            sock.listen(16)
+            self._inode = os.stat(self.path).st_ino
+            self._sock = sock
         log.info("control socket %s", self.path)
 
-    def close(self) -> None:
-        if self._sock is not None:
+    def _wait_then_serve(self) -> None:
+        while not self._closed.wait(RECHECK):
+            if answering(self.path) is not None:
+                continue
             try:
-                os.unlink(self.path)
+                self._bind()
+            except OSError as exc:
+                log.error("cannot open the control socket %s: %s", self.path, exc)
+                return
+            self._serve()
+            return
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed.set()
+            if self._sock is None:
+                return
+            try:
+                if os.stat(self.path).st_ino == self._inode:
+                    os.unlink(self.path)
             except OSError:
                 pass
             self._sock.close()
 
     def _serve(self) -> None:
-        assert self._sock is not None
+        if self._sock is None:
+            return  # closed before it was bound
         while True:
             try:
                 conn, _ = self._sock.accept()

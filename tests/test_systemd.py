@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import threading
@@ -52,13 +53,25 @@ def systemd(tmp_path: Path):
     fake.close()
 
 
-def test_notify_ready_watchdog_stopping_in_order(herder, systemd):
+def test_notify_ready_watchdog_stopping_in_order(herder, systemd, jobs):
     env = {"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "1000000"}  # ping every 0.5 s
     h = herder(workers="2", env=env)
     h.wait_workers(2)
     wait_for(lambda: systemd.fields("READY=1"), 10, what="READY=1")
     wait_for(lambda: len(systemd.fields("WATCHDOG=1")) >= 3, 5, what="watchdog pings")
     assert any(f.startswith("STATUS=2/2 workers") for _, f in systemd.messages)
+    # STATUS= goes out at most once a second, the newest text: a 0.6 s job changes it (queued,
+    # busy) and back to idle within a second; that idle text waits for its turn, then goes
+    # out although nothing changes any more.
+    before = len(systemd.fields("STATUS="))
+    jobs.enqueue("record", "blip", 0.6)
+    wait_for(lambda: jobs.finished("blip"), 10, what="the job")
+    idle = "STATUS=2/2 workers, 0 busy, 0 queued"
+    wait_for(lambda: systemd.fields("STATUS=")[-1][1] == idle, 5, what="the newest status")
+    statuses = systemd.fields("STATUS=")
+    assert len(statuses) >= before + 2, statuses  # the job showed, then idle again
+    sent = [t for t, _ in statuses]
+    assert all(b - a > 0.9 for a, b in zip(sent, sent[1:], strict=False)), statuses
     h.stop_and_check()
     ready = systemd.fields("READY=1")[0][0]
     first_ping = systemd.fields("WATCHDOG=1")[0][0]
@@ -136,3 +149,111 @@ def test_watchdog_usec_for_another_pid_is_ignored():
         Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}).watchdog_interval
         is None
     )
+
+
+def queue_is_full(path: Path) -> bool:
+    """Whether a datagram socket's queue is full, as a sender sees it (EAGAIN)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.sendto(b"STATUS=probe", socket.MSG_DONTWAIT, str(path))
+        except BlockingIOError:
+            return True
+    return False
+
+
+def test_a_service_manager_that_never_reads_cannot_block_the_stop(herder, jobs, tmp_path: Path):
+    """A NOTIFY_SOCKET nobody reads (a stalled service manager): its queue fills up (10
+    datagrams on Linux) while every job changes the STATUS= line, yet SIGTERM still drains
+    herder and it exits 0 within the stop timeout."""
+    path = tmp_path / "deaf.sock"
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    deaf.bind(str(path))  # bound, never read
+    try:
+        env = {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"}
+        h = herder(workers="2", env=env, stop_timeout="10")
+        h.wait_workers(2)
+        for _ in range(3000):  # short jobs, so the status changes all the time, up to the SIGTERM
+            jobs.enqueue("record", "short", 0.01)
+        wait_for(lambda: queue_is_full(path), 20, interval=0.2, what="the notify socket's queue to fill")
+        time.sleep(2.0)  # pings and status changes keep coming at the full queue
+        assert jobs.queue.count > 0, "the stream of jobs ended before the SIGTERM"
+        took = h.stop_and_check(timeout=20)
+        assert took < 10, f"took {took:.1f} s to stop, past the stop timeout"
+        assert len(jobs.finished("short")) > 50
+        assert h.log().count("sd_notify: the queue of") == 1  # said once, not per message
+        assert re.search(r"sd_notify: \d+ messages dropped", h.log())
+    finally:
+        deaf.close()
+
+
+def fill(path: Path) -> int:
+    """Fill a datagram socket's queue from outside; return how many datagrams it took."""
+    n = 0
+    while not queue_is_full(path):
+        n += 1
+    return n
+
+
+def drain(sock: socket.socket) -> list[str]:
+    out = []
+    while True:
+        try:
+            out.append(sock.recv(65536, socket.MSG_DONTWAIT).decode())
+        except BlockingIOError:
+            return out
+
+
+def test_a_full_queue_keeps_the_newest_important_message_and_never_blocks(tmp_path: Path):
+    from herder.watchdog.notify import Notifier
+
+    path = tmp_path / "n.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
+        manager.bind(str(path))
+        n = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "2000000"})
+        fill(path)
+        started = time.monotonic()
+        n.stopping()
+        n.extend_timeout(15)
+        n.extend_timeout(20)  # replaces the 15 s one that could not go out
+        n.status("0/2 workers, stopping")
+        n.flush(force=True)
+        assert time.monotonic() - started < 0.5  # never blocked
+        assert n.dropped == 1  # the replaced EXTEND_TIMEOUT; the STATUS waits behind the others
+        drain(manager)  # the manager reads again
+        n.flush(force=True)
+        sent = drain(manager)
+        assert sent == ["STOPPING=1", "EXTEND_TIMEOUT_USEC=20000000", "STATUS=0/2 workers, stopping"]
+
+
+def test_status_goes_out_at_most_once_a_second_and_the_newest_wins(tmp_path: Path):
+    from herder.watchdog import notify
+
+    path = tmp_path / "n.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
+        manager.bind(str(path))
+        n = notify.Notifier({"NOTIFY_SOCKET": str(path)})
+        n.status("1 busy")
+        n.flush()
+        for i in range(2, 50):  # a job state change each: none goes out within the second
+            n.status(f"{i} busy")
+            n.flush()
+        assert drain(manager) == ["STATUS=1 busy"]
+        n._status_at -= notify.STATUS_INTERVAL  # a second later
+        n.flush()
+        n.flush()
+        assert drain(manager) == ["STATUS=49 busy"]  # the newest, once
+
+
+def test_a_waiting_ping_is_forgotten_when_the_master_turns_unhealthy(tmp_path: Path):
+    from herder.watchdog.notify import Notifier
+
+    path = tmp_path / "n.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
+        manager.bind(str(path))
+        n = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "2000000"})
+        fill(path)
+        n.ping_if_due(healthy=True)  # waits for room
+        n.ping_if_due(healthy=False)  # the master hangs meanwhile
+        drain(manager)
+        n.flush()
+        assert drain(manager) == []  # no WATCHDOG=1 for a hung master

@@ -8,10 +8,12 @@ herder's own.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
+from herder.common import statelock
 from herder.common.config import Config, ConfigError
-from herder.common.exits import EX_CONFIG
+from herder.common.exits import EX_CONFIG, EX_TEMPFAIL
 from herder.watchdog.core import Watchdog
 from herder.watchdog.embedded_redis import EmbeddedRedis
 
@@ -27,6 +29,15 @@ def main(argv: list[str]) -> int:
         level=cfg.log_level.upper(),
         format="%(asctime)s herder-watchdog[%(process)d] %(levelname)s %(message)s",
     )
+    if cfg.state_dir:
+        try:
+            hold_state_dir(cfg.state_dir)
+        except statelock.Locked as exc:
+            logging.error("%s", exc)
+            return EX_TEMPFAIL
+        except OSError as exc:
+            logging.error("cannot lock the state dir: %s", exc)
+            return EX_CONFIG
     master = [sys.executable, "-P", "-m", "herder.supervisor"]
     dog = Watchdog(
         argv[argv.index("--") + 1 :] if "--" in argv else master,
@@ -39,6 +50,13 @@ def main(argv: list[str]) -> int:
         user=cfg.user,
     )
     return dog.run()
+
+
+def hold_state_dir(state_dir: str) -> int:
+    """The state dir's lock, held for the watchdog's life: the one `herder run` took and
+    handed over through the exec, or (started some other way) taken here."""
+    fd = statelock.adopt(os.environ.pop(statelock.ENV_LOCK_FD, ""), state_dir)
+    return fd if fd is not None else statelock.acquire(state_dir)
 
 
 if __name__ == "__main__":

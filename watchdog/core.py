@@ -276,6 +276,7 @@ class Watchdog:
         # Healthy: up (said ready) and heartbeating. Starting is not yet healthy.
         healthy = master_running and self.master_ready and now - self.master_seen < self.ping_grace
         self.notify.ping_if_due(healthy and not self.stopping)
+        self.notify.flush()  # what waited for room, and the newest STATUS= once a second
         # While a drain waits on long jobs, ask systemd for more time, a little at a
         # time, as long as something is still finishing (our own stop_grace bounds it).
         if self.stopping and (master_running or self.has_children()) and now - self._last_extend >= 5.0:
@@ -297,6 +298,7 @@ class Watchdog:
         try:
             return self.loop()
         finally:
+            self.notify.close()
             if self.redis:
                 self.redis.stop()
 

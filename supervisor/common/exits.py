@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 
+EX_TEMPFAIL = 75  # sysexits.h: another herder is alive on this state dir; try again once it is gone
 EX_CONFIG = 78  # sysexits.h: a bad configuration; a restart cannot fix it
 
 

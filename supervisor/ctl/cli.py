@@ -21,7 +21,9 @@ from click.core import ParameterSource
 
 import herder.watchdog.embedded_redis as embedded_redis
 from herder.common import config as settings
+from herder.common import statelock
 from herder.common.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError
+from herder.common.exits import EX_TEMPFAIL
 from herder.supervisor import __version__
 from herder.supervisor.ctl import client, render, service
 
@@ -153,10 +155,29 @@ def run(ctx: click.Context, **opts) -> None:
             raise click.BadParameter(str(exc), param_hint="--workers") from None
         click.echo(f"herder: {exc}", err=True)
         sys.exit(EX_CONFIG)
+    lock_fd = lock_state_dir(cfg.state_dir, owner)
     env = dict(os.environ)
     env[ENV_RESOLVED] = cfg.to_env()
+    env[statelock.ENV_LOCK_FD] = str(lock_fd)
+    os.set_inheritable(lock_fd, True)  # through this exec only: the watchdog makes it close-on-exec again
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-P", "-m", "herder.watchdog"], env)
+
+
+def lock_state_dir(state_dir: str, owner: pwd.struct_passwd | None) -> int:
+    """One herder per state dir (herder.common.statelock): the lock's descriptor, or exit 75
+    (EX_TEMPFAIL) naming the live herder, before anything of this one starts."""
+    try:
+        fd = statelock.acquire(state_dir)
+    except statelock.Locked as exc:
+        click.echo(f"herder: {exc}", err=True)
+        sys.exit(EX_TEMPFAIL)
+    except OSError as exc:
+        click.echo(f"herder: cannot lock the state dir: {exc}", err=True)
+        sys.exit(EX_CONFIG)
+    if owner:
+        os.fchown(fd, owner.pw_uid, owner.pw_gid)  # like the state dir: that user may run herder there later
+    return fd
 
 
 @cli.command("install-service")
