@@ -151,6 +151,8 @@ def test_redis_hanging_does_not_stall_the_master_and_the_job_is_requeued_after(h
     assert master is not None
     job = q.enqueue("herder_testjobs.record", "frozen", 3)
     victim = h.worker_for_job(Redis.from_url(url), job.id)
+    # RQ names the worker on the job a moment before the job itself runs and says so.
+    wait_for(lambda: Redis.from_url(url).llen("started:frozen") == 1, 10, what="the job to start")
     os.kill(victim, signal.SIGKILL)
     proc.send_signal(signal.SIGSTOP)  # Redis hangs: connections open, nothing answers
     h.wait_log(rf"pid {victim}: .*exited")
