@@ -27,6 +27,7 @@ from herder.supervisor.uplink import Uplink
 if TYPE_CHECKING:
     from herder.supervisor.guard import KillGuard
     from herder.supervisor.launcher import Clock
+    from herder.supervisor.retirement import Retirement
 
 log = logging.getLogger("herder")
 
@@ -51,6 +52,7 @@ class Fleet(Protocol):
     scaler: Autoscaler
     counters: Counters
     guard: KillGuard
+    retirement: Retirement
     recovery: Recovery | None
     reader: LoadReader | None
     uplink: Uplink | None
@@ -144,7 +146,7 @@ class Commands:
             grant=m.scaler.grant,
             live=len(m.live_workers()),
             stopping=m.stopping,
-            degraded=m.guard.degraded,
+            degraded="; ".join(r for r in (m.guard.degraded, m.retirement.degraded) if r),
             workers=[(w, w.proc.snapshot()) for w in m.workers.values()],
             backoff=sorted(backoff),
             queues=dict(m.scaler.queues),
@@ -154,6 +156,7 @@ class Commands:
                 "requeued": counts.requeued,
                 "recovered_by_sweep": counts.swept,
                 "failed_by_herder": counts.failed,
+                "recycled": dict(m.retirement.recycled),
             },
         )
 

@@ -5,7 +5,8 @@ they keep dying young). Plain data and pure rules; only the reconcile loop chang
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from herder.common.config import Config
@@ -43,6 +44,17 @@ class Worker:
     kill_reason: str = ""
     sigkilled: bool = False
     spared: bool = False  # judged hung, but the kill budget was spent
+    # Retirement (herder.supervisor.retirement): replaced first, then sent `stop`.
+    retire_reason: str = ""  # why: a planned recycle, or a cull
+    jobs_limit: int | None = None  # max_jobs plus this worker's jitter
+    age_limit: float | None = None  # max_age plus this worker's jitter
+    failed_seen: int = 0  # its failed jobs already timed into `failures`
+    failures: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when (monotonic)
+    cull: str = ""  # "", "asked" (a cull token is on its way) or "denied"
+    cull_ticket: int = 0
+    cull_asked_at: float = 0.0
+    rss: float | None = None  # MB, its last reading (only with max_memory)
+    rss_checked_at: float = float("-inf")
 
     @property
     def pid(self) -> int:

@@ -33,6 +33,7 @@ from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.retirement import Retirement
 from herder.supervisor.scaling import pick_idle_to_stop
 from herder.supervisor.states import LEAVING, WorkerState, change_state
 from herder.supervisor.uplink import Uplink
@@ -64,6 +65,7 @@ class Master:
         self.counters = Counters()
         self.scaler = Autoscaler(cfg, self.host_id)
         self.guard = KillGuard(cfg, recovery)
+        self.retirement = Retirement(cfg, recovery)
         self.stopping = False
         self.generation = 0  # bumped by a rolling restart
         self.started_at = clock.wall()
@@ -113,6 +115,8 @@ class Master:
         self.handle_signals()
         self.reap()
         self.murder()
+        now = self.clock.monotonic()
+        self.retirement.review(self.live_workers(), self.target, now, self.clock.wall(), self.kill)
         self.scale()
         self.manage()
         self.commands.handle_requests()
@@ -319,20 +323,21 @@ class Master:
         self.spawn_into_free_slots(room)
 
     def roll(self, live: list[Worker]) -> bool:
-        """One step of a rolling restart; False when no worker of an older generation is left.
+        """One step of a rolling restart, or of retiring workers (recycled or culled); False
+        when no worker of an older generation, or marked to retire, is left.
 
         Replacements start first, up to a batch beyond the target; an old worker is sent
         `stop` (it finishes its job) only once a new one is ready to take its place, so
         capacity never dips. If replacements keep failing, the old workers keep working.
         """
-        old = [w for w in live if w.generation < self.generation]
+        old = [w for w in live if w.generation < self.generation or w.retire_reason]
         if not old:
             return False
-        new = [w for w in live if w.generation == self.generation]
+        new = [w for w in live if w not in old]
         ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
         surplus = len(old) + len(ready_new) - self.target
         for w in sorted(old, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]:
-            self.stop_worker(w, "rolling restart: replaced")
+            self.stop_worker(w, w.retire_reason or "rolling restart: replaced")
         batch = max(1, self.target // 4)
         room = min(self.target - len(new), self.target + batch - len(self.workers))
         self.spawn_into_free_slots(room)
@@ -360,6 +365,7 @@ class Master:
             log.error("slot %d: cannot spawn worker (%s); next try in %.2f s", slot.index, exc, delay)
             return
         w = Worker(slot.index, proc, spawned_at=self.clock.monotonic(), generation=self.generation)
+        self.retirement.limits_for(w)
         self.workers[slot.index] = w
         self.counters.totals.spawned += 1
         log.info("slot %d pid %d: spawned -> %s", slot.index, w.pid, w.state)

@@ -103,6 +103,8 @@ class FakeRecovery:
         self.requeues: list[tuple[str, str]] = []
         self.forgotten: list[str] = []
         self.told: tuple[list[str], list[str]] = ([], [])
+        self.asked: list[int] = []
+        self.pending_answers: dict[int, bool] = {}  # what Redis will answer, by ticket
         self.counts = Counts()
 
     def start(self) -> None:
@@ -110,6 +112,13 @@ class FakeRecovery:
 
     def tell(self, live: list[str], held: list[str]) -> None:
         self.told = (sorted(live), sorted(held))
+
+    def ask_cull(self, ticket: int, wall: float) -> None:
+        self.asked.append(ticket)
+
+    def answers(self) -> dict[int, bool]:
+        out, self.pending_answers = self.pending_answers, {}
+        return out
 
     def requeue(self, job_id: str, reason: str) -> None:
         self.requeues.append((job_id, reason))

@@ -104,6 +104,22 @@ class Config:
     )
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR.")
     user: str = setting("", "Started as root: run the master, workers and embedded Redis as this user.")
+    # Self-defense: cull a worker whose jobs keep failing (within a shared budget), and recycle
+    # workers by jobs, age and memory, a replacement first (docs/design.md, "Self-defense").
+    cull_failures: int = setting(5, "Failed jobs within 60 s that get a worker culled (0: never).")
+    cull_budget: int = setting(10, "Culls allowed per --cull-window, for all hosts on this Redis.")
+    cull_window: float = setting(600.0, "Seconds of the cull budget's sliding window.")
+    max_jobs: int | None = setting(None, "Recycle a worker after this many jobs.")
+    max_jobs_jitter: int = setting(
+        0, "Up to this many jobs more, at random per worker, so they recycle apart."
+    )
+    max_age: float | None = setting(None, "Recycle a worker after this many seconds.")
+    max_age_jitter: float = setting(0.0, "Up to this many seconds more, at random per worker.")
+    max_memory: float | None = setting(None, "Recycle a worker, between jobs, past this RSS in MB.")
+    max_memory_hard: float | None = setting(
+        None, "Kill a worker past this RSS in MB (default 1.5 x --max-memory)."
+    )
+    recycle_share: float = setting(0.1, "At most this share of the fleet (at least 1) recycles at once.")
     config_file: str | None = internal()  # where the file layer came from, for reload
     embedded_redis: bool = internal(False)  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them
@@ -151,10 +167,24 @@ class Config:
             "drain_target",
             "kill_budget",
             "kill_budget_window",
+            "cull_window",
+            "recycle_share",
         ]
         for key in positive:
             if not getattr(self, key) > 0:
                 raise bad(key, f"must be greater than 0, got {getattr(self, key)}")
+        for key in ("cull_failures", "cull_budget", "max_jobs_jitter", "max_age_jitter"):
+            if getattr(self, key) < 0:
+                raise bad(key, f"must not be negative, got {getattr(self, key)}")
+        for key in ("max_jobs", "max_age", "max_memory", "max_memory_hard"):
+            if getattr(self, key) is not None and not getattr(self, key) > 0:
+                raise bad(key, f"must be greater than 0, got {getattr(self, key)}")
+        if (
+            self.max_memory_hard is not None
+            and self.max_memory is not None
+            and self.max_memory_hard <= self.max_memory
+        ):
+            raise bad("max_memory_hard", "must be above max_memory (the soft limit recycles between jobs)")
         for key in ("job_timeout_grace", "stop_timeout", "min_uptime"):
             if getattr(self, key) < 0:
                 raise bad(key, f"must not be negative, got {getattr(self, key)}")
@@ -201,6 +231,13 @@ class Config:
         """How long a worker's lease outlives its last renewal. The worker renews it every
         heartbeat interval, its master every sweep: three missed renewals mean gone."""
         return max(5.0, 3 * max(self.sweep_interval, self.heartbeat_interval))
+
+    @property
+    def memory_hard_limit(self) -> float | None:
+        """MB of RSS past which a worker is killed at once, job or not."""
+        if self.max_memory_hard is not None:
+            return self.max_memory_hard
+        return None if self.max_memory is None else 1.5 * self.max_memory
 
     @property
     def drain_seconds(self) -> float:

@@ -27,18 +27,38 @@ def sliding_count(previous: int, current: int, window: float, now: float) -> flo
 
 
 @dataclass
+class SlidingWindow:
+    """Events of the last `window` seconds, estimated from two fixed windows' counts."""
+
+    window: float
+    _counts: dict[int, int] = field(default_factory=dict)  # window index -> events
+
+    def count(self, now: float) -> float:
+        index = int(now // self.window)
+        return sliding_count(self._counts.get(index - 1, 0), self._counts.get(index, 0), self.window, now)
+
+    def add(self, now: float) -> None:
+        index = int(now // self.window)
+        self._counts[index] = self._counts.get(index, 0) + 1
+        for old in [i for i in self._counts if i < index - 1]:
+            del self._counts[old]
+
+
+@dataclass
 class KillBudget:
     window: float = 60.0
     fraction: float = 0.5  # of the fleet, per window
-    _counts: dict[int, int] = field(default_factory=dict)  # window index -> kills
+    _kills: SlidingWindow | None = None
+
+    def __post_init__(self) -> None:
+        self._kills = SlidingWindow(self.window)
 
     def limit(self, fleet: int) -> int:
         return max(1, math.floor(fleet * self.fraction))
 
     def local_count(self, now: float) -> float:
-        index = int(now // self.window)
-        previous, current = self._counts.get(index - 1, 0), self._counts.get(index, 0)
-        return sliding_count(previous, current, self.window, now)
+        assert self._kills is not None
+        return self._kills.count(now)
 
     def take(
         self, fleet: int, now: float | None = None, cluster: tuple[ClusterView, int] | None = None
@@ -53,10 +73,8 @@ class KillBudget:
             if view.estimate(now, self.window) + 1 > self.limit(cluster_fleet):
                 return False
             view.since_read += 1
-        index = int(now // self.window)
-        self._counts[index] = self._counts.get(index, 0) + 1
-        for old in [i for i in self._counts if i < index - 1]:
-            del self._counts[old]
+        assert self._kills is not None
+        self._kills.add(now)
         return True
 
 
@@ -82,3 +100,24 @@ class ClusterView:
         if int(now // window) != int(self.read_at // window):
             return self.current * (1 - (now % window) / window) + self.since_read  # a new window began
         return sliding_count(self.previous, self.current, window, now) + self.since_read
+
+
+# The cull budget: a fixed number of culls per window for the whole cluster, taken in one
+# atomic script (check the sliding estimate, then INCR) so hosts never overspend it.
+# KEYS: 1 the current window's counter, 2 the previous one's
+# ARGV: 1 limit, 2 window seconds, 3 share of the current window elapsed
+CULL_TAKE = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local prev = tonumber(redis.call('GET', KEYS[2]) or '0')
+if prev * (1 - tonumber(ARGV[3])) + cur + 1 > tonumber(ARGV[1]) then return 0 end
+redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 2) + 1)
+return 1
+"""
+CULL_KEY = "herder:cluster:culls"
+
+
+def cull_keys(now: float, window: float) -> tuple[str, str, float]:
+    """The cull counters of the current and previous window, and how much of it has passed."""
+    index = int(now // window)
+    return f"{CULL_KEY}:{index}", f"{CULL_KEY}:{index - 1}", (now % window) / window

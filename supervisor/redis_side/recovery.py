@@ -6,7 +6,8 @@ Jobs are herder's responsibility until they finish. This thread:
 - sweeps herder's queues every `sweep_interval` seconds, and at once after a worker died
   unexpectedly or Redis came back, for jobs no live worker holds (sweep.py decides);
 - vouches for this master's live workers (renews their leases) on every sweep;
-- unregisters dead RQ workers, and counts kills for the cluster-wide kill budget.
+- unregisters dead RQ workers, counts kills for the cluster-wide kill budget, and takes
+  tokens from the cluster-wide cull budget (failing closed: no answer from Redis, no cull).
 
 Every move of a job is one Lua script (MOVE): it re-checks, inside Redis, that the job is
 still where the sweep saw it and that its holder is still gone, then puts it at the front
@@ -40,6 +41,7 @@ from rq.worker_registration import unregister
 
 from herder.common.config import Config
 from herder.common.rq_names import lease_key
+from herder.supervisor.redis_side.budget import CULL_TAKE, cull_keys
 from herder.supervisor.redis_side.sweep import Fleet, Popped, Recover, Started, plan
 
 log = logging.getLogger("herder")
@@ -81,7 +83,7 @@ return {'requeued', n}
 
 @dataclass
 class Task:
-    kind: str  # "requeue", "forget" or "count_kill"
+    kind: str  # "requeue", "forget", "count_kill" or "cull"
     subject: str  # job id, RQ worker name, or counter key
     detail: str = ""  # the reason, or the window
     attempts: int = 0
@@ -114,6 +116,8 @@ class Recovery:
         self.sweeping = sweeping  # herder's RQ workers: sweep; a --worker-command fleet: not
         self.counts = Counts()
         self._move = connection.register_script(MOVE)
+        self._cull_take = connection.register_script(CULL_TAKE)
+        self._answers: dict[int, bool] = {}  # cull tickets answered
         self._cond = threading.Condition()
         self._tasks: list[Task] = []
         self._state = _State()
@@ -143,6 +147,16 @@ class Recovery:
     def count_kill(self, key: str, window: float) -> None:
         """Add one kill to the cluster-wide budget counter (see budget.py)."""
         self._submit(Task("count_kill", key, str(window)))
+
+    def ask_cull(self, ticket: int, wall: float) -> None:
+        """Ask for a token of the cluster-wide cull budget; the answer comes in `answers()`."""
+        self._submit(Task("cull", str(ticket), repr(wall)))
+
+    def answers(self) -> dict[int, bool]:
+        """Cull tickets answered since the last call: True if a token was taken."""
+        with self._cond:
+            out, self._answers = self._answers, {}
+        return out
 
     def tell(self, live: Iterable[str], held: Iterable[str]) -> None:
         """This master's live workers (RQ names) and the jobs they hold, for the next sweep."""
@@ -200,6 +214,12 @@ class Recovery:
         return max(0.01, min(dues, default=now + 1.0) - now)
 
     def _attempt(self, task: Task) -> None:
+        if task.kind == "cull":  # optional by nature: no retries, and no answer means no
+            granted = self._take_cull_token(float(task.detail))
+            with self._cond:
+                self._answers[int(task.subject)] = granted
+                self._tasks.remove(task)
+            return
         try:
             self._do(task)
         except Exception as exc:
@@ -260,6 +280,15 @@ class Recovery:
                 pipe.execute()
         else:
             self._requeue_held(task.subject, task.detail)
+
+    def _take_cull_token(self, wall: float) -> bool:
+        current, previous, elapsed = cull_keys(wall, self.cfg.cull_window)
+        try:
+            args = [self.cfg.cull_budget, self.cfg.cull_window, elapsed]
+            return bool(self._cull_take(keys=[current, previous], args=args))
+        except Exception as exc:
+            log.error("cannot reach Redis for a cull token (%s): not culling", exc.__class__.__name__)
+            return False
 
     def _forget(self, name: str) -> None:
         """Remove a dead worker's RQ registration (so `rq info` shows no ghost) and its lease."""

@@ -1,0 +1,193 @@
+"""Which workers retire, and why: planned recycling (by jobs, age and memory) and culling a
+worker whose jobs keep failing. A retiring worker is replaced first, then sent `stop`
+(manage's rolling step does both), so capacity never dips and no job is interrupted.
+
+- Planned recycles (gunicorn's max_requests, celery's max-tasks/max-memory-per-child, PM2's
+  max_memory_restart, circus's max_age) are not faults: they spend no budget, back off no
+  slot, and at most `recycle_share` of the fleet (at least one) retires at once. Each worker
+  gets its own jitter, so a fleet started together does not recycle together.
+- A cull is a verdict on a worker that a connection gone bad has made fail every job:
+  `cull_failures` failed jobs within CULL_WINDOW seconds. It takes a token from the cull
+  budget, locally and cluster-wide in Redis (an atomic script, on the recovery thread: the
+  loop never waits), failing closed: no token, or no answer from Redis, and the worker is
+  left running, health is degraded with the reason, and the log says so once.
+- Past the hard memory limit a worker is killed at once, job or not (its job is requeued).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+from collections import Counter
+from collections.abc import Callable
+
+import psutil
+
+from herder.common.config import Config
+from herder.supervisor.fleet import Worker
+from herder.supervisor.redis_side.budget import SlidingWindow
+from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.workerproc import Observations
+
+log = logging.getLogger("herder")
+
+CULL_WINDOW = 60.0  # failed jobs are counted over the last minute
+ASK_AGAIN = 10.0  # seconds before a worker denied a cull asks again (the window moves on)
+RSS_EVERY = 2.0  # seconds between RSS readings of one worker
+MB = 2**20
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).memory_info().rss / MB
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+class Retirement:
+    def __init__(
+        self,
+        cfg: Config,
+        recovery: Recovery | None,
+        rng: random.Random | None = None,
+        rss_of: Callable[[int], float | None] = rss_mb,
+    ) -> None:
+        self.cfg = cfg
+        self.recovery = recovery
+        self.rng = rng or random.Random()
+        self.rss_of = rss_of
+        self.local = SlidingWindow(cfg.cull_window)
+        self.tickets = itertools.count(1)
+        self.degraded = ""  # why health is degraded (the cull budget is spent), or ""
+        self.recycled: Counter[str] = Counter()  # planned recycles and culls, by kind
+        self._asking = 0  # cull tokens asked for and not yet answered
+
+    def configure(self, cfg: Config) -> None:
+        self.cfg = cfg
+        if cfg.cull_window != self.local.window:
+            self.local = SlidingWindow(cfg.cull_window)
+
+    def limits_for(self, w: Worker) -> None:
+        """A new worker's own recycling points: the limits plus its share of the jitter."""
+        cfg = self.cfg
+        if cfg.max_jobs is not None:
+            w.jobs_limit = cfg.max_jobs + self.rng.randint(0, cfg.max_jobs_jitter)
+        if cfg.max_age is not None:
+            w.age_limit = cfg.max_age + self.rng.uniform(0, cfg.max_age_jitter)
+
+    # ---- each pass of the loop -----------------------------------------------------------
+
+    def review(
+        self, live: list[Worker], target: int, now: float, wall: float, kill: Callable[[Worker, str], None]
+    ) -> None:
+        """Decide retirements for the live (not yet leaving) workers."""
+        answers = self.recovery.answers() if self.recovery else {}
+        self._asking = sum(1 for w in live if w.cull == "asked")
+        planned = sum(1 for w in live if w.retire_reason and not w.retire_reason.startswith("culled"))
+        room = max(1, math.floor(self.cfg.recycle_share * target)) - planned
+        for w in live:
+            obs = w.proc.snapshot()
+            self._count_failures(w, obs, now)
+            if w.cull == "asked" and w.cull_ticket in answers:
+                self._answered(w, answers[w.cull_ticket], now, wall)
+            if w.retire_reason:
+                continue
+            hard = self._memory(w, now)
+            if hard:
+                kill(w, hard)
+                continue
+            self._consider_cull(w, now, wall)
+            if w.retire_reason or room <= 0:
+                continue
+            reason = self.planned_reason(w, obs, now)
+            if reason:
+                w.retire_reason = reason
+                self.recycled[reason.split(":")[0]] += 1
+                room -= 1
+                log.info("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, reason)
+        denied = [w for w in live if w.cull == "denied"]
+        if self.degraded and not denied:
+            log.warning("health ok again: no worker is waiting on the cull budget")
+            self.degraded = ""
+
+    def planned_reason(self, w: Worker, obs: Observations, now: float) -> str:
+        done = obs.jobs_ok + obs.jobs_failed
+        if w.jobs_limit is not None and done >= w.jobs_limit:
+            return f"recycled after max jobs: {done} jobs done (limit {w.jobs_limit})"
+        if w.age_limit is not None and now - w.spawned_at >= w.age_limit:
+            return f"recycled after max age: {now - w.spawned_at:.0f} s old (limit {w.age_limit:.0f} s)"
+        limit = self.cfg.max_memory
+        if w.rss is not None and limit is not None and w.rss >= limit:
+            return f"recycled after max memory: RSS {w.rss:.0f} MB (limit {limit:g} MB)"
+        return ""
+
+    # ---- parts -------------------------------------------------------------------------
+
+    def _count_failures(self, w: Worker, obs: Observations, now: float) -> None:
+        for _ in range(max(0, obs.jobs_failed - w.failed_seen)):
+            w.failures.append(now)
+        w.failed_seen = obs.jobs_failed
+        while w.failures and w.failures[0] < now - CULL_WINDOW:
+            w.failures.popleft()
+
+    def _memory(self, w: Worker, now: float) -> str:
+        """The hard limit's kill reason, or ""; keeps the worker's last RSS reading."""
+        hard = self.cfg.memory_hard_limit
+        if self.cfg.max_memory is None or now - w.rss_checked_at < RSS_EVERY:
+            return ""
+        w.rss_checked_at = now
+        w.rss = self.rss_of(w.pid)
+        if w.rss is not None and hard is not None and w.rss >= hard:
+            self.recycled["killed over hard memory limit"] += 1
+            return f"RSS {w.rss:.0f} MB over the hard memory limit of {hard:g} MB"
+        return ""
+
+    def _consider_cull(self, w: Worker, now: float, wall: float) -> None:
+        cfg = self.cfg
+        failing = cfg.cull_failures > 0 and len(w.failures) >= cfg.cull_failures
+        if not failing:
+            if w.cull == "denied":
+                w.cull = ""  # its jobs succeed again: nothing to cull
+            return
+        if w.cull == "asked" or (w.cull == "denied" and now - w.cull_asked_at < ASK_AGAIN):
+            return
+        w.cull_asked_at = now
+        if self.local.count(wall) + self._asking + 1 > cfg.cull_budget:  # asks in flight count
+            self._deny(w, "on this host")
+        elif self.recovery is None:
+            self._answered(w, True, now, wall)
+        else:
+            w.cull, w.cull_ticket = "asked", next(self.tickets)
+            self._asking += 1
+            self.recovery.ask_cull(w.cull_ticket, wall)
+
+    def _answered(self, w: Worker, granted: bool, now: float, wall: float) -> None:
+        self._asking -= w.cull == "asked"
+        if not granted:
+            self._deny(w, "cluster-wide (or Redis did not answer)")
+            return
+        self.local.add(wall)
+        w.cull = ""
+        w.retire_reason = f"culled: {len(w.failures)} failed jobs within {CULL_WINDOW:g} s"
+        self.recycled["culled"] += 1
+        log.warning("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, w.retire_reason)
+
+    def _deny(self, w: Worker, where: str) -> None:
+        first = w.cull != "denied"
+        w.cull = "denied"
+        self.degraded = (
+            f"cull budget spent {where}: {self.cfg.cull_budget} culls per {self.cfg.cull_window:g} s; "
+            "workers whose jobs keep failing are left running"
+        )
+        if first:
+            log.error(
+                "slot %d pid %d: %d failed jobs within %g s, but %s. A widespread fault (a database "
+                "down)? Leaving it for a person; health degraded",
+                w.slot,
+                w.pid,
+                len(w.failures),
+                CULL_WINDOW,
+                self.degraded,
+            )
