@@ -7,10 +7,11 @@ worker whose jobs keep failing. A retiring worker is replaced first, then sent `
   slot, and at most `recycle_share` of the fleet (at least one) retires at once. Each worker
   gets its own jitter, so a fleet started together does not recycle together.
 - A cull is a verdict on a worker that a connection gone bad has made fail every job:
-  `cull_failures` failed jobs within CULL_WINDOW seconds. It takes a token from the cull
-  budget, locally and cluster-wide in Redis (an atomic script, on the recovery thread: the
-  loop never waits), failing closed: no token, or no answer from Redis, and the worker is
-  left running, health is degraded with the reason, and the log says so once.
+  `cull_failures` failed jobs within `cull_failure_window` seconds (5 a minute by
+  default). It takes a token from the cull budget, locally and cluster-wide in Redis
+  (an atomic script, on the recovery thread: the loop never waits), failing closed: no
+  token, or no answer from Redis, and the worker is left running, health is degraded
+  with the reason, and the log says so once.
 - Past the hard memory limit a worker is killed at once, job or not (its job is requeued).
 """
 
@@ -33,7 +34,6 @@ from herder.supervisor.workerproc import Observations
 
 log = logging.getLogger("herder")
 
-CULL_WINDOW = 60.0  # failed jobs are counted over the last minute
 ASK_AGAIN = 10.0  # seconds before a worker denied a cull asks again (the window moves on)
 RSS_EVERY = 2.0  # seconds between RSS readings of one worker
 MB = 2**20
@@ -129,7 +129,7 @@ class Retirement:
         for _ in range(max(0, obs.jobs_failed - w.failed_seen)):
             w.failures.append(now)
         w.failed_seen = obs.jobs_failed
-        while w.failures and w.failures[0] < now - CULL_WINDOW:
+        while w.failures and w.failures[0] < now - self.cfg.cull_failure_window:
             w.failures.popleft()
 
     def _memory(self, w: Worker, now: float) -> str:
@@ -170,7 +170,7 @@ class Retirement:
             return
         self.local.add(wall)
         w.cull = ""
-        w.retire_reason = f"culled: {len(w.failures)} failed jobs within {CULL_WINDOW:g} s"
+        w.retire_reason = f"culled: {len(w.failures)} failed jobs within {self.cfg.cull_failure_window:g} s"
         self.recycled["culled"] += 1
         log.warning("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, w.retire_reason)
 
@@ -188,6 +188,6 @@ class Retirement:
                 w.slot,
                 w.pid,
                 len(w.failures),
-                CULL_WINDOW,
+                self.cfg.cull_failure_window,
                 self.degraded,
             )

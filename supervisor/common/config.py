@@ -106,7 +106,10 @@ class Config:
     user: str = setting("", "Started as root: run the master, workers and embedded Redis as this user.")
     # Self-defense: cull a worker whose jobs keep failing (within a shared budget), and recycle
     # workers by jobs, age and memory, a replacement first (docs/design.md, "Self-defense").
-    cull_failures: int = setting(5, "Failed jobs within 60 s that get a worker culled (0: never).")
+    cull_failures: int = setting(
+        5, "Failed jobs within --cull-failure-window that get a worker culled (0: never)."
+    )
+    cull_failure_window: float = setting(60.0, "Seconds over which a worker's failed jobs are counted.")
     cull_budget: int = setting(10, "Culls allowed per --cull-window, for all hosts on this Redis.")
     cull_window: float = setting(600.0, "Seconds of the cull budget's sliding window.")
     max_jobs: int | None = setting(None, "Recycle a worker after this many jobs.")
@@ -168,6 +171,7 @@ class Config:
             "kill_budget",
             "kill_budget_window",
             "cull_window",
+            "cull_failure_window",
             "recycle_share",
         ]
         for key in positive:

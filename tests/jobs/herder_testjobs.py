@@ -53,3 +53,34 @@ def exit_hard(tag: str) -> None:
 def segfault(tag: str) -> None:
     _mark("started", tag)
     ctypes.string_at(0)
+
+
+def flaky_connection(tag: str) -> str:
+    """Fails while this worker's "connection" is broken (`broken:<pid>`) or the "database" is
+    down (`db_down`): what a connection gone bad or a widespread fault looks like to a job."""
+    job = get_current_job()
+    assert job is not None
+    conn = job.connection
+    if conn.exists(f"broken:{os.getpid()}") or conn.exists("db_down"):
+        conn.rpush(f"failed-on:{tag}", os.getpid())
+        raise ConnectionError("the database connection is gone")
+    _mark("finished", tag)
+    return tag
+
+
+def poison(tag: str) -> None:
+    """Fails on any worker: its input is bad."""
+    _mark("started", tag)
+    raise ValueError("bad input")
+
+
+_leaked: list[bytearray] = []
+
+
+def leak(tag: str, megabytes: int) -> str:
+    """Keeps `megabytes` MB alive in this worker process after it returns."""
+    block = bytearray(megabytes * 2**20)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page: it counts in RSS
+    _leaked.append(block)
+    _mark("finished", tag)
+    return tag
