@@ -40,6 +40,7 @@ def test_kill_9_worker_mid_job_is_replaced_and_job_completes_elsewhere(herder, j
         "requeued": 1,
         "recovered_by_sweep": 0,
         "failed_by_herder": 0,
+        "recycled": {},
     }
     # The live master reaped it: no zombie under it (pytest, a subreaper, would hide one later).
     master = h.master()
@@ -70,6 +71,7 @@ def test_sigstopped_worker_is_killed_within_heartbeat_timeout_and_job_requeued(h
         "requeued": 1,
         "recovered_by_sweep": 0,
         "failed_by_herder": 0,
+        "recycled": {},
     }
     h.stop_and_check()
 
@@ -89,6 +91,7 @@ def test_sigstopped_idle_worker_is_killed_and_replaced(herder):
         "requeued": 0,
         "recovered_by_sweep": 0,
         "failed_by_herder": 0,
+        "recycled": {},
     }
     h.stop_and_check()
 
@@ -113,6 +116,7 @@ def test_hanging_job_is_killed_after_its_timeout_requeued_then_failed_with_reaso
         "requeued": 1,
         "recovered_by_sweep": 0,
         "failed_by_herder": 1,
+        "recycled": {},
     }
     h.stop_and_check()
 
