@@ -22,6 +22,7 @@ import socket
 from herder.common.config import Config, redact_url
 from herder.common.exits import describe
 from herder.common.worker_protocol import rq_worker_name
+from herder.supervisor import fleet
 from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
@@ -53,7 +54,7 @@ class Master:
         uplink: Uplink | None = None,
         host_id: str = "",
     ) -> None:
-        self.cfg = cfg
+        self.cfg = self.started_cfg = cfg  # started_cfg: the watchdog's, which it never re-reads
         self.launcher, self.clock = launcher, clock
         self.requeuer, self.reader, self.uplink = requeuer, reader, uplink
         self.hostname = socket.gethostname()
@@ -65,6 +66,7 @@ class Master:
         self.scaler = Autoscaler(cfg, self.host_id)
         self.guard = KillGuard(cfg, requeuer)
         self.stopping = False
+        self.spawns_pending = False  # pacing left spawns for the next pass: it comes soon
         self.generation = 0  # bumped by a rolling restart
         self.started_at = clock.wall()
         self._ready_sent = False
@@ -134,7 +136,8 @@ class Master:
         is 0.1 s, not a whole tick)."""
         now = self.clock.monotonic()
         due = [s.next_spawn_at - now for s in self.slots.values() if s.index not in self.workers]
-        return max(0.0, min([TICK, *[d for d in due if d > 0]]))
+        soon = [fleet.SPAWN_AGAIN] if self.spawns_pending else []  # paced spawns left for the next pass
+        return max(0.0, min([TICK, *soon, *[d for d in due if d > 0]]))
 
     def shut_down(self) -> int:
         if self.reader:
@@ -158,7 +161,7 @@ class Master:
         if not self.uplink:
             return
         now = self.clock.monotonic()
-        if now - self._last_alive >= self.cfg.heartbeat_interval:
+        if now - self._last_alive >= self.started_cfg.heartbeat_interval:  # the watchdog's deadlines
             self._last_alive = now
             self.uplink.alive()
         live = self.live_workers()
@@ -305,6 +308,7 @@ class Master:
         return [w for w in self.workers.values() if w.state not in LEAVING]
 
     def manage(self) -> None:
+        self.spawns_pending = False
         if self.stopping:
             return
         live = self.live_workers()
@@ -338,20 +342,19 @@ class Master:
             self.stop_worker(w, "rolling restart: replaced")
         batch = max(1, self.target // 4)
         room = min(self.target - len(new), self.target + batch - len(self.workers))
+        settled = len(live) == len(self.workers) and len(ready_new) == len(new)
+        if room > 0 and settled and len(self.workers) >= self.cfg.limit:
+            # No replacement can start first at the workers limit: one idle old worker makes room.
+            for w in [w for w in old if w.state == WorkerState.IDLE][:1]:
+                self.stop_worker(w, "rolling restart at the workers limit: making room")
         self.spawn_into_free_slots(room)
         return True
 
     def spawn_into_free_slots(self, room: int) -> None:
-        now = self.clock.monotonic()
-        for i in range(self.cfg.ceiling + max(1, self.cfg.ceiling // 4)):
-            if room <= 0:
-                return
-            slot = self.slots.setdefault(i, Slot(i))
-            if slot.index in self.workers:
-                continue
-            room -= 1  # a slot in backoff still takes its place: a crash loop cannot spill over
-            if not slot.in_backoff(now):
-                self.spawn(slot)
+        """Up to `room` workers, within the workers limit and paced (fleet.spawn_room)."""
+        room = fleet.spawn_room(room, self.workers, self.cfg.limit)
+        free = fleet.free_slots(self.slots, self.workers, room, self.cfg.limit, self.clock.monotonic())
+        self.spawns_pending = fleet.spawn_paced(free, self.spawn, self.clock.monotonic)
 
     def spawn(self, slot: Slot) -> None:
         try:

@@ -44,6 +44,10 @@ class Requeuer:
         self._thread = threading.Thread(target=self._run, name="requeuer", daemon=True)
         self._thread.start()
 
+    def set_max_requeues(self, limit: int) -> None:
+        """A reload's limit, for the requeues still to come."""
+        self.max_requeues = limit
+
     def requeue(self, job_id: str, reason: str) -> None:
         self._submit(Task("requeue", job_id, reason))
 
