@@ -444,6 +444,20 @@ def test_a_big_scale_up_is_paced_and_the_loop_comes_back_soon(clock: FakeClock, 
     assert m.next_wait() == 0.25  # settled: the loop is back to its tick
 
 
+def test_a_worker_that_speaks_before_ready_no_longer_holds_the_start_window(
+    clock: FakeClock, window: int
+) -> None:
+    m, launcher, _ = make(clock, workers=20, workers_limit=20)
+    m.step()
+    m.step()
+    assert len(launcher.spawned) == window
+    clock.advance(0.5)
+    for proc in launcher.spawned:
+        proc.beat()  # `idle` before `ready`: loaded, and waiting for Redis
+    m.step()
+    assert len(launcher.spawned) == window + fleet.SPAWNS_PER_PASS
+
+
 def test_a_pass_spends_at_most_a_slice_of_time_spawning(clock: FakeClock, window: int) -> None:
     m, launcher, _ = make(clock, workers=1, workers_limit=20)
     m.step()
