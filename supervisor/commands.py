@@ -14,7 +14,7 @@ import queue
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from herder.common.config import Config, ConfigError, reread
+from herder.common.config import KEYS, Config, ConfigError, redact_url, reload_plan, reread
 from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
@@ -31,16 +31,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("herder")
 
-# Changing one of these means new workers: a rolling restart follows the reload.
-RESTART_KEYS = frozenset(
-    {"queues", "paths", "worker_command", "redis_url", "log_level", "heartbeat_interval"}
-)
-
 
 class Fleet(Protocol):
     """What commands read and change of the master (herder.supervisor.master.Master)."""
 
     cfg: Config
+    started_cfg: Config  # what the watchdog started with: it never re-reads the file
     clock: Clock
     host_id: str
     target: int
@@ -125,8 +121,8 @@ class Commands:
             case "reload":
                 return self.reload("herder reload")
             case "stop":
-                if "timeout" in body:
-                    self.m.cfg.stop_timeout = float(body["timeout"])
+                if "timeout" in body:  # a new Config: the one herder started with stays as it was
+                    self.m.cfg = replace(self.m.cfg, stop_timeout=float(body["timeout"]))
                 self.m.begin_stop(hurry=False, why="herder stop")
                 return {"ok": True, "stopping": len(self.m.workers)}
             case cmd:
@@ -150,6 +146,7 @@ class Commands:
             workers=[(w, w.proc.snapshot()) for w in m.workers.values()],
             backoff=sorted(backoff),
             queues=dict(m.scaler.queues),
+            settings=self.settings(),
             totals={
                 "spawned": m.counters.totals.spawned,
                 "killed": m.counters.totals.killed,
@@ -160,6 +157,28 @@ class Commands:
             },
         )
 
+    def settings(self) -> dict[str, Any]:
+        """Every setting as the master runs it, read back from the part that applies it where
+        one does: a reload that did not reach a part shows here."""
+        m = self.m
+        out: dict[str, Any] = {k: getattr(m.cfg, k) for k in KEYS}
+        out.update(
+            redis_url=redact_url(m.cfg.redis_url),
+            workers_limit=m.cfg.limit,
+            kill_budget=m.guard.budget.fraction,
+            kill_budget_window=m.guard.budget.window,
+            scale_down_delay=m.scaler.policy.scale_down_delay,
+            drain_target=m.scaler.policy.drain_target,
+            log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+        )
+        if m.recovery is not None:
+            out.update(max_requeues=m.recovery.cfg.max_requeues, sweep_interval=m.recovery.cfg.sweep_interval)
+        if m.reader is not None:
+            out.update(scale_interval=m.reader.interval, queues=list(m.reader.queues))
+            if m.reader.cluster is not None:
+                out.update(cluster_max_workers=m.reader.cluster.cap, host_ttl=m.reader.cluster.ttl)
+        return out
+
     def restart(self, why: str) -> dict:
         m = self.m
         m.generation += 1
@@ -168,15 +187,14 @@ class Commands:
         return {"ok": True, "replacing": n, "generation": m.generation}
 
     def rescale(self, body: dict[str, Any]) -> dict:
-        m, cfg = self.m, self.m.cfg
+        cfg = self.m.cfg
         if "workers" in body:
             n = int(body["workers"])
             if n < 1:
                 return {"ok": False, "error": "workers must be at least 1"}
             if cfg.autoscale:
                 return {"ok": False, "error": "autoscaling is on: use --min/--max"}
-            m.cfg = replace(cfg, workers=n)
-            m.target = n
+            new = replace(cfg, workers=n)
         else:
             if not cfg.autoscale:
                 return {
@@ -187,15 +205,26 @@ class Commands:
             hi = int(body.get("max", cfg.ceiling))
             if not 0 <= lo <= hi or hi < 1:
                 return {"ok": False, "error": f"need 0 <= min <= max and max >= 1, got {lo}, {hi}"}
-            m.cfg = replace(cfg, min_workers=lo, max_workers=hi)
-            m.target = max(lo, min(hi, m.target))
-        m.scaler.configure(m.cfg)
-        bounds = f"min {m.cfg.floor}, max {m.cfg.ceiling}" if m.cfg.autoscale else "fixed"
-        log.info("scale: target now %d workers (%s)", m.target, bounds)
-        return {"ok": True, "desired": m.target, "min": m.cfg.floor, "max": m.cfg.ceiling}
+            new = replace(cfg, min_workers=lo, max_workers=hi)
+        if new.ceiling > new.limit:
+            log.warning("scale to %d refused: above %s", new.ceiling, new.describe_limit())
+            return {"ok": False, "error": f"{new.ceiling} workers is above {new.describe_limit()}"}
+        self.resize(new)
+        bounds = f"min {new.floor}, max {new.ceiling}" if new.autoscale else "fixed"
+        log.info("scale: target now %d workers (%s)", self.m.target, bounds)
+        return {"ok": True, "desired": self.m.target, "min": new.floor, "max": new.ceiling}
+
+    def resize(self, cfg: Config) -> None:
+        """New worker bounds (scale, reload): the target moves into them at once; autoscaling
+        turned on starts from the count running so far."""
+        m = self.m
+        m.target = max(cfg.floor, min(cfg.ceiling, m.target)) if cfg.autoscale else cfg.workers
+        m.scaler.configure(cfg)
+        m.cfg = cfg
 
     def reload(self, why: str) -> dict:
-        """Re-read the config file; settings pinned by the environment or flags stay."""
+        """Re-read the config file; settings pinned by the environment or flags stay. All or
+        nothing: a changed key that only a restart of herder applies refuses the whole reload."""
         m = self.m
         if not m.cfg.config_file:
             log.warning("%s: no config file to re-read (herder run had no --config)", why)
@@ -204,27 +233,43 @@ class Commands:
             m.uplink.reloading()
         try:
             new = reread(m.cfg)
+            plan = reload_plan(m.cfg, new, m.started_cfg)
         except ConfigError as exc:
             log.error("%s: keeping the running config: %s", why, exc)
             if m.uplink:
                 m.uplink.ready()
             return {"ok": False, "error": str(exc)}
-        old = m.cfg
-        changed = sorted(k for k in vars(new) if getattr(new, k) != getattr(old, k))
-        if {"workers", "min_workers", "max_workers"} & set(changed):
-            self.rescale(
-                {"workers": new.workers} if not new.autoscale else {"min": new.floor, "max": new.ceiling}
-            )
-        m.cfg = new
-        m.scaler.configure(new)
+        self.apply(new)
+        changed = sorted(plan.applied + plan.restart_workers)
         log.info(
             "%s: config re-read from %s; changed: %s", why, new.config_file, ", ".join(changed) or "nothing"
         )
-        if "queues" in changed and m.reader:
-            m.reader.set_queues(new.queues)
-        restart = RESTART_KEYS & set(changed)
-        if restart:
-            self.restart(f"{why} ({', '.join(sorted(restart))} changed)")
+        replacing = 0
+        if plan.restart_workers:
+            replacing = self.restart(f"{why} ({', '.join(plan.restart_workers)} changed)")["replacing"]
         if m.uplink:
             m.uplink.ready()
-        return {"ok": True, "changed": changed}
+        return {
+            "ok": True,
+            "changed": changed,
+            "applied": plan.applied,
+            "restart_workers": plan.restart_workers,
+            "replacing": replacing,
+        }
+
+    def apply(self, new: Config) -> None:
+        """Hand each setting to the part that uses it. Every part, every time: each setter is
+        cheap and keeps what did not change, and no changed key can be forgotten. Settings
+        read where they are used (deadlines, backoff, the workers limit) need only m.cfg."""
+        m = self.m
+        self.resize(new)
+        m.guard.configure(new, m.clock.wall())
+        m.retirement.configure(new)
+        if m.recovery is not None:
+            m.recovery.configure(new)
+        if m.reader is not None:
+            m.reader.set_queues(new.queues)
+            m.reader.set_interval(new.scale_interval)
+            if new.cluster_max_workers is not None:
+                m.reader.set_cluster(new.cluster_max_workers, new.host_ttl, new.kill_budget_window)
+        logging.getLogger().setLevel(new.log_level.upper())

@@ -6,12 +6,26 @@ they keep dying young). Plain data and pure rules; only the reconcile loop chang
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from herder.common.config import Config
+from herder.common.config import Config, host_cpus
 from herder.supervisor.states import WorkerState
 from herder.supervisor.workerproc import Observations
+
+# Spawn pacing (measured: docs/operations.md, "Workers limit"). A spawn costs the master
+# ~1.2 ms of CPU but up to ~120 ms of wall time once the host is busy starting other workers
+# (Popen waits for the exec), so one pass spawns a few and comes back soon for the rest:
+# signals, control requests and the watchdog's heartbeat never wait behind a scale-up.
+SPAWNS_PER_PASS = 4
+SPAWN_SLICE = 0.1  # seconds of one pass spent spawning, at most
+SPAWN_AGAIN = 0.02  # how soon the loop comes back while spawns are pending
+# A new worker spends ~0.3 s of CPU loading Python, redis and rq before it says a word.
+# Dozens doing it at once only queue for the same cores (and starve the working ones and
+# the master), so at most this many load at a time: with 4 per CPU, 40 workers on 2 cores
+# were all ready about as soon as with no window, and the first ones 2.5-4x sooner.
+START_WINDOW = 4 * host_cpus()
 
 
 class ProcessHandle(Protocol):
@@ -86,3 +100,46 @@ class Slot:
 def died_young(graceful: bool, was_ready: bool, lived: float, cfg: Config) -> bool:
     """Before `ready` (a failed start, however long it took), or soon after it."""
     return not graceful and not (was_ready and lived >= cfg.min_uptime)
+
+
+def free_slots(
+    slots: dict[int, Slot], taken: Container[int], room: int, limit: int, now: float
+) -> Iterator[Slot]:
+    """Up to `room` free slots to spawn into, lowest first, among the `limit` a host may fill
+    (with at most `limit` workers, one of those is free whenever there is room). A slot in
+    backoff takes its place without being spawned into: a crash loop cannot spill over."""
+    for i in range(limit):
+        if room <= 0:
+            return
+        slot = slots.setdefault(i, Slot(i))
+        if i in taken:
+            continue
+        room -= 1
+        if not slot.in_backoff(now):
+            yield slot
+
+
+def spawn_paced(free: Iterable[Slot], spawn: Callable[[Slot], None], clock: Callable[[], float]) -> bool:
+    """Spawn into `free` slots, at most SPAWNS_PER_PASS of them and for at most SPAWN_SLICE
+    seconds; True if some are left for the next pass."""
+    began = clock()
+    for n, slot in enumerate(free):
+        if n >= SPAWNS_PER_PASS or clock() - began >= SPAWN_SLICE:
+            return True
+        spawn(slot)
+    return False
+
+
+def loading(workers: Iterable[Worker]) -> int:
+    """Workers still loading their code: starting and not a word yet (a worker waiting for
+    Redis says `idle`, so it does not hold the start window)."""
+    return sum(
+        w.state == WorkerState.STARTING and w.proc.snapshot().last_seen <= w.spawned_at for w in workers
+    )
+
+
+def spawn_room(room: int, workers: dict[int, Worker], limit: int) -> int:
+    """How many of `room` spawns may start now: never past the workers limit (stopping workers
+    count: they are still processes), and only while the start window has room (a `ready`
+    wakes the loop for the next ones)."""
+    return min(room, limit - len(workers), START_WINDOW - loading(workers.values()))

@@ -6,6 +6,7 @@ down at once. No token: the worker is left alone, health is degraded, a person i
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 
 from herder.common.config import Config
@@ -23,6 +24,18 @@ class KillGuard:
         self.cluster = ClusterView() if cfg.cluster_max_workers is not None else None
         self.recovery = recovery  # counts kills cluster-wide, off the loop
         self.degraded = ""  # why health is degraded, or ""
+
+    def configure(self, cfg: Config, wall: float) -> None:
+        """A reload's budget. Kills already counted stay counted: a new window length starts
+        with the old window's count, so a reload never hands out a fresh budget."""
+        old = self.budget
+        if cfg.kill_budget_window != old.window:
+            index = int(wall // cfg.kill_budget_window)
+            carried = math.ceil(old.local_count(wall))
+            self.budget = KillBudget(cfg.kill_budget_window, cfg.kill_budget)
+            self.budget.carry(index, carried)
+        self.budget.fraction = cfg.kill_budget
+        self.cluster_cap = cfg.cluster_max_workers  # a new value only: on/off needs a restart
 
     def cluster_read(self, kills: tuple[int, int, float] | None) -> None:
         """The cluster-wide kill counters as the load reader last read them."""

@@ -1,15 +1,12 @@
 """The master: one reconcile loop that spawns, watches, stops and replaces workers.
 
-Shaped like gunicorn's arbiter: wait for an event (a wake-up byte from a reader thread,
-a signal, or the tick), then handle signals, reap the dead, murder the unresponsive,
-scale, manage the fleet towards its target, answer control requests. Signal handlers only
-record the signal; the loop acts. Only this loop changes a worker's state, through
-herder.supervisor.states.change_state. Workers start only through the Launcher and time
-is read only through the Clock, so unit tests drive this loop with fakes.
-
-Rooms next door: liveness.py (is a worker alive?), fleet.py (workers, slots, backoff),
-autoscaler.py (load -> target), commands.py (control requests, reload), counters.py,
-snapshot.py (status), redis_side/ (every Redis call, on threads of their own).
+Shaped like gunicorn's arbiter: wait for an event (a reader's wake-up byte, a signal, the
+tick), then handle signals, reap the dead, murder the unresponsive, retire (recycle, cull),
+scale, manage towards the target, answer control requests. Handlers only record; the loop
+acts, and only it changes a worker's state (states.change_state). Workers start only
+through the Launcher and time is read only through the Clock: unit tests use fakes.
+Next door: liveness.py, fleet.py, retirement.py, autoscaler.py, commands.py, counters.py,
+snapshot.py, redis_side/ (every Redis call, on threads of their own).
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ import socket
 from herder.common.config import Config, redact_url
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
+from herder.supervisor import fleet
 from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
@@ -54,7 +52,7 @@ class Master:
         uplink: Uplink | None = None,
         host_id: str = "",
     ) -> None:
-        self.cfg = cfg
+        self.cfg = self.started_cfg = cfg  # started_cfg: the watchdog's, which it never re-reads
         self.launcher, self.clock = launcher, clock
         self.recovery, self.reader, self.uplink = recovery, reader, uplink
         self.hostname = socket.gethostname()
@@ -67,6 +65,7 @@ class Master:
         self.guard = KillGuard(cfg, recovery)
         self.retirement = Retirement(cfg, recovery)
         self.stopping = False
+        self.spawns_pending = False  # pacing left spawns for the next pass: it comes soon
         self.generation = 0  # bumped by a rolling restart
         self.started_at = clock.wall()
         self._ready_sent = False
@@ -115,24 +114,25 @@ class Master:
         self.handle_signals()
         self.reap()
         self.murder()
-        now = self.clock.monotonic()
-        self.retirement.review(self.live_workers(), self.target, now, self.clock.wall(), self.kill)
+        self.retirement.review(
+            self.live_workers(), self.target, self.clock.monotonic(), self.clock.wall(), self.kill
+        )
         self.scale()
         self.manage()
         self.commands.handle_requests()
         self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
         self.heartbeat()
         if self.recovery:  # what the next sweep must not touch
-            live = [w for w in self.workers.values() if w.state != WorkerState.EXITED]
-            held = [o.job_id for o in (w.proc.snapshot() for w in live) if o.job_id]
-            self.recovery.tell([self.rq_name(w) for w in live], held)
+            held = [o.job_id for o in (w.proc.snapshot() for w in self.workers.values()) if o.job_id]
+            self.recovery.tell([self.rq_name(w) for w in self.workers.values()], held)
 
     def next_wait(self) -> float:
         """Until the next tick, or sooner if a slot's backoff ends first (so a 0.1 s backoff
         is 0.1 s, not a whole tick)."""
         now = self.clock.monotonic()
         due = [s.next_spawn_at - now for s in self.slots.values() if s.index not in self.workers]
-        return max(0.0, min([TICK, *[d for d in due if d > 0]]))
+        soon = [fleet.SPAWN_AGAIN] if self.spawns_pending else []  # paced spawns left for the next pass
+        return max(0.0, min([TICK, *soon, *[d for d in due if d > 0]]))
 
     def shut_down(self) -> int:
         if self.reader:
@@ -156,7 +156,7 @@ class Master:
         if not self.uplink:
             return
         now = self.clock.monotonic()
-        if now - self._last_alive >= self.cfg.heartbeat_interval:
+        if now - self._last_alive >= self.started_cfg.heartbeat_interval:  # the watchdog's deadlines
             self._last_alive = now
             self.uplink.alive()
         live = self.live_workers()
@@ -306,6 +306,7 @@ class Master:
         return [w for w in self.workers.values() if w.state not in LEAVING]
 
     def manage(self) -> None:
+        self.spawns_pending = False
         if self.stopping:
             return
         live = self.live_workers()
@@ -340,20 +341,19 @@ class Master:
             self.stop_worker(w, w.retire_reason or "rolling restart: replaced")
         batch = max(1, self.target // 4)
         room = min(self.target - len(new), self.target + batch - len(self.workers))
+        settled = len(live) == len(self.workers) and len(ready_new) == len(new)
+        if room > 0 and settled and len(self.workers) >= self.cfg.limit:
+            # No replacement can start first at the workers limit: one idle old worker makes room.
+            for w in [w for w in old if w.state == WorkerState.IDLE][:1]:
+                self.stop_worker(w, "rolling restart at the workers limit: making room")
         self.spawn_into_free_slots(room)
         return True
 
     def spawn_into_free_slots(self, room: int) -> None:
-        now = self.clock.monotonic()
-        for i in range(self.cfg.ceiling + max(1, self.cfg.ceiling // 4)):
-            if room <= 0:
-                return
-            slot = self.slots.setdefault(i, Slot(i))
-            if slot.index in self.workers:
-                continue
-            room -= 1  # a slot in backoff still takes its place: a crash loop cannot spill over
-            if not slot.in_backoff(now):
-                self.spawn(slot)
+        """Up to `room` workers, within the workers limit and paced (fleet.spawn_room)."""
+        room = fleet.spawn_room(room, self.workers, self.cfg.limit)
+        free = fleet.free_slots(self.slots, self.workers, room, self.cfg.limit, self.clock.monotonic())
+        self.spawns_pending = fleet.spawn_paced(free, self.spawn, self.clock.monotonic)
 
     def spawn(self, slot: Slot) -> None:
         try:

@@ -40,6 +40,7 @@ class FleetView:
     backoff: list[int]  # slots waiting out a backoff
     queues: dict[str, QueueStats]
     totals: dict[str, int]
+    settings: dict[str, Any]  # every setting as the master runs it (secrets redacted)
 
 
 _processes: dict[int, psutil.Process] = {}  # kept so cpu_percent() measures since the last status
@@ -103,6 +104,7 @@ def build_status(v: FleetView) -> dict[str, Any]:
         "autoscale": cfg.autoscale,
         "min": cfg.floor,
         "max": cfg.ceiling,
+        "workers_limit": cfg.limit,
         "cluster_max": cfg.cluster_max_workers,
         "cluster_grant": v.grant,
         "desired": v.target,
@@ -115,4 +117,5 @@ def build_status(v: FleetView) -> dict[str, Any]:
         ],
         "workers": workers,
         "totals": v.totals,
+        "settings": v.settings,
     }

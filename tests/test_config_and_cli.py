@@ -42,6 +42,12 @@ def test_redact_url_hides_passwords() -> None:
     [
         ({"workers": 0}, "workers"),
         ({"heartbeat_timeout": 0.5, "heartbeat_interval": 1.0}, "heartbeat_timeout"),
+        ({"heartbeat_timeout": 1.9, "heartbeat_interval": 0.5}, "heartbeat_timeout"),  # slices are >= 1 s
+        ({"heartbeat_timeout": 5.9, "heartbeat_interval": 3.0}, "heartbeat_timeout"),
+        ({"workers": 9, "workers_limit": 8}, "workers"),
+        ({"max_workers": 9, "workers_limit": 8}, "max_workers"),
+        ({"min_workers": 9, "max_workers": 5, "workers_limit": 8}, "min_workers"),
+        ({"workers_limit": 0}, "workers_limit"),
         ({"stop_timeout": -1}, "stop_timeout"),
         ({"queues": []}, "queues"),
         ({"redis_url": "http://x"}, "redis_url"),
@@ -54,6 +60,40 @@ def test_config_validation_names_the_key(change: dict, key: str) -> None:
         cfg.validate({key: "environment"})
     assert err.value.key == key
     assert f"'{key}' from environment" in str(err.value)
+
+
+def test_a_heartbeat_timeout_of_two_dequeue_slices_is_the_shortest_allowed() -> None:
+    Config(heartbeat_interval=0.5, heartbeat_timeout=2.0).validate()
+    Config(heartbeat_interval=3.0, heartbeat_timeout=6.0).validate()
+    with pytest.raises(ConfigError, match=r"at least twice max\(1 s, heartbeat_interval\), 6 s.*idle"):
+        Config(heartbeat_interval=3.0, heartbeat_timeout=5.0).validate()
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["--workers", "100000"], "'workers' from command line"),
+        (["--max-workers", "50", "--workers-limit", "40"], "'max_workers' from command line"),
+        (["--min-workers", "41", "--max-workers", "41", "--workers-limit", "40"], "'max_workers'"),
+    ],
+)
+def test_a_worker_count_above_the_workers_limit_exits_78_naming_key_and_limit(
+    tmp_path: Path, args: list[str], key: str
+) -> None:
+    from herder.common.config import default_workers_limit
+
+    r = run_herder("--redis-url", "redis://127.0.0.1:1/0", "--state-dir", str(tmp_path), *args)
+    assert r.returncode == EX_CONFIG, r.stderr
+    limit = 40 if "--workers-limit" in args else default_workers_limit()[0]
+    assert key in r.stderr and f"workers limit of {limit}" in r.stderr
+
+
+def test_a_heartbeat_timeout_that_would_kill_idle_workers_exits_78(tmp_path: Path) -> None:
+    f = tmp_path / "herder.toml"
+    f.write_text("[herder]\nheartbeat_interval = 2\nheartbeat_timeout = 3\n")
+    r = run_herder("--config", str(f), "--redis-url", "redis://127.0.0.1:1/0", "--state-dir", str(tmp_path))
+    assert r.returncode == EX_CONFIG
+    assert f"'heartbeat_timeout' from file {f}" in r.stderr and "kill healthy idle workers" in r.stderr
 
 
 def test_bad_value_from_environment_exits_78_naming_key_and_source(tmp_path: Path) -> None:

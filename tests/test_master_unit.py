@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from herder.common.config import Config
+from herder.supervisor import fleet
 from herder.supervisor.fleet import Worker
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
@@ -106,6 +107,7 @@ class FakeRecovery:
         self.asked: list[int] = []
         self.pending_answers: dict[int, bool] = {}  # what Redis will answer, by ticket
         self.counts = Counts()
+        self.cfg = Config()
 
     def start(self) -> None:
         pass
@@ -411,3 +413,159 @@ def test_one_ctrl_c_delivered_twice_is_one_and_a_later_one_hurries(clock: FakeCl
     clock.advance(2)
     m.events.record(signal.SIGINT)
     assert [(r.action, r.hurry) for r in m.events.requests()] == [("stop", True)]
+
+
+# ---- the workers limit and spawn pacing --------------------------------------------------------
+
+
+@pytest.fixture
+def window(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The start window, fixed so these tests do not depend on the host's CPU count."""
+    monkeypatch.setattr(fleet, "START_WINDOW", 8)
+    return 8
+
+
+def fleet_up(m: Master) -> None:
+    """Steps until the whole target is spawned and ready (spawns are paced)."""
+    for _ in range(20):
+        m.step()
+        all_ready(m)
+        if len(m.workers) == m.target and all(w.state == WorkerState.IDLE for w in m.workers.values()):
+            return
+    raise AssertionError("the fleet did not come up")
+
+
+def loading_count(m: Master) -> int:
+    return sum(w.state == WorkerState.STARTING for w in m.workers.values())
+
+
+def test_a_big_scale_up_is_paced_and_the_loop_comes_back_soon(clock: FakeClock, window: int) -> None:
+    m, launcher, _ = make(clock, workers=1, workers_limit=40)
+    m.step()
+    all_ready(m)
+    assert m.commands.rescale({"workers": 40})["ok"]
+    m.step()
+    assert len(launcher.spawned) == 1 + fleet.SPAWNS_PER_PASS  # a few per pass, not 39 at once
+    assert m.next_wait() == fleet.SPAWN_AGAIN  # and the next pass comes soon
+    m.step()
+    assert loading_count(m) == window  # the start window is full
+    m.step()
+    assert loading_count(m) == window and m.next_wait() == 0.25  # nothing to do until one speaks
+    peak = 0
+    for _ in range(40):
+        for proc in launcher.spawned[-3:]:
+            proc.ready()  # three of the loading workers come up each pass
+        m.step()
+        peak = max(peak, loading_count(m))
+    assert len(m.workers) == 40 == len(launcher.spawned)
+    assert peak <= window
+    assert m.next_wait() == 0.25  # settled: the loop is back to its tick
+
+
+def test_a_worker_that_speaks_before_ready_no_longer_holds_the_start_window(
+    clock: FakeClock, window: int
+) -> None:
+    m, launcher, _ = make(clock, workers=20, workers_limit=20)
+    m.step()
+    m.step()
+    assert len(launcher.spawned) == window
+    clock.advance(0.5)
+    for proc in launcher.spawned:
+        proc.beat()  # `idle` before `ready`: loaded, and waiting for Redis
+    m.step()
+    assert len(launcher.spawned) == window + fleet.SPAWNS_PER_PASS
+
+
+def test_a_pass_spends_at_most_a_slice_of_time_spawning(clock: FakeClock, window: int) -> None:
+    m, launcher, _ = make(clock, workers=1, workers_limit=20)
+    m.step()
+    all_ready(m)
+    slow = launcher.spawn
+
+    def spawn_slowly(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        clock.advance(0.06)  # the host is busy: each spawn takes 60 ms of wall time
+        return slow(*args, **kwargs)
+
+    launcher.spawn = spawn_slowly  # type: ignore[method-assign]
+    m.commands.rescale({"workers": 5})
+    m.step()
+    assert len(launcher.spawned) == 1 + 2  # 0.1 s of spawning, then the rest of the loop
+    assert m.spawns_pending
+
+
+def test_scale_past_the_workers_limit_is_refused_and_changes_nothing(clock: FakeClock) -> None:
+    m, launcher, _ = make(clock, workers=2, workers_limit=8)
+    m.step()
+    reply = m.commands.rescale({"workers": 100000})
+    assert not reply["ok"] and "workers limit of 8" in reply["error"]
+    assert m.target == 2 and m.cfg.workers == 2
+    m.step()
+    assert len(launcher.spawned) == 2
+    auto, _, _ = make(clock, max_workers=4, workers_limit=8)
+    reply = auto.commands.rescale({"min": 1, "max": 9})
+    assert not reply["ok"] and "workers limit of 8" in reply["error"] and auto.cfg.max_workers == 4
+
+
+def test_stopping_workers_count_towards_the_limit(clock: FakeClock, window: int) -> None:
+    m, launcher, _ = make(clock, workers=8, workers_limit=8)
+    fleet_up(m)
+    for proc in launcher.spawned[:4]:
+        proc.busy("long")
+    m.step()
+    # A lower limit (a reload): the idle half is stopped; those still finish up meanwhile.
+    m.commands.resize(replace(m.cfg, workers=4, workers_limit=4))
+    m.step()
+    assert sorted(w.slot for w in m.workers.values() if w.state == WorkerState.STOPPING) == [4, 5, 6, 7]
+    clock.advance(2)
+    for proc in launcher.spawned[:4]:
+        proc.exit(-signal.SIGKILL)  # the busy half dies: four slots free, four processes left
+    for _ in range(3):
+        m.step()
+    assert len(launcher.spawned) == 8 and len(m.workers) == 4  # no room until the stopping ones exit
+    for proc in launcher.spawned[4:6]:
+        proc.exit(0)
+    m.step()
+    assert len(launcher.spawned) == 10 and len(m.workers) == 4
+
+
+def test_a_stop_in_the_middle_of_a_burst_spawns_no_more(clock: FakeClock, window: int) -> None:
+    m, launcher, _ = make(clock, workers=1, workers_limit=40)
+    m.step()
+    all_ready(m)
+    m.commands.rescale({"workers": 40})
+    m.step()
+    spawned = len(launcher.spawned)
+    m.events.record(signal.SIGTERM)
+    m.step()
+    assert len(launcher.spawned) == spawned  # the stop came first
+    assert all(p.stops == 1 for p in launcher.spawned) and not m.spawns_pending
+    for proc in launcher.spawned:
+        proc.exit(0)
+    m.step()
+    assert not m.workers
+
+
+def test_a_rolling_restart_at_the_workers_limit_makes_room_one_at_a_time(
+    clock: FakeClock, window: int
+) -> None:
+    m, launcher, _ = make(clock, workers=4, workers_limit=4)
+    m.step()
+    all_ready(m)
+    old = set(launcher.spawned)
+    m.commands.restart("test")
+    lowest_ready = 4
+    passes_seen: dict[FakeProc, int] = {}
+    for _ in range(40):
+        m.step()
+        assert len(m.workers) <= 4
+        for proc in set(launcher.spawned) - old:
+            passes_seen[proc] = passes_seen.get(proc, 0) + 1
+            if passes_seen[proc] == 2:
+                proc.ready()  # a replacement needs two passes to come up
+        for proc in old:
+            if proc.stops and proc.code is None:
+                proc.exit(0)
+        ready = sum(w.state in (WorkerState.IDLE, WorkerState.BUSY) for w in m.workers.values())
+        lowest_ready = min(lowest_ready, ready)
+    assert not old & set(live(m).values())  # every old worker replaced
+    assert lowest_ready >= 3  # at the limit capacity dips by one worker at most

@@ -11,6 +11,7 @@ password would be visible in the process list.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -18,12 +19,22 @@ import shlex
 import tomllib
 import typing
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from herder.common.exits import EX_CONFIG
 
-__all__ = ["EX_CONFIG", "Config", "ConfigError", "reread", "resolve", "load_file"]
+__all__ = [
+    "EX_CONFIG",
+    "Config",
+    "ConfigError",
+    "ReloadPlan",
+    "reload_plan",
+    "reread",
+    "resolve",
+    "load_file",
+]
 
 ENV_RESOLVED = "HERDER_RESOLVED_CONFIG"
 
@@ -35,11 +46,29 @@ class ConfigError(Exception):
         self.source = source
 
 
-def setting(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002
-    """A user setting: its default and the help its flag shows (`herder run --help`)."""
+class OverLimit(ConfigError):
+    """A worker count above the host's workers limit: a configuration error (exit 78), never a
+    usage error, so a service manager does not restart into it."""
+
+
+# What `herder reload` does with a setting whose value the file changed (its `reload`):
+APPLY = "apply"  # the master applies it in place (or reads it afresh where it is used)
+WORKERS = "workers"  # only new workers pick it up: a rolling restart follows
+RESTART = "restart"  # read once at start: a reload that changes it is refused, nothing changes
+
+
+def setting(
+    default: Any = None,
+    help: str = "",  # noqa: A002
+    factory: Any = None,
+    reload: str = RESTART,
+) -> Any:
+    """A user setting: its default, the help its flag shows (`herder run --help`) and what a
+    reload does with it (refused unless said otherwise: a reload never claims what it did not do)."""
+    meta = {"help": help, "reload": reload}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def internal(default: Any = None, factory: Any = None) -> Any:
@@ -47,6 +76,42 @@ def internal(default: Any = None, factory: Any = None) -> Any:
     if factory is not None:
         return field(default_factory=factory, metadata={"internal": True})
     return field(default=default, metadata={"internal": True})
+
+
+# Workers per CPU: a worker needs ~0.3 s of CPU to start (Python, redis, rq), so even a
+# host starting all of them at once gives each core ~5 s of start-up work, well inside the
+# start timeout; past that a bigger count only queues for the same cores.
+WORKERS_PER_CPU = 16
+# Memory per worker: an idle worker's RSS is ~35 MiB; 64 MiB leaves room for its job.
+MEMORY_PER_WORKER = 64 * 2**20
+
+
+def host_cpus() -> int:
+    """The CPUs this process may run on (a cpuset or taskset narrows it), else all of them."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def host_memory() -> int | None:
+    """Physical memory in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@functools.cache
+def default_workers_limit() -> tuple[int, str]:
+    """min(16 x CPUs, physical memory / 64 MiB), at least 1; and how it was reached."""
+    cpus, memory = host_cpus(), host_memory()
+    by_cpu = WORKERS_PER_CPU * cpus
+    how = f"{WORKERS_PER_CPU} x {cpus} CPUs"
+    if memory is None:
+        return max(1, by_cpu), how
+    by_memory = memory // MEMORY_PER_WORKER
+    how = f"min({how}, {memory / 2**30:.1f} GiB / 64 MiB = {by_memory})"
+    return max(1, min(by_cpu, by_memory)), how
 
 
 @dataclass
@@ -59,84 +124,136 @@ class Config:
         None, "Redis URL, e.g. redis://:password@host:6379/0 (default: embedded)."
     )
     queues: list[str] = setting(
-        help="Queue to work on (repeatable), in priority order.", factory=lambda: ["default"]
+        help="Queue to work on (repeatable), in priority order.",
+        factory=lambda: ["default"],
+        reload=WORKERS,
     )
-    workers: int = setting(2, "Number of workers (fixed).")
+    workers: int = setting(2, "Number of workers (fixed).", reload=APPLY)
     # Autoscaling: on when max_workers is set (then `workers` is ignored).
-    min_workers: int | None = setting(None, "Autoscale: never fewer workers than this (default 1).")
-    max_workers: int | None = setting(None, "Autoscale up to this many workers (turns autoscaling on).")
-    scale_interval: float = setting(1.0, "Seconds between load readings (one Redis round trip).")
-    scale_down_delay: float = setting(30.0, "Seconds the need must stay low before workers stop.")
-    drain_target: float = setting(30.0, "Size the fleet to empty the backlog within this many seconds.")
+    min_workers: int | None = setting(
+        None, "Autoscale: never fewer workers than this (default 1).", reload=APPLY
+    )
+    max_workers: int | None = setting(
+        None, "Autoscale up to this many workers (turns autoscaling on).", reload=APPLY
+    )
+    # The hard ceiling on this host's worker processes (docs/operations.md, "Workers limit").
+    workers_limit: int | None = setting(
+        None,
+        "The most worker processes this host runs, whatever is asked "
+        f"(default min(16 x CPUs, memory / 64 MiB): {default_workers_limit()[0]} here).",
+        reload=APPLY,
+    )
+    scale_interval: float = setting(
+        1.0, "Seconds between load readings (one Redis round trip).", reload=APPLY
+    )
+    scale_down_delay: float = setting(
+        30.0, "Seconds the need must stay low before workers stop.", reload=APPLY
+    )
+    drain_target: float = setting(
+        30.0, "Size the fleet to empty the backlog within this many seconds.", reload=APPLY
+    )
     # Several hosts on one Redis: a cap on the whole cluster's workers.
     host_id: str = setting("", "This host's name in a cluster (default hostname:pid).")
-    cluster_max_workers: int | None = setting(None, "Cap on the workers of all hosts on this Redis.")
-    host_ttl: float = setting(10.0, "Seconds after which a silent host is forgotten.")
+    # A new value applies; turning the cap on or off needs a restart (reload_plan).
+    cluster_max_workers: int | None = setting(
+        None, "Cap on the workers of all hosts on this Redis.", reload=APPLY
+    )
+    host_ttl: float = setting(10.0, "Seconds after which a silent host is forgotten.", reload=APPLY)
     # Deadline for a job whose busy line carries no timeout (RQ's own default is 180 s).
-    job_timeout: float = setting(180.0, "Seconds a job may run when it does not set its own timeout.")
+    job_timeout: float = setting(
+        180.0, "Seconds a job may run when it does not set its own timeout.", reload=APPLY
+    )
     # RQ's in-process alarm fires at the timeout; this is the backstop for code it cannot stop.
-    job_timeout_grace: float = setting(10.0, "Seconds past its timeout before herder kills a job.")
-    heartbeat_interval: float = setting(1.0, "Seconds between a worker's heartbeat lines.")
-    heartbeat_timeout: float = setting(10.0, "Seconds of worker silence before it is killed.")
-    start_timeout: float = setting(30.0, "Seconds a new worker has to say `ready`.")
-    stop_timeout: float = setting(30.0, "Seconds a stopping worker has to finish its job.")
-    kill_timeout: float = setting(5.0, "Seconds from SIGTERM to SIGKILL.")
-    max_requeues: int = setting(3, "Times a dead worker's job is requeued before it is failed.")
+    job_timeout_grace: float = setting(
+        10.0, "Seconds past its timeout before herder kills a job.", reload=APPLY
+    )
+    heartbeat_interval: float = setting(1.0, "Seconds between a worker's heartbeat lines.", reload=WORKERS)
+    heartbeat_timeout: float = setting(10.0, "Seconds of worker silence before it is killed.", reload=APPLY)
+    start_timeout: float = setting(30.0, "Seconds a new worker has to say `ready`.", reload=APPLY)
+    # Both only downwards: the watchdog's stop grace was set from them at start (reload_plan).
+    stop_timeout: float = setting(30.0, "Seconds a stopping worker has to finish its job.", reload=APPLY)
+    kill_timeout: float = setting(5.0, "Seconds from SIGTERM to SIGKILL.", reload=APPLY)
+    max_requeues: int = setting(3, "Times a dead worker's job is requeued before it is failed.", reload=APPLY)
     # How often a master looks for jobs no live worker holds (docs/design.md, "Jobs are never lost").
-    sweep_interval: float = setting(2.0, "Seconds between sweeps for jobs whose worker is gone.")
+    sweep_interval: float = setting(
+        2.0, "Seconds between sweeps for jobs whose worker is gone.", reload=APPLY
+    )
     # A widespread fault must not take every worker (cluster-wide too with a cluster cap).
-    kill_budget: float = setting(0.5, "Share of the fleet that may be killed as hung per budget window.")
-    kill_budget_window: float = setting(60.0, "Seconds of the kill budget's sliding window.")
-    min_uptime: float = setting(1.0, "A worker exiting sooner than this died young: its slot backs off.")
-    backoff_initial: float = setting(0.1, "Seconds a slot waits after its first young death (then doubling).")
-    backoff_max: float = setting(30.0, "The longest a slot's backoff grows.")
+    kill_budget: float = setting(
+        0.5, "Share of the fleet that may be killed as hung per budget window.", reload=APPLY
+    )
+    kill_budget_window: float = setting(60.0, "Seconds of the kill budget's sliding window.", reload=APPLY)
+    min_uptime: float = setting(
+        1.0, "A worker exiting sooner than this died young: its slot backs off.", reload=APPLY
+    )
+    backoff_initial: float = setting(
+        0.1, "Seconds a slot waits after its first young death (then doubling).", reload=APPLY
+    )
+    backoff_max: float = setting(30.0, "The longest a slot's backoff grows.", reload=APPLY)
     # Watchdog: master silence deadline and restart intensity.
     master_heartbeat_timeout: float = setting(15.0, "Master silence before a restart.")
     max_restarts: int = setting(5, "Master restarts within --restart-window before giving up.")
     restart_window: float = setting(60.0, "Seconds.")
-    paths: list[str] = setting(help="Directory to import job modules from (repeatable).", factory=list)
+    paths: list[str] = setting(
+        help="Directory to import job modules from (repeatable).", factory=list, reload=WORKERS
+    )
     worker_command: list[str] | None = setting(
-        None, "Run this program as the worker (it must speak the protocol)."
+        None, "Run this program as the worker (it must speak the protocol).", reload=WORKERS
     )
     state_dir: str = setting(
         "",
         "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID).",
     )
-    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR.")
+    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR.", reload=WORKERS)
     user: str = setting("", "Started as root: run the master, workers and embedded Redis as this user.")
     # Self-defense: cull a worker whose jobs keep failing (within a shared budget), and recycle
     # workers by jobs, age and memory, a replacement first (docs/design.md, "Self-defense").
     cull_failures: int = setting(
-        5, "Failed jobs within --cull-failure-window that get a worker culled (0: never)."
+        5, "Failed jobs within --cull-failure-window that get a worker culled (0: never).", reload=APPLY
     )
-    cull_failure_window: float = setting(60.0, "Seconds over which a worker's failed jobs are counted.")
-    cull_budget: int = setting(10, "Culls allowed per --cull-window, for all hosts on this Redis.")
-    cull_window: float = setting(600.0, "Seconds of the cull budget's sliding window.")
-    max_jobs: int | None = setting(None, "Recycle a worker after this many jobs.")
+    cull_failure_window: float = setting(
+        60.0, "Seconds over which a worker's failed jobs are counted.", reload=APPLY
+    )
+    cull_budget: int = setting(
+        10, "Culls allowed per --cull-window, for all hosts on this Redis.", reload=APPLY
+    )
+    cull_window: float = setting(600.0, "Seconds of the cull budget's sliding window.", reload=APPLY)
+    max_jobs: int | None = setting(None, "Recycle a worker after this many jobs.", reload=APPLY)
     max_jobs_jitter: int = setting(
-        0, "Up to this many jobs more, at random per worker, so they recycle apart."
+        0, "Up to this many jobs more, at random per worker, so they recycle apart.", reload=APPLY
     )
-    max_age: float | None = setting(None, "Recycle a worker after this many seconds.")
-    max_age_jitter: float = setting(0.0, "Up to this many seconds more, at random per worker.")
-    max_memory: float | None = setting(None, "Recycle a worker, between jobs, past this RSS in MB.")
+    max_age: float | None = setting(None, "Recycle a worker after this many seconds.", reload=APPLY)
+    max_age_jitter: float = setting(0.0, "Up to this many seconds more, at random per worker.", reload=APPLY)
+    max_memory: float | None = setting(
+        None, "Recycle a worker, between jobs, past this RSS in MB.", reload=APPLY
+    )
     max_memory_hard: float | None = setting(
-        None, "Kill a worker past this RSS in MB (default 1.5 x --max-memory)."
+        None, "Kill a worker past this RSS in MB (default 1.5 x --max-memory).", reload=APPLY
     )
-    recycle_share: float = setting(0.1, "At most this share of the fleet (at least 1) recycles at once.")
+    recycle_share: float = setting(
+        0.1, "At most this share of the fleet (at least 1) recycles at once.", reload=APPLY
+    )
     config_file: str | None = internal()  # where the file layer came from, for reload
     embedded_redis: bool = internal(False)  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them
+    defaulted: list[str] = internal(factory=list)  # keys `herder run` filled in itself (state_dir)
 
     def validate(self, sources: dict[str, str] | None = None) -> None:
         src = sources or {}
 
-        def bad(key: str, message: str) -> ConfigError:
-            return ConfigError(key, message, src.get(key, "default"))
+        def bad(key: str, message: str, kind: type[ConfigError] = ConfigError) -> ConfigError:
+            return kind(key, message, src.get(key, "default"))
 
         if self.workers < 1:
             raise bad("workers", f"must be at least 1, got {self.workers}")
         if self.min_workers is not None and self.max_workers is None:
             raise bad("min_workers", "needs max_workers too (autoscaling is on when max_workers is set)")
+        if self.workers_limit is not None and self.workers_limit < 1:
+            raise bad("workers_limit", f"must be at least 1, got {self.workers_limit}")
+        for key in ("max_workers", "min_workers") if self.autoscale else ("workers",):
+            count = getattr(self, key)
+            if count is not None and count > self.limit:
+                raise bad(key, f"{count} is above {self.describe_limit()}", OverLimit)
         if self.max_workers is not None:
             if self.max_workers < 1:
                 raise bad("max_workers", f"must be at least 1, got {self.max_workers}")
@@ -192,8 +309,16 @@ class Config:
         for key in ("job_timeout_grace", "stop_timeout", "min_uptime"):
             if getattr(self, key) < 0:
                 raise bad(key, f"must not be negative, got {getattr(self, key)}")
-        if self.heartbeat_timeout <= self.heartbeat_interval:
-            raise bad("heartbeat_timeout", "must be longer than heartbeat_interval")
+        # An idle RQ worker speaks once per dequeue slice of max(1 s, heartbeat_interval)
+        # (worker/rq_worker.py); a timeout that does not outlast two slices kills healthy ones.
+        slice_s = max(1.0, self.heartbeat_interval)
+        if self.heartbeat_timeout < 2 * slice_s:
+            raise bad(
+                "heartbeat_timeout",
+                f"must be at least twice max(1 s, heartbeat_interval), {2 * slice_s:g} s, got "
+                f"{self.heartbeat_timeout:g}: an idle worker speaks only once per {slice_s:g} s dequeue "
+                "slice, so a shorter timeout would kill healthy idle workers",
+            )
         if self.max_requeues < 0:
             raise bad("max_requeues", "must not be negative")
         if self.max_restarts < 1:
@@ -224,6 +349,20 @@ class Config:
     def ceiling(self) -> int:
         """The most workers herder runs."""
         return self.workers if self.max_workers is None else self.max_workers
+
+    @property
+    def limit(self) -> int:
+        """The most worker processes this host runs: workers_limit, else computed from the host."""
+        return self.workers_limit if self.workers_limit is not None else default_workers_limit()[0]
+
+    def describe_limit(self) -> str:
+        """The limit and where it comes from, for the errors that name it."""
+        if self.workers_limit is not None:
+            return f"the workers limit of {self.limit} (workers_limit)"
+        return (
+            f"this host's workers limit of {self.limit} ({default_workers_limit()[1]}; "
+            "raise it with workers_limit if the host can take more)"
+        )
 
     @property
     def orphan_log(self) -> str | None:
@@ -403,6 +542,8 @@ def describe(cfg: Config, sources: dict[str, str]) -> list[tuple[str, str, str]]
     for key in KEYS:
         value = getattr(cfg, key)
         shown = redact_url(value) if key in SECRET_KEYS else value
+        if key == "workers_limit" and value is None:
+            shown = f"{cfg.limit} ({default_workers_limit()[1]})"
         if isinstance(shown, list):
             shown = ", ".join(map(str, shown)) if key != "worker_command" else " ".join(shown)
         rows.append((key, "" if shown is None else str(shown), sources.get(key, "default")))
@@ -429,13 +570,56 @@ def example_file() -> str:
 
 def reread(cfg: Config) -> Config:
     """`cfg` with its file layer read again (reload); keys pinned by environment or flags
-    stay, and so does what `herder run` decided once (state dir, host id, embedded Redis)."""
+    stay, and what `herder run` filled in itself (the state dir, the embedded Redis) stays
+    while the file still does not set it. Every other difference is a change: reload_plan
+    says what becomes of it."""
     assert cfg.config_file
     pinned = {k: (getattr(cfg, k), "environment or command line") for k in cfg.pinned}
     fresh, _ = resolve([load_file(cfg.config_file), pinned])
-    fresh.config_file, fresh.pinned, fresh.state_dir = cfg.config_file, cfg.pinned, cfg.state_dir
-    fresh.host_id = cfg.host_id
+    fresh.config_file, fresh.pinned, fresh.defaulted = cfg.config_file, cfg.pinned, cfg.defaulted
     fresh.embedded_redis = cfg.embedded_redis
     if cfg.embedded_redis and fresh.redis_url is None:
         fresh.redis_url = cfg.redis_url  # the watchdog's private Redis stays where it is
+    if fresh.state_dir:
+        fresh.state_dir = str(Path(fresh.state_dir).absolute())  # as `herder run` made it
+    elif "state_dir" in cfg.defaulted:
+        fresh.state_dir = cfg.state_dir
     return fresh
+
+
+@dataclass(frozen=True)
+class ReloadPlan:
+    applied: list[str]  # changed keys the master applies in place
+    restart_workers: list[str]  # changed keys only new workers pick up: a rolling restart
+
+
+def reload_policy(key: str) -> str:
+    return next(f.metadata["reload"] for f in fields(Config) if f.name == key)
+
+
+def reload_plan(running: Config, new: Config, started: Config) -> ReloadPlan:
+    """What a reload from `running` to `new` does, or ConfigError naming every changed key it
+    cannot apply (then nothing changes). `started`: the config herder (and its watchdog,
+    which never re-reads it) started with."""
+    changed = [k for k in KEYS if getattr(new, k) != getattr(running, k)]
+    refused = {k: "read once at start" for k in changed if reload_policy(k) == RESTART}
+    if (running.cluster_max_workers is None) != (new.cluster_max_workers is None):
+        refused["cluster_max_workers"] = "turning the cluster cap on or off changes how this host reserves"
+    if new.drain_seconds > started.drain_seconds:
+        why = (
+            f"stop_timeout + kill_timeout would be {new.drain_seconds:g} s, more than the "
+            f"{started.drain_seconds:g} s the watchdog allows a stop since herder started"
+        )
+        refused.update({k: why for k in ("stop_timeout", "kill_timeout") if k in changed})
+    if refused:
+        source = f"file {running.config_file}"
+        reasons = "; ".join(f"{k}: {why}" for k, why in refused.items())
+        raise ConfigError(
+            ", ".join(refused),
+            f"changed, but only a restart of herder applies it ({reasons}); the running config is kept",
+            source,
+        )
+    return ReloadPlan(
+        applied=[k for k in changed if reload_policy(k) == APPLY],
+        restart_workers=[k for k in changed if reload_policy(k) == WORKERS],
+    )

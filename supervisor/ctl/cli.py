@@ -22,7 +22,7 @@ from click.core import ParameterSource
 import herder.watchdog.embedded_redis as embedded_redis
 from herder.common import config as settings
 from herder.common import statelock
-from herder.common.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError
+from herder.common.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError, OverLimit
 from herder.common.exits import EX_TEMPFAIL
 from herder.supervisor import __version__
 from herder.supervisor.ctl import client, render, service
@@ -141,6 +141,8 @@ def run(ctx: click.Context, **opts) -> None:
     try:
         cfg, _sources = resolve_settings(ctx, opts)
         owner = check_user(cfg.user)
+        if not cfg.state_dir:
+            cfg.defaulted.append("state_dir")  # a reload compares the file's silence, not this path
         cfg.state_dir = prepare_state_dir(cfg.state_dir or default_state_dir(), owner)
         if cfg.redis_url is None:
             # No Redis given: the watchdog runs a private one in the state dir.
@@ -151,7 +153,7 @@ def run(ctx: click.Context, **opts) -> None:
             cfg.embedded_redis = True
             cfg.redis_url = embedded_redis.url_for(cfg.state_dir)
     except ConfigError as exc:
-        if exc.key == "workers" and exc.source.startswith("command line"):
+        if exc.key == "workers" and exc.source.startswith("command line") and not isinstance(exc, OverLimit):
             raise click.BadParameter(str(exc), param_hint="--workers") from None
         click.echo(f"herder: {exc}", err=True)
         sys.exit(EX_CONFIG)
@@ -368,10 +370,23 @@ def restart(state_dir: str | None) -> None:
 
 @cli.command()
 @state_dir_option
-def reload(state_dir: str | None) -> None:
-    """Re-read the config file (as SIGHUP does); workers restart, rolling, if they must."""
+@click.option("--json", "as_json", is_flag=True, help="Print the reply as JSON.")
+def reload(state_dir: str | None, as_json: bool) -> None:
+    """Re-read the config file (as SIGHUP does): changed settings apply, workers restart
+    (rolling) for those only new workers pick up; a setting that needs a restart of herder
+    refuses the whole reload."""
     reply = ask(state_dir, {"cmd": "reload"})
-    click.echo(f"reloaded; changed: {', '.join(reply['changed']) or 'nothing'}")
+    if as_json:
+        click.echo(json.dumps(reply, indent=2))
+        return
+    if not reply["applied"] and not reply["restart_workers"]:
+        click.echo("reloaded: nothing changed")
+        return
+    click.echo(f"reloaded; applied: {', '.join(reply['applied']) or 'nothing'}")
+    if reply["restart_workers"]:
+        click.echo(
+            f"rolling restart of {reply['replacing']} workers for: {', '.join(reply['restart_workers'])}"
+        )
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ def render(status: dict[str, Any]) -> str:
     if status.get("health", "ok") != "ok":
         lines.append(f"health: {status['health']}")
     scale = f"min {status['min']}, max {status['max']}" if status["autoscale"] else "fixed"
+    scale += f", limit {status['workers_limit']}"
     if status["cluster_max"] is not None:
         scale += f", cluster max {status['cluster_max']} (granted {status['cluster_grant']})"
     lines.append(f"workers: {status['actual']} of {status['desired']} desired ({scale})")

@@ -56,6 +56,11 @@ class KillBudget:
     def limit(self, fleet: int) -> int:
         return max(1, math.floor(fleet * self.fraction))
 
+    def carry(self, index: int, kills: int) -> None:
+        """Start with `kills` already counted in window `index` (a reload's new window length)."""
+        assert self._kills is not None
+        self._kills._counts[index] = kills
+
     def local_count(self, now: float) -> float:
         assert self._kills is not None
         return self._kills.count(now)

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from redis import Redis
 from rq.queue import Queue
@@ -77,6 +77,17 @@ class LoadReader:
         with self._lock:
             self.queues, self._keys = queues, keys
 
+    def set_interval(self, seconds: float) -> None:
+        """A reload's scale interval, from the next reading on."""
+        self.interval = seconds
+
+    def set_cluster(self, cap: int, ttl: float, kill_window: float) -> None:
+        """A reload's cluster cap, host TTL and kill-budget window, from the next reading on.
+        (Turning the cap on or off is a restart: herder.common.config.reload_plan.)"""
+        with self._lock:
+            if self.cluster is not None:
+                self.cluster = replace(self.cluster, cap=cap, ttl=ttl, kill_window=kill_window)
+
     def start(self, wake: Callable[[], None]) -> None:
         """Read every interval from now on, calling `wake` after each reading."""
         self._wake = wake
@@ -108,19 +119,19 @@ class LoadReader:
     def _read(self) -> Reading:
         now_redis = time.time()  # for ZCOUNT of unexpired started entries; skew only blurs abandoned ones
         with self._lock:
-            wanted, running, keys = self._wanted, self._running, self._keys
+            wanted, running, keys, cluster = self._wanted, self._running, self._keys, self.cluster
         try:
             pipe = self.connection.pipeline(transaction=False)
             for _, queue_key, wip_key in keys:
                 pipe.llen(queue_key)
                 pipe.zcount(wip_key, now_redis, "+inf")
             read_at = time.time()
-            if self.cluster:
-                pipe.mget(*cluster_keys(read_at, self.cluster.kill_window))
-            if self.cluster and self._reserve:
+            if cluster:
+                pipe.mget(*cluster_keys(read_at, cluster.kill_window))
+            if cluster and self._reserve:
                 self._reserve(
                     keys=[HOSTS_KEY, RESERVED_KEY],
-                    args=[self.cluster.host_id, wanted, running, self.cluster.ttl, self.cluster.cap],
+                    args=[cluster.host_id, wanted, running, cluster.ttl, cluster.cap],
                     client=pipe,
                 )
             replies = pipe.execute()
@@ -142,9 +153,9 @@ class LoadReader:
         per_queue = tuple(
             (name, int(replies[2 * i]), int(replies[2 * i + 1])) for i, (name, _, _) in enumerate(keys)
         )
-        grant = parse_grant(replies[-1]) if self.cluster else None
+        grant = parse_grant(replies[-1]) if cluster else None
         kills = None
-        if self.cluster:
+        if cluster:
             current, previous = (int(v or 0) for v in replies[-2])
             kills = (current, previous, read_at)
         load = Load(

@@ -134,6 +134,11 @@ class Recovery:
     def start(self) -> None:
         self._thread.start()
 
+    def configure(self, cfg: Config) -> None:
+        """A reload's settings (max_requeues, sweep_interval, the cull budget), from the next
+        task and sweep on."""
+        self.cfg = cfg
+
     def requeue(self, job_id: str, reason: str) -> None:
         self._submit(Task("requeue", job_id, reason))
 

@@ -1,0 +1,78 @@
+"""The workers limit and spawn pacing on real processes: `herder scale` past the limit is
+refused and changes nothing; a big legal scale-up can be stopped while workers are still
+starting (the pacing rules themselves: tests/test_master_unit.py)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+from conftest import FAST, HERDER, wait_for
+from herder.common.config import default_workers_limit, host_cpus
+
+
+def scale(h, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [HERDER, "scale", *args, "--state-dir", h.state_dir], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_scale_past_the_workers_limit_is_refused_and_the_fleet_stays(herder):
+    h = herder(workers="2", workers_limit="8")
+    pids = {p.pid for p in h.wait_workers(2)}
+    for n in ("100000", "9"):
+        r = scale(h, n)
+        assert r.returncode == 1 and "workers limit of 8" in r.stderr, r.stderr
+    st = h.status()
+    assert (st["desired"], st["workers_limit"], st["totals"]["spawned"]) == (2, 8, 2)
+    assert {p.pid for p in h.workers()} == pids
+    assert scale(h, "8").returncode == 0  # the limit itself is allowed
+    wait_for(lambda: len(h.workers()) == 8, 20, what="8 workers")
+    h.stop_and_check()
+
+
+def test_the_default_limit_comes_from_the_host_and_is_named_in_the_refusal(herder):
+    h = herder(workers="1")
+    h.wait_workers(1)
+    limit = default_workers_limit()[0]
+    assert h.status()["workers_limit"] == limit
+    r = scale(h, "100000")
+    assert r.returncode == 1 and f"workers limit of {limit}" in r.stderr and "CPUs" in r.stderr
+    h.stop_and_check()
+
+
+def test_a_stop_during_a_big_scale_up_exits_0_within_the_stop_timeout(herder):
+    h = herder(workers="1", workers_limit="40")
+    h.wait_workers(1)
+    assert scale(h, "40").returncode == 0
+    # Stop while workers are still being spawned and loading: the loop must take the
+    # signal between two paced batches and every starting worker must go.
+    st = wait_for(
+        lambda: (s := h.status())["totals"]["spawned"] >= 6 and s,
+        20,
+        interval=0.02,
+        what="the scale-up under way",
+    )
+    assert any(w["state"] == "starting" for w in st["workers"])
+    took = h.stop_and_check(signal.SIGTERM, timeout=float(FAST["--stop-timeout"]))
+    assert took < float(FAST["--stop-timeout"])
+    (summary,) = h.master_summaries()
+    assert summary["spawned"] <= 40 and summary["spawned"] == summary["exited"]
+    assert summary["killed"] == 0  # each starting worker took its `stop`, none needed a kill
+
+
+def test_a_scale_up_past_the_start_window_comes_all_the_way_up(herder):
+    """More workers than may load at once (fleet.START_WINDOW is 4 per CPU): each `ready`
+    opens the window for the next, and the loop answers throughout."""
+    h = herder(workers="1", workers_limit="24")
+    h.wait_workers(1)
+    assert scale(h, "24").returncode == 0
+    most_loading = 0
+    deadline = time.monotonic() + 60
+    while not ((st := h.status())["running"] and st["actual"] == 24):  # a hung loop fails status
+        assert time.monotonic() < deadline, st
+        most_loading = max(most_loading, sum(w["state"] == "starting" for w in st["workers"]))
+        time.sleep(0.05)
+    assert len(h.workers()) == 24 and most_loading <= 4 * host_cpus()
+    h.stop_and_check()
