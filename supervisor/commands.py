@@ -27,6 +27,7 @@ from herder.supervisor.uplink import Uplink
 if TYPE_CHECKING:
     from herder.supervisor.guard import KillGuard
     from herder.supervisor.launcher import Clock
+    from herder.supervisor.scheduler import SchedulerKeeper
 
 log = logging.getLogger("herder")
 
@@ -55,6 +56,7 @@ class Fleet(Protocol):
     reader: LoadReader | None
     uplink: Uplink | None
     control: ControlServer | None
+    sched: SchedulerKeeper
 
     def live_workers(self) -> list[Worker]: ...
 
@@ -155,6 +157,7 @@ class Commands:
                 "recovered_by_sweep": counts.swept,
                 "failed_by_herder": counts.failed,
             },
+            scheduler=m.sched.status(m.cfg),
         )
 
     def restart(self, why: str) -> dict:

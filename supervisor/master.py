@@ -34,6 +34,7 @@ from herder.supervisor.liveness import derived_state, judge
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.scaling import pick_idle_to_stop
+from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import LEAVING, WorkerState, change_state
 from herder.supervisor.uplink import Uplink
 
@@ -52,6 +53,7 @@ class Master:
         reader: LoadReader | None = None,
         uplink: Uplink | None = None,
         host_id: str = "",
+        sched: SchedulerKeeper | None = None,
     ) -> None:
         self.cfg = cfg
         self.launcher, self.clock = launcher, clock
@@ -63,6 +65,7 @@ class Master:
         self.slots: dict[int, Slot] = {}
         self.counters = Counters()
         self.scaler = Autoscaler(cfg, self.host_id)
+        self.sched = sched or SchedulerKeeper(None, clock, self.host_id)  # RQ's scheduler: scheduler.py
         self.guard = KillGuard(cfg, recovery)
         self.stopping = False
         self.generation = 0  # bumped by a rolling restart
@@ -103,7 +106,7 @@ class Master:
             self.reader.start(self.events.wake)
         if self.recovery:
             self.recovery.start()
-        while not (self.stopping and not self.workers):
+        while not (self.stopping and not self.workers and not self.sched.running):
             self.step()
             self.events.wait(self.next_wait())
         return self.shut_down()
@@ -115,6 +118,7 @@ class Master:
         self.murder()
         self.scale()
         self.manage()
+        self.sched.step(self.cfg, self.stopping, self.events.wake)
         self.commands.handle_requests()
         self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
         self.heartbeat()
@@ -137,6 +141,7 @@ class Master:
         if self.control:
             self.control.close()
         left = self.recovery.drain(timeout=10.0) if self.recovery else 0
+        self.sched.close()
         if left:
             log.error(
                 "%d jobs could not be requeued (Redis unreachable); RQ's abandoned-job sweep will "
@@ -387,6 +392,7 @@ class Master:
                     self.stop_worker(w, why)
         if hurry:
             log.warning("%s: stopping now; jobs still running go back on their queues", why)
+            self.sched.hurry()
             for w in list(self.workers.values()):
                 if w.state != WorkerState.KILLING:
                     self.kill(w, f"herder is stopping in a hurry ({why})")

@@ -40,6 +40,7 @@ class FleetView:
     backoff: list[int]  # slots waiting out a backoff
     queues: dict[str, QueueStats]
     totals: dict[str, int]
+    scheduler: dict[str, Any] | None = None  # where RQ's scheduler runs (scheduler.py)
 
 
 _processes: dict[int, psutil.Process] = {}  # kept so cpu_percent() measures since the last status
@@ -115,4 +116,5 @@ def build_status(v: FleetView) -> dict[str, Any]:
         ],
         "workers": workers,
         "totals": v.totals,
+        "scheduler": v.scheduler,
     }

@@ -104,6 +104,11 @@ class Config:
     )
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR.")
     user: str = setting("", "Started as root: run the master, workers and embedded Redis as this user.")
+    # RQ's scheduler (enqueue_at/enqueue_in, Retry intervals): one child per host, RQ's locks
+    # pick one per queue across hosts (docs/design.md, "RQ's scheduler").
+    scheduler: bool = setting(
+        True, "Run RQ's scheduler (off: it runs elsewhere, e.g. rq worker --with-scheduler)."
+    )
     config_file: str | None = internal()  # where the file layer came from, for reload
     embedded_redis: bool = internal(False)  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them
