@@ -266,19 +266,26 @@ class Herder:
         out = []
         try:
             for k in m.children():
-                if k.status() != psutil.STATUS_ZOMBIE and k.cmdline()[-1:] != [SCHEDULER_MODULE]:
+                if k.status() != psutil.STATUS_ZOMBIE and not self._is_scheduler(k):
                     out.append(k)
         except psutil.NoSuchProcess:
             return []
         self.seen_pids.update(p.pid for p in out)
         return out
 
+    @staticmethod
+    def _is_scheduler(p: psutil.Process) -> bool:
+        try:
+            return p.cmdline()[-1:] == [SCHEDULER_MODULE]
+        except psutil.NoSuchProcess:  # gone (or a zombie) since it was listed
+            return False
+
     def scheduler(self) -> psutil.Process | None:
         """The master's scheduler child (herder.worker.scheduler), which is not a worker."""
         m = self.master()
         try:
             for k in m.children() if m else []:
-                if k.status() != psutil.STATUS_ZOMBIE and k.cmdline()[-1:] == [SCHEDULER_MODULE]:
+                if k.status() != psutil.STATUS_ZOMBIE and self._is_scheduler(k):
                     self.seen_pids.add(k.pid)
                     return k
         except psutil.NoSuchProcess:
