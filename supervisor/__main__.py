@@ -19,6 +19,8 @@ from herder.supervisor.launcher import Clock, SubprocessLauncher
 from herder.supervisor.master import Master
 from herder.supervisor.redis_side.load_reader import ClusterSettings, LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
+from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.uplink import Uplink
 
 
@@ -26,7 +28,7 @@ def main() -> int:
     cfg = Config.from_env()
     logs.setup(cfg.log_level)
     host_id = cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
-    recovery = reader = None
+    recovery = reader = locks = None
     if cfg.redis_url:  # status shows queue lengths even for a fixed count
 
         def connect() -> Redis:
@@ -37,8 +39,17 @@ def main() -> int:
         if cfg.cluster_max_workers is not None:
             cluster = ClusterSettings(host_id, cfg.cluster_max_workers, cfg.host_ttl, cfg.kill_budget_window)
         reader = LoadReader(connect(), cfg.queues, cfg.scale_interval, cluster)
+        locks = SchedulerLocks(connect(), cfg.queues)  # also read with the setting off: status says who
+    clock = Clock()
     master = Master(
-        cfg, SubprocessLauncher(), Clock(), recovery=recovery, reader=reader, uplink=Uplink(), host_id=host_id
+        cfg,
+        SubprocessLauncher(),
+        clock,
+        recovery=recovery,
+        reader=reader,
+        uplink=Uplink(),
+        host_id=host_id,
+        sched=SchedulerKeeper(locks, clock, host_id),
     )
     return master.run()
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from herder.supervisor.guard import KillGuard
     from herder.supervisor.launcher import Clock
     from herder.supervisor.retirement import Retirement
+    from herder.supervisor.scheduler import SchedulerKeeper
 
 log = logging.getLogger("herder")
 
@@ -53,6 +54,7 @@ class Fleet(Protocol):
     reader: LoadReader | None
     uplink: Uplink | None
     control: ControlServer | None
+    sched: SchedulerKeeper
 
     def live_workers(self) -> list[Worker]: ...
 
@@ -155,6 +157,7 @@ class Commands:
                 "failed_by_herder": counts.failed,
                 "recycled": dict(m.retirement.recycled),
             },
+            scheduler=m.sched.status(m.cfg),
         )
 
     def settings(self) -> dict[str, Any]:

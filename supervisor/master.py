@@ -33,6 +33,7 @@ from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.retirement import Retirement
 from herder.supervisor.scaling import pick_idle_to_stop
+from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import LEAVING, WorkerState, change_state
 from herder.supervisor.uplink import Uplink
 
@@ -51,6 +52,7 @@ class Master:
         reader: LoadReader | None = None,
         uplink: Uplink | None = None,
         host_id: str = "",
+        sched: SchedulerKeeper | None = None,
     ) -> None:
         self.cfg = self.started_cfg = cfg  # started_cfg: the watchdog's, which it never re-reads
         self.launcher, self.clock = launcher, clock
@@ -62,6 +64,7 @@ class Master:
         self.slots: dict[int, Slot] = {}
         self.counters = Counters()
         self.scaler = Autoscaler(cfg, self.host_id)
+        self.sched = sched or SchedulerKeeper(None, clock, self.host_id)  # RQ's scheduler: scheduler.py
         self.guard = KillGuard(cfg, recovery)
         self.retirement = Retirement(cfg, recovery)
         self.stopping = False
@@ -104,7 +107,7 @@ class Master:
             self.reader.start(self.events.wake)
         if self.recovery:
             self.recovery.start()
-        while not (self.stopping and not self.workers):
+        while not (self.stopping and not self.workers and not self.sched.running):
             self.step()
             self.events.wait(self.next_wait())
         return self.shut_down()
@@ -119,6 +122,7 @@ class Master:
         )
         self.scale()
         self.manage()
+        self.sched.step(self.cfg, self.stopping, self.events.wake)
         self.commands.handle_requests()
         self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
         self.heartbeat()
@@ -141,6 +145,7 @@ class Master:
         if self.control:
             self.control.close()
         left = self.recovery.drain(timeout=10.0) if self.recovery else 0
+        self.sched.close()
         if left:
             log.error(
                 "%d jobs could not be requeued (Redis unreachable); RQ's abandoned-job sweep will "
@@ -238,12 +243,11 @@ class Master:
             )
 
     def requeue(self, job_id: str, reason: str) -> None:
-        if self.recovery is None:
-            log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
-            return
+        if self.recovery is None:  # no Redis: nothing to put it back on
+            return log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
         self.recovery.requeue(job_id, reason)
 
-    def rq_name(self, w: Worker) -> str:
+    def rq_name(self, w: Worker) -> str:  # as the worker registers with RQ
         return rq_worker_name(self.hostname, w.slot, w.pid)
 
     # ---- murder: the unresponsive ----------------------------------------------------------
@@ -264,17 +268,12 @@ class Master:
                     w.proc.signal_group(signal.SIGKILL)
                     w.sigkilled = True
                 continue
-            verdict = judge(w, obs, now, self.cfg)
+            verdict, fleet = judge(w, obs, now, self.cfg), max(self.target, len(self.live_workers()))
             if verdict is None:
                 self.guard.responsive(w)
-            elif not verdict.judged_hung or self.guard.allow(
-                w, verdict.reason, self.fleet_size(), self.clock.wall()
-            ):
+            elif not verdict.judged_hung or self.guard.allow(w, verdict.reason, fleet, self.clock.wall()):
                 self.kill(w, verdict.reason)
         self.guard.settle(self.workers.values())
-
-    def fleet_size(self) -> int:
-        return max(self.target, len(self.live_workers()))
 
     def kill(self, w: Worker, reason: str) -> None:
         change_state(w, WorkerState.KILLING, reason)
@@ -393,6 +392,7 @@ class Master:
                     self.stop_worker(w, why)
         if hurry:
             log.warning("%s: stopping now; jobs still running go back on their queues", why)
+            self.sched.hurry()
             for w in list(self.workers.values()):
                 if w.state != WorkerState.KILLING:
                     self.kill(w, f"herder is stopping in a hurry ({why})")

@@ -41,6 +41,7 @@ class FleetView:
     queues: dict[str, QueueStats]
     totals: dict[str, int]
     settings: dict[str, Any]  # every setting as the master runs it (secrets redacted)
+    scheduler: dict[str, Any] | None = None  # where RQ's scheduler runs (scheduler.py)
 
 
 _processes: dict[int, psutil.Process] = {}  # kept so cpu_percent() measures since the last status
@@ -118,4 +119,5 @@ def build_status(v: FleetView) -> dict[str, Any]:
         "workers": workers,
         "totals": v.totals,
         "settings": v.settings,
+        "scheduler": v.scheduler,
     }

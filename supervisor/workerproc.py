@@ -83,8 +83,9 @@ class WorkerProcess:
 
     @classmethod
     def spawn(
-        cls, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]
+        cls, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None], kind: str = ""
     ) -> WorkerProcess:
+        """Start it; `kind` names a process that is not the fleet's in its log lines (else "slot N")."""
         popen = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -100,7 +101,9 @@ class WorkerProcess:
         assert popen.stdin and popen.stdout and popen.stderr
         os.set_blocking(popen.stdin.fileno(), False)  # the master never blocks on a worker
         proc = cls(
-            popen=popen, label=f"slot {slot} pid {popen.pid}", obs=Observations(last_seen=time.monotonic())
+            popen=popen,
+            label=f"{kind or f'slot {slot}'} pid {popen.pid}",
+            obs=Observations(last_seen=time.monotonic()),
         )
         proc.readers = [
             threading.Thread(

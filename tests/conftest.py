@@ -34,6 +34,7 @@ JOBS_DIR = TESTS / "jobs"
 FAKE_WORKERS = TESTS / "fakeworkers"
 HERDER = str(Path(sys.executable).with_name("herder"))
 TAG_VAR = "HERDER_TEST_TAG"
+SCHEDULER_MODULE = "herder.worker.scheduler"  # the master's one child that is not a worker
 GRACEFUL_STOP = signal.SIGTERM
 # The master's last words: its counters, the only record of them once herder has exited.
 MASTER_SUMMARY = re.compile(
@@ -192,7 +193,7 @@ class Herder:
         redis_url: str,
         workdir: Path,
         tag: str,
-        args: dict[str, str | list[str] | None],
+        args: dict[str, str | list[str] | bool | None],
         env: dict[str, str] | None = None,
         executable: str = HERDER,
     ):
@@ -208,6 +209,9 @@ class Herder:
         self.argv = [executable, "run"]
         for key, value in opts.items():
             if value is None:
+                continue
+            if value is True:  # a bare flag: herder(no_scheduler=True) -> --no-scheduler
+                self.argv.append(key)
                 continue
             for v in value if isinstance(value, list) else [value]:
                 self.argv += [key, v]
@@ -262,12 +266,31 @@ class Herder:
         out = []
         try:
             for k in m.children():
-                if k.status() != psutil.STATUS_ZOMBIE:
+                if k.status() != psutil.STATUS_ZOMBIE and not self._is_scheduler(k):
                     out.append(k)
         except psutil.NoSuchProcess:
             return []
         self.seen_pids.update(p.pid for p in out)
         return out
+
+    @staticmethod
+    def _is_scheduler(p: psutil.Process) -> bool:
+        try:
+            return p.cmdline()[-1:] == [SCHEDULER_MODULE]
+        except psutil.NoSuchProcess:  # gone (or a zombie) since it was listed
+            return False
+
+    def scheduler(self) -> psutil.Process | None:
+        """The master's scheduler child (herder.worker.scheduler), which is not a worker."""
+        m = self.master()
+        try:
+            for k in m.children() if m else []:
+                if k.status() != psutil.STATUS_ZOMBIE and self._is_scheduler(k):
+                    self.seen_pids.add(k.pid)
+                    return k
+        except psutil.NoSuchProcess:
+            pass
+        return None
 
     def wait_workers(self, n: int, timeout: float = 20) -> list[psutil.Process]:
         def ready() -> list[psutil.Process] | None:
@@ -374,7 +397,7 @@ def herder(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Herder]]:
     started: list[Herder] = []
 
     def make(
-        env: dict[str, str] | None = None, executable: str = HERDER, **args: str | list[str] | None
+        env: dict[str, str] | None = None, executable: str = HERDER, **args: str | list[str] | bool | None
     ) -> Herder:
         flags = {"--" + k.replace("_", "-"): v for k, v in args.items()}
         workdir = tmp_path / f"herder{len(started)}"

@@ -66,6 +66,7 @@ POLICY = {
         "max_memory",
         "max_memory_hard",
         "recycle_share",
+        "scheduler",
     },
     WORKERS: {"queues", "paths", "worker_command", "log_level", "heartbeat_interval"},
     RESTART: {"redis_url", "host_id", "master_heartbeat_timeout", "max_restarts", "restart_window"}

@@ -233,6 +233,13 @@ class Config:
     recycle_share: float = setting(
         0.1, "At most this share of the fleet (at least 1) recycles at once.", reload=APPLY
     )
+    # RQ's scheduler (enqueue_at/enqueue_in, Retry intervals): one child per host, RQ's locks
+    # pick one per queue across hosts (docs/design.md, "RQ's scheduler").
+    scheduler: bool = setting(
+        True,
+        "Run RQ's scheduler (off: it runs elsewhere, e.g. rq worker --with-scheduler).",
+        reload=APPLY,
+    )
     config_file: str | None = internal()  # where the file layer came from, for reload
     embedded_redis: bool = internal(False)  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them

@@ -22,3 +22,15 @@ def is_herder_worker(name: str) -> bool:
 def lease_key(worker_name: str) -> str:
     """Exists while the worker process is alive (its TTL is Config.lease_seconds)."""
     return LEASE_PREFIX + worker_name
+
+
+# herder's scheduler process (herder.worker.scheduler) takes RQ's scheduler locks under a name
+# its master chose and passes in the environment, so the master can release exactly the locks
+# of a scheduler process it reaped.
+SCHEDULER_PREFIX = "herder-scheduler:"
+ENV_SCHEDULER_NAME = "HERDER_SCHEDULER_NAME"
+
+
+def rq_scheduler_name(host_id: str, token: str) -> str:
+    """Unique per process (the token), and names its host for `herder status`."""
+    return f"{SCHEDULER_PREFIX}{host_id}:{token}"

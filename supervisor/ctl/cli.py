@@ -71,6 +71,17 @@ def prepare_state_dir(path: str, owner: pwd.struct_passwd | None = None) -> str:
     return str(p)
 
 
+class LenientBool(click.types.BoolParamType):
+    """A boolean flag's HERDER_* value: true/false words become bools here; anything else goes
+    through as written, so config.coerce rejects it with exit 78 like any other bad value."""
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            return value
+
+
 def run_options(f):
     """The settings flags, shared by `herder run`, `herder config` and `install-service`,
     made from the Config schema: each can also come from its HERDER_* variable. Defaults
@@ -79,9 +90,13 @@ def run_options(f):
     for key in reversed(settings.KEYS):
         default = getattr(defaults, key)
         shown = f"  [default: {default}]" if default not in (None, "", []) and key != "state_dir" else ""
+        flag = settings.flag_of(key)
+        # A boolean is --name/--no-name; unset, it stays None like the others.
+        boolean = {"type": LenientBool(), "default": None} if isinstance(default, bool) else {}
         f = click.option(
-            settings.flag_of(key),
+            f"{flag}/--no-{flag[2:]}" if boolean else flag,
             key,
+            **boolean,
             multiple=settings.repeatable(key),
             envvar=settings.env_of(key),
             show_envvar=True,
@@ -115,7 +130,8 @@ def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, 
         ):
             continue
         if src == ParameterSource.COMMANDLINE:
-            source = f"command line ({settings.flag_of(key)})"
+            flag = settings.flag_of(key)
+            source = f"command line ({'--no-' + flag[2:] if value is False else flag})"
         else:
             source = f"environment ({settings.env_of(key)})"
         given[key] = (list(value) if isinstance(value, tuple) else value, source)

@@ -43,6 +43,8 @@ def render(status: dict[str, Any]) -> str:
         lines.append(
             f"queue {q['name']}: {q['backlog']} waiting, {q['running']} running, growth {q['growth']:+.1f}/s"
         )
+    if status.get("scheduler"):
+        lines.append(render_scheduler(status["scheduler"]))
     lines.append("")
     lines.append(
         f"{'SLOT':>4} {'PID':>7} {'STATE':<9} {'UP':>6} {'OK':>6} {'FAILED':>6} {'RSS':>7} {'CPU%':>5}  JOB"
@@ -56,6 +58,25 @@ def render(status: dict[str, Any]) -> str:
             f"{w['jobs_ok']:>6} {w['jobs_failed']:>6} {rss:>7} {cpu:>5}  {job}"
         )
     return "\n".join(lines)
+
+
+def render_scheduler(s: dict[str, Any]) -> str:
+    """Where RQ's scheduler runs: this host's process, and who holds each queue's lock."""
+    if s["enabled"]:
+        here = f"pid {s['pid']} ({s['state']})" if s["pid"] else s["state"]
+    else:
+        here = "off on this host (--no-scheduler)"
+    parts = [f"holds {', '.join(s['holds'])}"] if s["holds"] else []
+    for q in s["queues"]:
+        h = q["holder"]
+        if s["read_age"] is None:
+            parts.append(f"{q['name']}: holder not read yet")
+        elif h is None:
+            parts.append(f"{q['name']}: NO scheduler holds its lock (scheduled jobs wait)")
+        elif not h["here"]:
+            where = f"host {h['host_id']}" if h["host_id"] else f"{h['hostname']} (not herder's)"
+            parts.append(f"{q['name']} scheduled by pid {h['pid']} on {where}")
+    return f"scheduler: {here}" + (f"; {'; '.join(parts)}" if parts else "")
 
 
 def exit_code(status: dict[str, Any]) -> int:

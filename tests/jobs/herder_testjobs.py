@@ -84,3 +84,22 @@ def leak(tag: str, megabytes: int) -> str:
     _leaked.append(block)
     _mark("finished", tag)
     return tag
+
+
+def stamp(tag: str) -> float:
+    """Records the wall-clock time it ran (in stamped:<tag>), for tests of scheduled jobs."""
+    job = get_current_job()
+    assert job is not None
+    now = time.time()
+    job.connection.rpush(f"stamped:{tag}", f"{job.id} {now:.3f}")
+    return now
+
+
+def fail_times(tag: str, n: int) -> str:
+    """Fails its first `n` runs, then succeeds; each run is stamped (see `stamp`)."""
+    job = get_current_job()
+    assert job is not None
+    stamp(tag)
+    if job.connection.llen(f"stamped:{tag}") <= n:
+        raise RuntimeError(f"failing on purpose ({tag})")
+    return tag

@@ -1,0 +1,152 @@
+"""RQ's scheduler locks, seen from the master: who holds them, and freeing a dead holder's.
+
+A thread, so the reconcile loop never waits on Redis. It
+- releases the locks of this host's scheduler process the moment the loop reaps it (RQ's
+  owner-checked Lua script: only what that process still held, never another's), so its
+  replacement or another host's standby takes over within a tick instead of a lock TTL;
+- reads, every INTERVAL, which scheduler holds each queue's lock (rq:scheduler-lock:<queue>)
+  and that scheduler's record (rq:scheduler:<name>: host, pid), for `herder status`.
+
+A release waits and retries while Redis is unreachable; it is never dropped for that (the
+lock's TTL is the backstop if the master exits first).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from redis import Redis
+from rq.scheduler import SCHEDULER_KEY_TEMPLATE, RQScheduler
+from rq.scripts import RELEASE_LOCK_SCRIPT
+
+log = logging.getLogger("herder")
+
+INTERVAL = 1.0
+RETRY = 0.5
+
+
+@dataclass(frozen=True)
+class Holder:
+    name: str  # the RQ scheduler's name (the lock's value)
+    host_id: str  # the herder host it runs on; "" if it is not herder's
+    hostname: str
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class LockReading:
+    holders: dict[str, Holder | None]  # queue -> who holds its lock (None: nobody)
+    at: float  # monotonic
+
+
+def _text(raw: bytes | None) -> str:
+    return raw.decode("utf-8", "replace") if raw is not None else ""
+
+
+class SchedulerLocks:
+    def __init__(self, connection: Redis, queues: list[str]) -> None:
+        self.connection = connection
+        self._release = connection.register_script(RELEASE_LOCK_SCRIPT)
+        self._cond = threading.Condition()
+        self._queues = list(queues)
+        self._pending: list[tuple[str, tuple[str, ...]]] = []  # (scheduler name, its queues)
+        self._reading: LockReading | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="scheduler-locks", daemon=True)
+
+    # ---- called by the reconcile loop (never blocks on Redis) ---------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def set_queues(self, queues: list[str]) -> None:
+        with self._cond:
+            self._queues = list(queues)
+
+    def release(self, name: str, queues: list[str]) -> None:
+        """Free the locks `name` still holds on `queues`, and delete its record."""
+        with self._cond:
+            self._pending.append((name, tuple(queues)))
+            self._cond.notify()
+
+    def reading(self) -> LockReading | None:
+        with self._cond:
+            return self._reading
+
+    def drain(self, timeout: float) -> int:
+        """Stop after the pending releases (up to `timeout` s); how many were left undone."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+            while self._pending and self._thread.is_alive() and time.monotonic() < deadline:
+                self._cond.wait(0.05)
+            return len(self._pending)
+
+    # ---- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_read = 0.0
+        warned: set[str] = set()
+        while True:
+            with self._cond:
+                if self._stop and not self._pending:
+                    return
+                pending = list(self._pending)
+            failed = False
+            for name, queues in pending:  # oldest first
+                try:
+                    self._free(name, queues)
+                    with self._cond:
+                        self._pending.remove((name, queues))
+                        self._cond.notify_all()
+                except Exception as exc:  # an outage: try again, never drop a release
+                    if name not in warned:
+                        log.warning("cannot release scheduler %s's locks yet (%s); retrying", name, exc)
+                        warned.add(name)
+                    failed = True
+                    break
+            now = time.monotonic()
+            if now >= next_read and not self._stop:
+                next_read = now + INTERVAL
+                try:
+                    reading = self._read()
+                except Exception:  # shown as unknown in status; the next read may succeed
+                    reading = None
+                with self._cond:
+                    self._reading = reading or self._reading
+            with self._cond:
+                if not self._pending or failed:
+                    self._cond.wait(RETRY if failed else max(0.0, next_read - time.monotonic()))
+
+    def _free(self, name: str, queues: tuple[str, ...]) -> None:
+        pipe = self.connection.pipeline(transaction=False)
+        for q in queues:
+            self._release(keys=[RQScheduler.get_locking_key(q)], args=[name], client=pipe)
+        pipe.delete(SCHEDULER_KEY_TEMPLATE % name)
+        freed = [q for q, n in zip(queues, pipe.execute()[: len(queues)], strict=True) if n]
+        if freed:
+            log.info("released scheduler %s's lock of %s", name, ", ".join(freed))
+
+    def _read(self) -> LockReading:
+        with self._cond:
+            queues = list(self._queues)
+        names = [
+            _text(n) or None for n in self.connection.mget([RQScheduler.get_locking_key(q) for q in queues])
+        ]
+        known = sorted({n for n in names if n})
+        pipe = self.connection.pipeline(transaction=False)
+        for n in known:
+            pipe.hmget(SCHEDULER_KEY_TEMPLATE % n, ["herder_host", "hostname", "pid"])
+        records = dict(zip(known, pipe.execute(), strict=True)) if known else {}
+        holders: dict[str, Holder | None] = {}
+        for q, n in zip(queues, names, strict=True):
+            if n is None:
+                holders[q] = None
+                continue
+            host, hostname, pid = (_text(x) for x in records[n])
+            holders[q] = Holder(n, host, hostname, int(pid) if pid.isdigit() else None)
+        return LockReading(holders, time.monotonic())

@@ -1,0 +1,220 @@
+"""The master's scheduler child: one process per host running RQ's scheduler
+(herder.worker.scheduler), so enqueue_at/enqueue_in and Retry intervals work under herder.
+
+Kept like a worker but outside the fleet: spawned while the `scheduler` setting is on,
+watched with the workers' deadlines (liveness.judge: `ready`, heartbeat silence, stop
+timeout), killed through its own process group, respawned at once after a death (with a
+slot's backoff if it keeps dying young), restarted when a setting it depends on changes on
+reload. It never counts towards the target, the totals or the kill budget, and its log lines
+say "scheduler pid N", never "slot N". When it exits the master frees the RQ scheduler locks
+it still held (redis_side/scheduler_locks.py), so its replacement, or a standby on another
+host, schedules those queues within a tick (docs/design.md, "RQ's scheduler").
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from herder.common import worker_protocol as wp
+from herder.common.config import Config
+from herder.common.exits import describe
+from herder.common.rq_names import ENV_SCHEDULER_NAME, rq_scheduler_name
+from herder.supervisor.fleet import ProcessHandle, Slot, Worker, died_young
+from herder.supervisor.launcher import Clock, worker_env
+from herder.supervisor.liveness import judge
+from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
+from herder.supervisor.states import LEAVING, WorkerState
+from herder.supervisor.workerproc import WorkerProcess
+
+log = logging.getLogger("herder")
+
+Spawn = Callable[[list[str], dict[str, str], Callable[[], None]], ProcessHandle]
+
+
+def spawn_process(argv: list[str], env: dict[str, str], wake: Callable[[], None]) -> ProcessHandle:
+    return WorkerProcess.spawn(argv, env, -1, wake, kind="scheduler")
+
+
+def settings_of(cfg: Config) -> tuple[object, ...]:
+    """What the scheduler process starts with: a reload that changes any of it restarts it."""
+    return (
+        tuple(cfg.queues),
+        cfg.redis_url,
+        cfg.log_level,
+        cfg.heartbeat_interval,
+        cfg.heartbeat_timeout,
+        cfg.kill_timeout,
+    )
+
+
+class SchedulerKeeper:
+    def __init__(
+        self, locks: SchedulerLocks | None, clock: Clock, host_id: str, spawn: Spawn = spawn_process
+    ) -> None:
+        self.locks, self.clock, self.host_id = locks, clock, host_id  # no locks (no Redis): inert
+        self._spawn_process = spawn
+        self.w: Worker | None = None
+        self.name = ""  # the RQ scheduler name of the current process
+        self.queues: list[str] = []  # and the queues it was started for
+        self.settings: tuple[object, ...] = ()
+        self.slot = Slot(-1)
+        self.spawned = 0
+        self._started = False
+
+    @property
+    def running(self) -> bool:
+        """A scheduler process is alive (the master waits for it before it exits)."""
+        return self.w is not None
+
+    # ---- in the reconcile loop -------------------------------------------------------------
+
+    def step(self, cfg: Config, stopping: bool, wake: Callable[[], None]) -> None:
+        if self.locks is None:
+            return
+        if not self._started:
+            self._started = True
+            self.locks.start()
+        self.locks.set_queues(cfg.queues)
+        now = self.clock.monotonic()
+        if self.w is not None:
+            if self.w.proc.has_exited():
+                self._reap(self.w, now, cfg)
+            else:
+                self._watch(self.w, now, cfg)
+        wanted = cfg.scheduler and not stopping
+        if self.w is None and wanted and not self.slot.in_backoff(now):
+            self._spawn(cfg, wake, now)
+        elif self.w is not None and self.w.state not in LEAVING:
+            if not wanted:
+                self._stop(self.w, "herder is stopping" if stopping else "the scheduler setting is off")
+            elif settings_of(cfg) != self.settings:
+                self._stop(self.w, "its settings changed")
+
+    def hurry(self) -> None:
+        """A hurried stop: end it now; its locks are freed when it is reaped."""
+        if self.w is not None and self.w.state != WorkerState.KILLING:
+            self._kill(self.w, "herder is stopping in a hurry")
+
+    def close(self, timeout: float = 5.0) -> None:
+        """At the master's exit: finish freeing locks (the locks' TTL is the backstop)."""
+        if self.locks is not None and self._started:
+            left = self.locks.drain(timeout)
+            if left:
+                log.warning("%d scheduler lock releases not done (Redis unreachable); the locks lapse", left)
+
+    def _spawn(self, cfg: Config, wake: Callable[[], None], now: float) -> None:
+        name = rq_scheduler_name(self.host_id, secrets.token_hex(4))
+        env = worker_env(replace(cfg, host_id=self.host_id), 0)  # its Config names this host
+        env.pop(wp.ENV_SLOT, None)
+        env[ENV_SCHEDULER_NAME] = name
+        try:
+            proc = self._spawn_process([sys.executable, "-P", "-m", "herder.worker.scheduler"], env, wake)
+        except OSError as exc:
+            delay = self.slot.died_young(now, cfg)
+            log.error("cannot spawn the scheduler (%s); next try in %.2f s", exc, delay)
+            return
+        self.w = Worker(self.slot.index, proc, spawned_at=now)
+        self.name, self.queues, self.settings = name, list(cfg.queues), settings_of(cfg)
+        self.spawned += 1
+        log.info("scheduler pid %d: spawned as %s", proc.pid, name)
+
+    def _watch(self, w: Worker, now: float, cfg: Config) -> None:
+        # Not a fleet worker: its few states are set here (states.change_state logs "slot N").
+        obs = w.proc.snapshot()
+        if w.state == WorkerState.STARTING and obs.ready:
+            w.state = WorkerState.IDLE
+            log.info("scheduler pid %d: ready", w.pid)
+        if w.state == WorkerState.KILLING:
+            if not w.sigkilled and now - (w.kill_started_at or now) >= cfg.kill_timeout:
+                log.warning(
+                    "scheduler pid %d: still alive %.1f s after SIGTERM: SIGKILL", w.pid, cfg.kill_timeout
+                )
+                w.proc.signal_group(signal.SIGKILL)
+                w.sigkilled = True
+            return
+        verdict = judge(w, obs, now, cfg)
+        if verdict is not None:
+            self._kill(w, verdict.reason)
+
+    def _stop(self, w: Worker, why: str) -> None:
+        log.info("scheduler pid %d: `stop` (%s)", w.pid, why)
+        w.proc.send_stop()
+        w.stop_sent_at = self.clock.monotonic()
+        w.state = WorkerState.STOPPING
+
+    def _kill(self, w: Worker, reason: str) -> None:
+        log.warning("scheduler pid %d: SIGTERM to its process group: %s", w.pid, reason)
+        w.state, w.kill_reason, w.kill_started_at = WorkerState.KILLING, reason, self.clock.monotonic()
+        w.proc.signal_group(signal.SIGTERM)
+        w.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+
+    def _reap(self, w: Worker, now: float, cfg: Config) -> None:
+        code = w.proc.reap()
+        obs = w.proc.snapshot()
+        self.w = None
+        lived = now - w.spawned_at
+        graceful = w.stop_sent_at is not None and code == 0 and not w.kill_reason
+        assert self.locks is not None
+        self.locks.release(self.name, self.queues)  # owner-checked: only what it still held
+        why = "after `stop`" if graceful else w.kill_reason or "unexpected"
+        log.log(
+            logging.INFO if graceful else logging.WARNING,
+            "scheduler pid %d: exited (%s, %s) after %.1f s; freeing its scheduler locks",
+            w.pid,
+            describe(code),
+            why,
+            lived,
+        )
+        if not died_young(graceful, obs.ready, lived, cfg):
+            self.slot.lived(now)
+            return
+        delay = self.slot.died_young(now, cfg)
+        log.warning(
+            "scheduler: backoff (died %d times in a row); next spawn in %.2f s", self.slot.young_deaths, delay
+        )
+
+    # ---- for `herder status` -----------------------------------------------------------------
+
+    def status(self, cfg: Config) -> dict[str, Any]:
+        """Where RQ's scheduler runs: this host's process, and each queue's lock holder (read
+        from Redis, so it names another host's scheduler, or nobody, just as well)."""
+        now = self.clock.monotonic()
+        w = self.w
+        reading = self.locks.reading() if self.locks else None
+        queues = []
+        for q in cfg.queues:
+            h = reading.holders.get(q) if reading else None
+            holder = None
+            if h is not None:
+                here = w is not None and h.name == self.name
+                holder = {
+                    "name": h.name,
+                    "host_id": h.host_id,
+                    "hostname": h.hostname,
+                    "pid": h.pid,
+                    "here": here,
+                }
+            queues.append({"name": q, "holder": holder})
+        if w is not None:
+            state = str(w.state)
+        elif cfg.scheduler and self.locks is not None:
+            state = "backoff" if self.slot.in_backoff(now) else "starting"
+        else:
+            state = "off"
+        return {
+            "enabled": cfg.scheduler and self.locks is not None,
+            "state": state,
+            "pid": w.pid if w else None,
+            "name": self.name if w else None,
+            "uptime": round(now - w.spawned_at, 1) if w else None,
+            "spawned": self.spawned,
+            "holds": [q["name"] for q in queues if q["holder"] and q["holder"]["here"]],
+            "queues": queues,
+            "read_age": round(now - reading.at, 1) if reading else None,
+        }
