@@ -139,16 +139,18 @@ def start_redis(workdir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], in
         stdout=subprocess.DEVNULL,
     )
     password = extra[extra.index("--requirepass") + 1] if "--requirepass" in extra else None
-    client = Redis(port=port, password=password)
+    wait_until_redis_answers(Redis(port=port, password=password))
+    return proc, port
 
+
+def wait_until_redis_answers(client: Redis, timeout: float = 10) -> None:
     def up() -> bool:
         try:
             return bool(client.ping())
         except Exception:
             return False
 
-    wait_for(up, 10, what="redis-server to answer")
-    return proc, port
+    wait_for(up, timeout, what="redis-server to answer")
 
 
 @pytest.fixture(scope="session")

@@ -54,6 +54,7 @@ def test_worker_that_closes_stdout_but_keeps_running_is_killed(herder):
     pid = int(first[0].group(1))
     h.wait_log(rf"pid {pid}: .*exited")
     wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 5)
+    assert h.totals()["killed"] >= 1
     h.stop_and_check()
 
 

@@ -19,7 +19,7 @@ import psutil
 from redis import Redis
 from rq import Queue
 
-from conftest import start_redis, wait_for
+from conftest import start_redis, wait_for, wait_until_redis_answers
 
 
 def kill_storm(h, kills: int, stop: threading.Event, pause: tuple[float, float] = (0.05, 0.25)) -> list[int]:
@@ -97,15 +97,7 @@ def redis_on(port: int, workdir: Path, *extra: str):  # noqa: ANN201
          "--dir", str(workdir), "--save", "", *extra],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    client = Redis(port=port)
-
-    def up() -> bool:
-        try:
-            return bool(client.ping())
-        except Exception:
-            return False
-
-    wait_for(up, 10, what="redis-server to answer")
+    wait_until_redis_answers(Redis(port=port))
     return proc
 
 
