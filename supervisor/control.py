@@ -163,14 +163,19 @@ class ControlServer:
         with conn:
             conn.settimeout(LOOP_TIMEOUT)
             uid = peer_uid(conn)
+            body: dict | None = None
+            try:
+                # Read the request even from a peer about to be refused: closing with its bytes
+                # unread would reset the connection before it could read why.
+                body = decode_request(recv_line(conn, MAX_REQUEST))
+            except (OSError, ValueError) as exc:
+                problem = f"bad request: {exc}"
             if uid is not None and uid not in (os.geteuid(), 0):
                 log.warning("control socket: refused a client with uid %d", uid)
                 self._send(conn, {"ok": False, "error": "permission denied: another user's herder"})
                 return
-            try:
-                body = decode_request(recv_line(conn, MAX_REQUEST))
-            except (OSError, ValueError) as exc:
-                self._send(conn, {"ok": False, "error": f"bad request: {exc}"})
+            if body is None:
+                self._send(conn, {"ok": False, "error": problem})
                 return
             reply = self._direct(body)
             if reply is None:
