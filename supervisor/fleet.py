@@ -74,6 +74,10 @@ class Worker:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def culled(self) -> bool:
+        return self.retire_reason.startswith("culled")
+
 
 @dataclass
 class Slot:

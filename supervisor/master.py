@@ -308,6 +308,9 @@ class Master:
         self.spawns_pending = False
         if self.stopping:
             return
+        for w in self.live_workers():
+            if w.culled:  # every job it takes fails: no capacity to keep. Its replacement starts below
+                self.stop_worker(w, w.retire_reason)
         live = self.live_workers()
         if self.roll(live):
             return

@@ -1,6 +1,8 @@
 """Which workers retire, and why: planned recycling (by jobs, age and memory) and culling a
-worker whose jobs keep failing. A retiring worker is replaced first, then sent `stop`
-(manage's rolling step does both), so capacity never dips and no job is interrupted.
+worker whose jobs keep failing. A recycled worker is replaced first, then sent `stop`
+(manage's rolling step does both), so capacity never dips and no job is interrupted. A
+culled worker is sent `stop` at once, in the pass its replacement starts: every job it
+would take meanwhile would fail (and spend that job's RQ retries), so it is no capacity.
 
 - Planned recycles (gunicorn's max_requests, celery's max-tasks/max-memory-per-child, PM2's
   max_memory_restart, circus's max_age) are not faults: they spend no budget, back off no
@@ -85,7 +87,7 @@ class Retirement:
         """Decide retirements for the live (not yet leaving) workers."""
         answers = self.recovery.answers() if self.recovery else {}
         self._asking = sum(1 for w in live if w.cull == "asked")
-        planned = sum(1 for w in live if w.retire_reason and not w.retire_reason.startswith("culled"))
+        planned = sum(1 for w in live if w.retire_reason and not w.culled)
         room = max(1, math.floor(self.cfg.recycle_share * target)) - planned
         for w in live:
             obs = w.proc.snapshot()
@@ -172,7 +174,7 @@ class Retirement:
         w.cull = ""
         w.retire_reason = f"culled: {len(w.failures)} failed jobs within {self.cfg.cull_failure_window:g} s"
         self.recycled["culled"] += 1
-        log.warning("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, w.retire_reason)
+        log.warning("slot %d pid %d: %s; stopped as its replacement starts", w.slot, w.pid, w.retire_reason)
 
     def _deny(self, w: Worker, where: str) -> None:
         first = w.cull != "denied"

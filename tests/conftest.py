@@ -394,9 +394,23 @@ class Herder:
         assert not zombies_of(self.seen_pids), "zombie workers left behind"
 
 
+HERDERS = pytest.StashKey[list[Herder]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the end of each herder's log: a CI failure explains itself."""
+    report = yield
+    if report.failed and report.when == "call":
+        for n, h in enumerate(item.stash.get(HERDERS, [])):
+            report.sections.append((f"herder {n} log (last 6000 characters)", h.log()[-6000:]))
+    return report
+
+
 @pytest.fixture
-def herder(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Herder]]:
+def herder(redis_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Herder]]:
     started: list[Herder] = []
+    request.node.stash[HERDERS] = started
 
     def make(
         env: dict[str, str] | None = None, executable: str = HERDER, **args: str | list[str] | bool | None

@@ -59,7 +59,9 @@ def test_max_jobs_with_jitter_recycles_workers_apart_and_capacity_never_dips(clo
     assert all(s.young_deaths == 0 for s in m.slots.values())  # no backoff for a planned recycle
 
 
-def test_a_worker_whose_jobs_keep_failing_is_culled_with_a_token_and_replaced_first(clock: FakeClock) -> None:
+def test_a_worker_whose_jobs_keep_failing_is_culled_with_a_token_and_stopped_as_its_replacement_starts(
+    clock: FakeClock,
+) -> None:
     m, launcher, recovery = make(clock, workers=3, cull_failures=5)
     m.step()
     all_ready(m)
@@ -71,9 +73,13 @@ def test_a_worker_whose_jobs_keep_failing_is_culled_with_a_token_and_replaced_fi
     m.step()
     assert recovery.asked == [1]
     recovery.pending_answers = {1: True}
+    spawned = len(launcher.spawned)
     m.step()
     assert m.workers[1].retire_reason.startswith("culled: 5 failed jobs")
-    assert settle(m, launcher, clock) >= 3
+    # Every job it took would fail: it takes no more (`stop` now), as its replacement starts.
+    assert bad.stops == 1 and len(launcher.spawned) == spawned + 1
+    settle(m, launcher, clock)
+    assert ready_count(m) == 3
     assert bad.code == 0 and bad not in live(m).values()
     assert m.retirement.recycled["culled"] == 1
 

@@ -83,7 +83,7 @@ def test_max_jobs_with_jitter_recycles_apart_with_ready_workers_never_below_targ
     herder, conn: Redis
 ) -> None:
     h = herder(workers="4", max_jobs="40", max_jobs_jitter="30", recycle_share="0.25")
-    h.wait_workers(4)
+    first = {p.pid for p in h.wait_workers(4)}
     samples: list[int] = []
     stop = threading.Event()
 
@@ -95,10 +95,18 @@ def test_max_jobs_with_jitter_recycles_apart_with_ready_workers_never_below_targ
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    ids = enqueue(conn, "record", 400, "recycle", 0.01)
-    wait_for(lambda: len(finished(conn, "recycle")) >= 400, 90, what="every job to finish")
+    # Keep work coming until every first worker has reached its limit and been recycled (one
+    # at a time, each after a replacement is ready): a fixed batch could drain first.
+    ids: list[str] = []
+    deadline = time.monotonic() + 90
+    while first & {p.pid for p in h.workers()} and time.monotonic() < deadline and len(ids) < 4000:
+        if conn.llen("rq:queue:default") < 40:
+            ids += enqueue(conn, "record", 40, "recycle", 0.01)
+        time.sleep(0.05)
+    wait_for(lambda: len(finished(conn, "recycle")) >= len(ids), 60, what="every job to finish")
     stop.set()
     sampler.join(5)
+    assert not first & {p.pid for p in h.workers()}, "a first worker was never recycled"
     assert sorted(finished(conn, "recycle")) == sorted(ids)  # each once: nothing interrupted
     assert min(samples) >= 4, f"ready workers dipped to {min(samples)}"
     recycled = h.status()["totals"]["recycled"].get("recycled after max jobs", 0)
