@@ -14,6 +14,7 @@ import sys
 from redis import Redis
 
 from herder.common.config import Config
+from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
 from herder.supervisor import logs
 from herder.supervisor.launcher import Clock, SubprocessLauncher
 from herder.supervisor.master import Master
@@ -50,6 +51,7 @@ def main() -> int:
         uplink=Uplink(),
         host_id=host_id,
         sched=SchedulerKeeper(locks, clock, host_id),
+        restarts=int(os.environ.get(MASTER_RESTARTS_ENV, "0") or 0),
     )
     return master.run()
 

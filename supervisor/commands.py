@@ -19,9 +19,11 @@ from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
 from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.health import HealthWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Counts, Recovery
 from herder.supervisor.snapshot import FleetView, build_status
+from herder.supervisor.states import WORKING
 from herder.supervisor.uplink import Uplink
 
 if TYPE_CHECKING:
@@ -55,6 +57,9 @@ class Fleet(Protocol):
     uplink: Uplink | None
     control: ControlServer | None
     sched: SchedulerKeeper
+    health: HealthWatch
+    ever_ready: bool
+    restarts: int
 
     def live_workers(self) -> list[Worker]: ...
 
@@ -132,8 +137,10 @@ class Commands:
 
     def view(self) -> FleetView:
         m = self.m
-        now = m.clock.monotonic()
+        now, wall = m.clock.monotonic(), m.clock.wall()
         counts = m.recovery.counts if m.recovery else Counts()
+        live = m.live_workers()
+        fleet = max(m.target, len(live))
         backoff = [s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now)]
         return FleetView(
             cfg=m.cfg,
@@ -142,9 +149,21 @@ class Commands:
             now=now,
             target=m.target,
             grant=m.scaler.grant,
-            live=len(m.live_workers()),
+            live=len(live),
             stopping=m.stopping,
-            degraded="; ".join(r for r in (m.guard.degraded, m.retirement.degraded) if r),
+            health=m.health.reasons(
+                now,
+                ready=sum(w.state in WORKING for w in live),
+                floor=m.cfg.floor,
+                was_ready=m.ever_ready,
+                stopping=m.stopping,
+                redis_down_since=m.reader.outage_since if m.reader else None,
+                grace=m.cfg.health_grace,
+                budgets=[
+                    ("kill_budget_spent", m.guard.degraded),
+                    ("cull_budget_spent", m.retirement.degraded),
+                ],
+            ),
             workers=[(w, w.proc.snapshot()) for w in m.workers.values()],
             backoff=sorted(backoff),
             queues=dict(m.scaler.queues),
@@ -158,6 +177,16 @@ class Commands:
                 "recycled": dict(m.retirement.recycled),
             },
             scheduler=m.sched.status(m.cfg),
+            jobs=m.counters.jobs(list(m.workers.values())),
+            killed_by=dict(m.counters.totals.killed_by),
+            requeued_by=dict(counts.requeued_by),
+            master_restarts=m.restarts,
+            budgets_left={
+                "kill": max(0.0, m.guard.budget.limit(fleet) - m.guard.budget.local_count(wall)),
+                "cull": max(0.0, m.cfg.cull_budget - m.retirement.local.count(wall)),
+            },
+            loop_lag=m.health.last_lag,
+            job_rate=m.scaler.state.per_worker,
         )
 
     def settings(self) -> dict[str, Any]:

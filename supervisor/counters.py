@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 
 from herder.supervisor.fleet import Worker
@@ -30,6 +31,7 @@ class Totals:
     jobs_ok: int = 0
     jobs_failed: int = 0
     busy_seconds: float = 0.0
+    killed_by: Counter[str] = field(default_factory=Counter)  # by the kill reason's class
 
 
 @dataclass
@@ -91,6 +93,14 @@ class Counters:
             self.totals.throttled += new_throttled
         rep.malformed, rep.oversized, rep.throttled = obs.malformed, obs.oversized, obs.throttled
         rep.stderr_dropped, rep.at = obs.stderr_dropped, now
+
+    def jobs(self, workers: list[Worker]) -> tuple[int, int]:
+        """Jobs ok and failed, by the whole fleet since the start."""
+        ok, failed = self.totals.jobs_ok, self.totals.jobs_failed
+        for w in workers:
+            o = w.proc.snapshot()
+            ok, failed = ok + o.jobs_ok, failed + o.jobs_failed
+        return ok, failed
 
     def jobs_and_busy_seconds(self, workers: list[Worker]) -> tuple[int, float]:
         """Jobs done and seconds spent busy, by the whole fleet since the start."""

@@ -23,6 +23,7 @@ EOF_GRACE = 1.0  # seconds a worker may live on after closing its stdout
 class Verdict:
     reason: str
     judged_hung: bool  # takes a kill token (see the module doc)
+    kind: str  # the reason's class, a metric label: silent, no_ready, stdout_closed, ...
 
 
 def derived_state(w: Worker, obs: Observations) -> WorkerState:
@@ -52,29 +53,32 @@ def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | No
         grace = cfg.kill_timeout if obs.said_stop else EOF_GRACE
         if now - obs.eof_at > grace:
             how = " after saying stop" if obs.said_stop else " but kept running"
-            return Verdict("closed its stdout" + how, judged_hung=hung)
+            return Verdict("closed its stdout" + how, judged_hung=hung, kind="stdout_closed")
         return None
     stopping_for = now - w.stop_sent_at if w.stop_sent_at is not None else 0.0
     if w.state == WorkerState.STOPPING and stopping_for > cfg.stop_timeout:
         busy = f", job {obs.job_id} still running" if obs.job_id else ""
-        return Verdict(f"still running {cfg.stop_timeout:g} s after `stop`{busy}", judged_hung=False)
+        return Verdict(
+            f"still running {cfg.stop_timeout:g} s after `stop`{busy}", judged_hung=False, kind="stop_timeout"
+        )
     if not obs.ready:
         if obs.last_seen > w.spawned_at:
             # Heartbeats before `ready`: alive, waiting (for Redis, say); judged by silence.
             silent = now - obs.last_seen
             if silent > cfg.heartbeat_timeout:
                 why = f"silent for {silent:.1f} s before `ready` (limit {cfg.heartbeat_timeout:g} s)"
-                return Verdict(why, judged_hung=hung)
+                return Verdict(why, judged_hung=hung, kind="silent")
             return None
         if now - w.spawned_at > cfg.start_timeout:
             why = f"no `ready` within the start timeout of {cfg.start_timeout:g} s"
-            return Verdict(why, judged_hung=hung)
+            return Verdict(why, judged_hung=hung, kind="no_ready")
         return None
     silent = now - obs.last_seen
     if silent > cfg.heartbeat_timeout:
         why = f"silent for {silent:.1f} s (heartbeat timeout {cfg.heartbeat_timeout:g} s)"
-        return Verdict(why, judged_hung=hung)
+        return Verdict(why, judged_hung=hung, kind="silent")
     if over is not None:
         timeout = obs.job_timeout if obs.job_timeout is not None else cfg.job_timeout
-        return Verdict(f"busy {over:.0f} s past its {timeout:g} s timeout", judged_hung=False)
+        why = f"busy {over:.0f} s past its {timeout:g} s timeout"
+        return Verdict(why, judged_hung=False, kind="job_timeout")
     return None

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 
-from herder.common.config import Config, redact_url
+from herder.common.config import Config, http_address, redact_url
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
 from herder.supervisor import fleet
@@ -27,19 +27,23 @@ from herder.supervisor.counters import Counters
 from herder.supervisor.events import Events
 from herder.supervisor.fleet import Slot, Worker, died_young
 from herder.supervisor.guard import KillGuard
+from herder.supervisor.health import HealthWatch
+from herder.supervisor.http_endpoint import HttpEndpoint
 from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge
+from herder.supervisor.metrics import PUBLISH_EVERY, vitals_of
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.retirement import Retirement
 from herder.supervisor.scaling import pick_idle_to_stop
 from herder.supervisor.scheduler import SchedulerKeeper
-from herder.supervisor.states import LEAVING, WorkerState, change_state
+from herder.supervisor.states import LEAVING, WORKING, WorkerState, change_state
 from herder.supervisor.uplink import Uplink
 
 log = logging.getLogger("herder")
 
 TICK = 0.25  # the loop looks at deadlines at least this often
+HTTP_RETRY = 5.0  # seconds between tries to bind --http's port while it is taken
 
 
 class Master:
@@ -53,6 +57,7 @@ class Master:
         uplink: Uplink | None = None,
         host_id: str = "",
         sched: SchedulerKeeper | None = None,
+        restarts: int = 0,
     ) -> None:
         self.cfg = self.started_cfg = cfg  # started_cfg: the watchdog's, which it never re-reads
         self.launcher, self.clock = launcher, clock
@@ -71,7 +76,12 @@ class Master:
         self.spawns_pending = False  # pacing left spawns for the next pass: it comes soon
         self.generation = 0  # bumped by a rolling restart
         self.started_at = clock.wall()
-        self._ready_sent = False
+        self.restarts = restarts  # times the watchdog restarted the master before this one
+        self.ever_ready = False  # the fleet was ready once (`ready` to the watchdog, health)
+        self.health = HealthWatch()
+        self.http = HttpEndpoint(http_address(cfg.http), clock.monotonic) if cfg.http else None
+        self._http_retry_at = 0.0
+        self._published_at = float("-inf")
         self._last_alive = float("-inf")
         self.events = Events(clock)
         self.commands = Commands(self)
@@ -108,8 +118,14 @@ class Master:
         if self.recovery:
             self.recovery.start()
         while not (self.stopping and not self.workers and not self.sched.running):
+            began = self.clock.monotonic()
             self.step()
-            self.events.wait(self.next_wait())
+            worked = self.clock.monotonic()
+            wait = self.next_wait()
+            self.events.wait(wait)
+            woke = self.clock.monotonic()
+            # How late the next pass comes: this pass's work plus the wait's overshoot.
+            self.health.loop_pass(woke, (worked - began) + max(0.0, woke - worked - wait))
         return self.shut_down()
 
     def step(self) -> None:
@@ -126,6 +142,7 @@ class Master:
         self.commands.handle_requests()
         self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
         self.heartbeat()
+        self.publish()
         if self.recovery:  # what the next sweep must not touch
             held = [o.job_id for o in (w.proc.snapshot() for w in self.workers.values()) if o.job_id]
             self.recovery.tell([self.rq_name(w) for w in self.workers.values()], held)
@@ -138,9 +155,31 @@ class Master:
         soon = [fleet.SPAWN_AGAIN] if self.spawns_pending else []  # paced spawns left for the next pass
         return max(0.0, min([TICK, *soon, *[d for d in due if d > 0]]))
 
+    def publish(self) -> None:
+        """Health bookkeeping each pass; the Vitals /healthz and /metrics serve, now and then."""
+        now = self.clock.monotonic()
+        ready = sum(w.state in WORKING for w in self.workers.values())
+        self.health.observe(now, ready, self.cfg.floor)
+        if self.http is None:
+            return
+        if self.http.vitals is None and now >= self._http_retry_at:
+            try:
+                self.http.start()
+            except OSError as exc:
+                self._http_retry_at = now + HTTP_RETRY
+                log.error(
+                    "cannot serve http on %s (%s); trying again every %g s", self.cfg.http, exc, HTTP_RETRY
+                )
+                return
+        if now - self._published_at >= PUBLISH_EVERY:
+            self._published_at = now
+            self.http.publish(vitals_of(self.commands.view()))
+
     def shut_down(self) -> int:
         if self.reader:
             self.reader.stop()
+        if self.http:
+            self.http.close()
         self.commands.handle_requests()  # answer what arrived during the last pass
         if self.control:
             self.control.close()
@@ -157,7 +196,12 @@ class Master:
         return 0
 
     def heartbeat(self) -> None:
-        """`alive` and a status line to the watchdog; `ready` once the fleet first is."""
+        """`ready` once the fleet first is; `alive` and a status line to the watchdog."""
+        if not self.ever_ready and self.fleet_ready():
+            self.ever_ready = True
+            log.info("all %d workers ready", len(self.live_workers()))
+            if self.uplink:
+                self.uplink.ready()
         if not self.uplink:
             return
         now = self.clock.monotonic()
@@ -169,20 +213,20 @@ class Master:
         queued = sum(q.backlog for q in self.scaler.queues.values())
         stopping = ", stopping" if self.stopping else ""
         self.uplink.status(f"{len(live)}/{self.target} workers, {busy} busy, {queued} queued{stopping}")
-        grant = self.scaler.grant
-        wanted = self.target if grant is None else min(self.target, grant)
-        if (
-            not self._ready_sent
-            and (not self.cfg.autoscale or self.scaler.has_reading)  # a first load reading
-            and len(live) >= wanted
-            and all(w.state != WorkerState.STARTING for w in live)
-        ):
-            self._ready_sent = True
-            self.uplink.ready()
-            log.info("all %d workers ready", len(live))
         if not self.stopping and self.uplink.watchdog_gone():
             log.warning("the watchdog is gone (parent changed or its pipe closed): stopping")
             self.begin_stop(hurry=False, why="watchdog gone")
+
+    def fleet_ready(self) -> bool:
+        """Every worker wanted is up and has said `ready` (after a first load reading when
+        autoscaling, and within the cluster's grant)."""
+        live, grant = self.live_workers(), self.scaler.grant
+        wanted = self.target if grant is None else min(self.target, grant)
+        return (
+            (not self.cfg.autoscale or self.scaler.has_reading)
+            and len(live) >= wanted
+            and all(w.state != WorkerState.STARTING for w in live)
+        )
 
     # ---- reap: the dead ------------------------------------------------------------------
 
@@ -225,7 +269,9 @@ class Master:
             change_state(w, WorkerState.EXITED, how)
             if obs.job_id is not None:
                 cause = f"killed by herder: {w.kill_reason}" if w.kill_reason else f"worker died ({how})"
-                self.requeue(obs.job_id, f"{cause} while running the job")
+                self.requeue(
+                    obs.job_id, f"{cause} while running the job", "killed" if w.kill_reason else "died"
+                )
             slot = self.slots.get(w.slot)
             if slot is None or self.stopping:
                 continue
@@ -242,10 +288,10 @@ class Master:
                 delay,
             )
 
-    def requeue(self, job_id: str, reason: str) -> None:
+    def requeue(self, job_id: str, reason: str, label: str) -> None:
         if self.recovery is None:  # no Redis: nothing to put it back on
             return log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
-        self.recovery.requeue(job_id, reason)
+        self.recovery.requeue(job_id, reason, label)
 
     def rq_name(self, w: Worker) -> str:  # as the worker registers with RQ
         return rq_worker_name(self.hostname, w.slot, w.pid)
@@ -272,14 +318,16 @@ class Master:
             if verdict is None:
                 self.guard.responsive(w)
             elif not verdict.judged_hung or self.guard.allow(w, verdict.reason, fleet, self.clock.wall()):
-                self.kill(w, verdict.reason)
+                self.kill(w, verdict.reason, verdict.kind)
         self.guard.settle(self.workers.values())
 
-    def kill(self, w: Worker, reason: str) -> None:
+    def kill(self, w: Worker, reason: str, kind: str) -> None:
+        """SIGTERM now (SIGKILL after kill_timeout, in murder); `kind` is the reason's class."""
         change_state(w, WorkerState.KILLING, reason)
         w.kill_reason = reason
         w.kill_started_at = self.clock.monotonic()
         self.counters.totals.killed += 1
+        self.counters.totals.killed_by[kind] += 1
         log.warning("slot %d pid %d: SIGTERM to its process group: %s", w.slot, w.pid, reason)
         w.proc.signal_group(signal.SIGTERM)
         w.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
@@ -398,4 +446,4 @@ class Master:
             self.sched.hurry()
             for w in list(self.workers.values()):
                 if w.state != WorkerState.KILLING:
-                    self.kill(w, f"herder is stopping in a hurry ({why})")
+                    self.kill(w, f"herder is stopping in a hurry ({why})", "hurried_stop")

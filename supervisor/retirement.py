@@ -36,6 +36,8 @@ from herder.supervisor.workerproc import Observations
 
 log = logging.getLogger("herder")
 
+Killer = Callable[[Worker, str, str], None]  # (worker, reason, the reason's class)
+
 ASK_AGAIN = 10.0  # seconds before a worker denied a cull asks again (the window moves on)
 RSS_EVERY = 2.0  # seconds between RSS readings of one worker
 MB = 2**20
@@ -82,7 +84,12 @@ class Retirement:
     # ---- each pass of the loop -----------------------------------------------------------
 
     def review(
-        self, live: list[Worker], target: int, now: float, wall: float, kill: Callable[[Worker, str], None]
+        self,
+        live: list[Worker],
+        target: int,
+        now: float,
+        wall: float,
+        kill: Callable[[Worker, str, str], None],
     ) -> None:
         """Decide retirements for the live (not yet leaving) workers."""
         answers = self.recovery.answers() if self.recovery else {}
@@ -98,7 +105,7 @@ class Retirement:
                 continue
             hard = self._memory(w, now)
             if hard:
-                kill(w, hard)
+                kill(w, hard, "memory_hard")
                 continue
             self._consider_cull(w, now, wall)
             if w.retire_reason or room <= 0:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -35,13 +35,24 @@ class FleetView:
     grant: int | None
     live: int
     stopping: bool
-    degraded: str
+    health: list[tuple[str, str]]  # (kind, reason) pairs: herder.supervisor.health
     workers: list[tuple[Worker, Observations]]
     backoff: list[int]  # slots waiting out a backoff
     queues: dict[str, QueueStats]
     totals: dict[str, int]
     settings: dict[str, Any]  # every setting as the master runs it (secrets redacted)
     scheduler: dict[str, Any] | None = None  # where RQ's scheduler runs (scheduler.py)
+    jobs: tuple[int, int] = (0, 0)  # ok, failed: the fleet's since the master started
+    killed_by: dict[str, int] = field(default_factory=dict)  # kills by the reason's class
+    requeued_by: dict[str, int] = field(default_factory=dict)  # killed, died, swept
+    master_restarts: int = 0
+    budgets_left: dict[str, float] = field(default_factory=dict)  # kill, cull: this host's view
+    loop_lag: float = 0.0  # seconds the loop's last pass came late
+    job_rate: float | None = None  # learned jobs/s of one busy worker (autoscaling)
+
+    @property
+    def degraded(self) -> str:
+        return "; ".join(text for _, text in self.health)
 
 
 _processes: dict[int, psutil.Process] = {}  # kept so cpu_percent() measures since the last status
@@ -120,4 +131,11 @@ def build_status(v: FleetView) -> dict[str, Any]:
         "totals": v.totals,
         "settings": v.settings,
         "scheduler": v.scheduler,
+        "jobs": {"ok": v.jobs[0], "failed": v.jobs[1]},
+        "killed_by": v.killed_by,
+        "requeued_by": v.requeued_by,
+        "master_restarts": v.master_restarts,
+        "budgets_left": {k: round(n, 2) for k, n in v.budgets_left.items()},
+        "loop_lag": round(v.loop_lag, 3),
+        "job_rate": None if v.job_rate is None else round(v.job_rate, 3),
     }

@@ -153,6 +153,17 @@ def wait_until_redis_answers(client: Redis, timeout: float = 10) -> None:
     wait_for(up, timeout, what="redis-server to answer")
 
 
+def redis_on(port: int, workdir: Path, *extra: str):  # noqa: ANN201
+    """A redis-server on a given port (to restart one where its clients expect it)."""
+    proc = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+         "--dir", str(workdir), "--save", "", *extra],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_until_redis_answers(Redis(port=port))
+    return proc
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc, port = start_redis(tmp_path_factory.mktemp("redis"))

@@ -122,7 +122,7 @@ class FakeRecovery:
         out, self.pending_answers = self.pending_answers, {}
         return out
 
-    def requeue(self, job_id: str, reason: str) -> None:
+    def requeue(self, job_id: str, reason: str, label: str) -> None:
         self.requeues.append((job_id, reason))
 
     def forget(self, name: str) -> None:

@@ -19,7 +19,7 @@ import psutil
 from redis import Redis
 from rq import Queue
 
-from conftest import start_redis, wait_for, wait_until_redis_answers
+from conftest import redis_on, start_redis, wait_for
 
 
 def kill_storm(h, kills: int, stop: threading.Event, pause: tuple[float, float] = (0.05, 0.25)) -> list[int]:
@@ -85,20 +85,6 @@ def test_kill_storm_at_random_moments_loses_no_job(herder, conn: Redis, jobs) ->
     duplicates = sum(done.values()) - len(done)
     assert duplicates <= len(killed), (duplicates, len(killed))
     h.stop_and_check()
-
-
-def redis_on(port: int, workdir: Path, *extra: str):  # noqa: ANN201
-    """A redis-server on a given port (to restart one where its clients expect it)."""
-    import shutil
-    import subprocess
-
-    proc = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-         "--dir", str(workdir), "--save", "", *extra],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    wait_until_redis_answers(Redis(port=port))
-    return proc
 
 
 AOF = ("--appendonly", "yes", "--appendfsync", "always")

@@ -31,8 +31,8 @@ def test_a_failing_task_does_not_block_the_ones_behind_it(conn: Redis, redis_url
     good = started(conn, "default")
     r = Recovery(conn, Config(redis_url=redis_url, queues=["default"]), sweeping=False)
     r.start()
-    r.requeue(bad, "test: its worker died")
-    r.requeue(good, "test: its worker died")
+    r.requeue(bad, "test: its worker died", "died")
+    r.requeue(good, "test: its worker died", "died")
     wait_for(
         lambda: conn.lrange("rq:queue:default", 0, -1) == [good.encode()], 5, what="the good job requeued"
     )
@@ -46,7 +46,7 @@ def test_a_move_happens_once_however_often_it_is_asked(conn: Redis, redis_url: s
     r = Recovery(conn, Config(redis_url=redis_url, max_requeues=3), sweeping=False)
     r.start()
     for _ in range(3):  # the reap path and two sweeps, say
-        r.requeue(job_id, "test: its worker died")
+        r.requeue(job_id, "test: its worker died", "died")
     wait_for(lambda: r.pending() == 0, 5, what="the requeues done")
     assert conn.lrange("rq:queue:default", 0, -1) == [job_id.encode()]
     assert conn.hget(f"rq:job:{job_id}", "herder_requeues") == b"1"
@@ -62,7 +62,7 @@ def test_past_max_requeues_the_job_fails_with_a_reason(conn: Redis, redis_url: s
     conn.hset(f"rq:job:{job_id}", "herder_requeues", limit)
     r = Recovery(conn, Config(redis_url=redis_url, max_requeues=limit), sweeping=False)
     r.start()
-    r.requeue(job_id, "killed by herder: test")
+    r.requeue(job_id, "killed by herder: test", "killed")
     wait_for(lambda: r.counts.failed == 1, 5, what="the job failed")
     assert job_id in FailedJobRegistry("default", connection=conn)
     job = Job.fetch(job_id, connection=conn)

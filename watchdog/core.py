@@ -26,7 +26,7 @@ from collections import deque
 
 from herder.common.exits import EX_CONFIG, describe
 from herder.common.lines import LineSplitter
-from herder.common.uplink_protocol import parse_uplink
+from herder.common.uplink_protocol import MASTER_RESTARTS_ENV, parse_uplink
 from herder.watchdog.embedded_redis import EmbeddedRedis
 from herder.watchdog.notify import Notifier
 
@@ -79,6 +79,7 @@ class Watchdog:
         self.master_ready = False
         self.master_killed = False
         self.restarts: deque[float] = deque()
+        self.master_starts = 0
         self.next_start = 0.0
         self.stopping = False
         self.stop_started = 0.0
@@ -120,6 +121,10 @@ class Watchdog:
     # ---- master --------------------------------------------------------------------
 
     def start_master(self) -> None:
+        kwargs = self.run_as.popen_kwargs() if self.run_as else {}
+        # How many times this watchdog restarted the master: the master reports it (metrics).
+        kwargs["env"] = dict(kwargs.get("env", os.environ), **{MASTER_RESTARTS_ENV: str(self.master_starts)})
+        self.master_starts += 1
         self.master = subprocess.Popen(
             self.master_argv,
             stdin=subprocess.DEVNULL,
@@ -128,7 +133,7 @@ class Watchdog:
             # Own process group: a Ctrl-C at the terminal reaches only the watchdog,
             # which forwards it once; the master must not see it twice.
             process_group=0,
-            **(self.run_as.popen_kwargs() if self.run_as else {}),
+            **kwargs,
         )
         assert self.master.stdout
         os.set_blocking(self.master.stdout.fileno(), False)

@@ -114,6 +114,20 @@ def default_workers_limit() -> tuple[int, str]:
     return max(1, min(by_cpu, by_memory)), how
 
 
+def http_address(text: str) -> tuple[str, int]:
+    """`--http` as (host, port): "9100" -> ("127.0.0.1", 9100); "0.0.0.0:9100"; "[::1]:9100".
+    Loopback unless the user names another address."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep:
+        host = "127.0.0.1"
+    host = host.strip("[]") if host.startswith("[") else host
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be [ADDR:]PORT with a port from 1 to 65535, got {text!r}")
+    if not host or (":" in host and not text.strip().startswith("[")):
+        raise ValueError(f"must be [ADDR:]PORT (an IPv6 address in brackets: [::1]:9100), got {text!r}")
+    return host, int(port)
+
+
 @dataclass
 class Config:
     """Every setting, its default and its help: the flags, HERDER_* variables and TOML keys
@@ -240,6 +254,17 @@ class Config:
         "Run RQ's scheduler (off: it runs elsewhere, e.g. rq worker --with-scheduler).",
         reload=APPLY,
     )
+    # Health and metrics for load balancers, probes and Prometheus (docs/operations.md).
+    http: str = setting(
+        "",
+        "Serve /healthz and /metrics on [ADDR:]PORT (off by default; a bare PORT binds 127.0.0.1).",
+    )
+    health_grace: float = setting(
+        10.0,
+        "Seconds the fleet may be below its minimum of ready workers, or Redis unreachable, "
+        "before health says degraded.",
+        reload=APPLY,
+    )
     config_file: str | None = internal()  # where the file layer came from, for reload
     embedded_redis: bool = internal(False)  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them
@@ -297,6 +322,7 @@ class Config:
             "cull_window",
             "cull_failure_window",
             "recycle_share",
+            "health_grace",
         ]
         for key in positive:
             if not getattr(self, key) > 0:
@@ -336,6 +362,11 @@ class Config:
                 raise bad("redis_url", f"scheme must be redis://, rediss:// or unix://, got {scheme!r}")
         if self.worker_command is not None and not self.worker_command:
             raise bad("worker_command", "is empty")
+        if self.http:
+            try:
+                http_address(self.http)
+            except ValueError as exc:
+                raise bad("http", str(exc)) from None
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise bad("log_level", f"must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
 

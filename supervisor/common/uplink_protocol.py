@@ -14,6 +14,8 @@ from herder.common.lines import MAX_LINE_BYTES
 VERSION = 1
 VERBS = ("ready", "alive", "status", "reloading", "stopping")
 MAX_STATUS = 4000  # systemd's STATUS= is one short line
+# The watchdog tells each master it starts how many times it restarted one before.
+MASTER_RESTARTS_ENV = "HERDER_MASTER_RESTARTS"
 
 
 @dataclass(frozen=True, slots=True)

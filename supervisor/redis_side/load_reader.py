@@ -101,6 +101,11 @@ class LoadReader:
         with self._lock:
             self._wanted, self._running = wanted, running
 
+    @property
+    def outage_since(self) -> float | None:
+        """Since when (monotonic) Redis has not answered a reading, or None while it answers."""
+        return self._outage_since
+
     def take(self) -> Reading | None:
         """The newest reading, once; None if none arrived since the last take."""
         with self._lock:

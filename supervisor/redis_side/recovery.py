@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -86,6 +87,7 @@ class Task:
     kind: str  # "requeue", "forget", "count_kill" or "cull"
     subject: str  # job id, RQ worker name, or counter key
     detail: str = ""  # the reason, or the window
+    label: str = ""  # a requeue's class, for the metrics: "killed" or "died"
     attempts: int = 0
     due: float = 0.0
 
@@ -96,6 +98,7 @@ class Counts:
     failed: int = 0  # jobs failed by herder past max_requeues
     swept: int = 0  # of those, found by a sweep rather than by reaping their worker
     given_up: int = 0  # tasks dropped after MAX_ATTEMPTS non-Redis failures
+    requeued_by: Counter[str] = field(default_factory=Counter)  # killed, died, swept
 
 
 @dataclass
@@ -139,8 +142,9 @@ class Recovery:
         task and sweep on."""
         self.cfg = cfg
 
-    def requeue(self, job_id: str, reason: str) -> None:
-        self._submit(Task("requeue", job_id, reason))
+    def requeue(self, job_id: str, reason: str, label: str) -> None:
+        """Put back the job a reaped worker held; `label` classes the reason ("killed", "died")."""
+        self._submit(Task("requeue", job_id, reason, label=label))
 
     def forget(self, worker_name: str) -> None:
         """A worker died: unregister it, drop its lease, and sweep for what it held."""
@@ -284,7 +288,7 @@ class Recovery:
                 pipe.expire(task.subject, int(float(task.detail) * 2) + 1)
                 pipe.execute()
         else:
-            self._requeue_held(task.subject, task.detail)
+            self._requeue_held(task.subject, task.detail, task.label)
 
     def _take_cull_token(self, wall: float) -> bool:
         current, previous, elapsed = cull_keys(wall, self.cfg.cull_window)
@@ -305,7 +309,7 @@ class Recovery:
             pipe.delete(lease_key(name))
             pipe.execute()
 
-    def _requeue_held(self, job_id: str, reason: str) -> None:
+    def _requeue_held(self, job_id: str, reason: str, label: str) -> None:
         """The job a reaped worker held: wherever RQ has it (started, or only popped), move it."""
         origin = self.connection.hget(Job.key_for(job_id), "origin")
         if origin is None:
@@ -314,10 +318,10 @@ class Recovery:
         queue = origin.decode()
         wip = StartedJobRegistry(queue, connection=self.connection).key
         members = [m.decode() for m, _ in self.connection.zscan_iter(wip, match=f"{job_id}:*")]
-        moves = [Recover("wip", queue, m, job_id, "", reason) for m in members]
+        moves = [Recover("wip", queue, m, job_id, "", reason, label) for m in members]
         outcomes = [self._move_one(r) for r in moves]
         if not members:  # popped, never started
-            outcomes.append(self._move_one(Recover("intermediate", queue, job_id, job_id, "", reason)))
+            outcomes.append(self._move_one(Recover("intermediate", queue, job_id, job_id, "", reason, label)))
         if not any(o in ("requeued", "over") for o in outcomes):
             status = self.connection.hget(Job.key_for(job_id), "status")
             log.info("job %s: not requeued (it is %s)", job_id, (status or b"gone").decode())
@@ -412,6 +416,7 @@ class Recovery:
         outcome, count = outcome.decode(), int(count)
         if outcome == "requeued":
             self.counts.requeued += 1
+            self.counts.requeued_by[r.label] += 1
             log.warning(
                 "job %s: requeued at the front of its queue (requeue %d of %d: %s)",
                 r.job_id,

@@ -68,6 +68,7 @@ class Recover:
     job_id: str
     holder: str  # the worker whose lease the move re-checks, or "" for none
     why: str
+    label: str = "swept"  # the requeue's class, for the metrics: swept (found by a sweep), killed, died
 
 
 def plan(

@@ -1,0 +1,175 @@
+"""What /metrics and /healthz serve: Vitals, a frozen snapshot of the fleet that the
+reconcile loop publishes (at most every PUBLISH_EVERY seconds), and its Prometheus form,
+built with prometheus-client's metric families (never by hand).
+
+The HTTP threads (herder.supervisor.http_endpoint) read only the newest Vitals: a scrape
+never touches the fleet, never waits for the loop, and a stalled loop shows as stale
+Vitals (health: "master loop stalled"). docs/operations.md lists every metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+from herder.supervisor.snapshot import FleetView, QueueStats
+from herder.supervisor.states import WORKING, WorkerState
+
+PUBLISH_EVERY = 0.5  # seconds between two Vitals the loop publishes
+STALE_AFTER = 5.0  # seconds without new Vitals: the loop is stalled (it passes every 0.25 s)
+# Every label value a counter can take, shown from the start at 0 (so rate() works at once).
+KILL_REASONS = ("silent", "no_ready", "stdout_closed", "stop_timeout", "job_timeout", "memory_hard",
+                "hurried_stop")  # fmt: skip
+REQUEUE_REASONS = ("killed", "died", "swept")
+RECYCLE_REASONS = ("culled", "recycled after max jobs", "recycled after max age", "recycled after max memory",
+                   "killed over hard memory limit")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Vitals:
+    taken_at: float  # monotonic, when the loop took it
+    health: tuple[tuple[str, str], ...]  # (kind, reason); empty: healthy
+    workers_by_state: dict[str, int]
+    desired: int
+    running: int  # counting towards the target: not stopping or killing
+    ready: int  # idle or busy
+    jobs_ok: int
+    jobs_failed: int
+    spawned: int
+    failed_by_herder: int
+    requeued_by: dict[str, int]
+    killed_by: dict[str, int]
+    recycled_by: dict[str, int]
+    master_restarts: int
+    budgets_left: dict[str, float]
+    queues: dict[str, QueueStats] = field(default_factory=dict)
+    loop_lag: float = 0.0
+    job_rate: float | None = None  # learned jobs/s of one busy worker
+
+    def problems(self, now: float) -> list[tuple[str, str]]:
+        """Health as of `now`: the loop's reasons, and the loop itself if it stopped publishing."""
+        stale = now - self.taken_at
+        if stale > STALE_AFTER:
+            return [("loop_stalled", f"master loop stalled: no pass for {stale:.0f} s"), *self.health]
+        return list(self.health)
+
+
+def vitals_of(v: FleetView) -> Vitals:
+    by_state = {str(s): 0 for s in WorkerState if s != WorkerState.EXITED}
+    for w, _ in v.workers:
+        by_state[str(w.state)] += 1
+    return Vitals(
+        taken_at=v.now,
+        health=tuple(v.health),
+        workers_by_state=by_state,
+        desired=v.target,
+        running=v.live,
+        ready=sum(by_state[str(s)] for s in WORKING),
+        jobs_ok=v.jobs[0],
+        jobs_failed=v.jobs[1],
+        spawned=v.totals["spawned"],
+        failed_by_herder=v.totals["failed_by_herder"],
+        requeued_by=dict.fromkeys(REQUEUE_REASONS, 0) | v.requeued_by,
+        killed_by=dict.fromkeys(KILL_REASONS, 0) | v.killed_by,
+        recycled_by=dict.fromkeys(RECYCLE_REASONS, 0) | v.totals["recycled"],
+        master_restarts=v.master_restarts,
+        budgets_left=dict(v.budgets_left),
+        queues=dict(v.queues),
+        loop_lag=v.loop_lag,
+        job_rate=v.job_rate,
+    )
+
+
+class VitalsCollector:
+    """A prometheus-client collector over the newest Vitals (`current` returns it)."""
+
+    def __init__(self, current: Callable[[], Vitals | None], clock: Callable[[], float]) -> None:
+        self.current = current
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        v: Vitals | None = self.current()
+        if v is None:
+            return
+        problems = v.problems(self.clock())
+        yield _gauge("herder_healthy", "1 when /healthz answers 200, else 0.", 0 if problems else 1)
+        g = GaugeMetricFamily(
+            "herder_health_problem", "1 for each reason health is degraded.", labels=["kind"]
+        )
+        for kind, _ in problems:
+            g.add_metric([kind], 1)
+        yield g
+        g = GaugeMetricFamily("herder_workers", "Worker processes by state.", labels=["state"])
+        for state, n in sorted(v.workers_by_state.items()):
+            g.add_metric([state], n)
+        yield g
+        yield _gauge("herder_workers_desired", "The target worker count on this host.", v.desired)
+        yield _gauge("herder_workers_running", "Workers counting towards the target.", v.running)
+        yield _gauge("herder_workers_ready", "Workers idle or busy (taking jobs).", v.ready)
+        c = CounterMetricFamily("herder_jobs", "Jobs finished by herder's workers.", labels=["outcome"])
+        c.add_metric(["ok"], v.jobs_ok)
+        c.add_metric(["failed"], v.jobs_failed)
+        yield c
+        yield _counter("herder_workers_spawned", "Workers spawned.", v.spawned)
+        yield _labelled(
+            "herder_requeues", "Jobs herder put back on their queue, by why.", "reason", v.requeued_by
+        )
+        yield _counter("herder_jobs_failed_by_herder", "Jobs failed past --max-requeues.", v.failed_by_herder)
+        yield _labelled("herder_kills", "Workers herder killed, by why.", "reason", v.killed_by)
+        yield _labelled("herder_recycles", "Planned recycles and culls, by why.", "reason", v.recycled_by)
+        yield _counter(
+            "herder_master_restarts", "Times the watchdog restarted the master.", v.master_restarts
+        )
+        g = GaugeMetricFamily(
+            "herder_budget_remaining",
+            "Tokens left in a self-defense budget (this host's view).",
+            labels=["budget"],
+        )
+        for budget, left in sorted(v.budgets_left.items()):
+            g.add_metric([budget], left)
+        yield g
+        length = GaugeMetricFamily("herder_queue_length", "Jobs waiting in the queue.", labels=["queue"])
+        running = GaugeMetricFamily("herder_queue_running", "Jobs of the queue running.", labels=["queue"])
+        growth = GaugeMetricFamily(
+            "herder_queue_growth",
+            "Queue growth in jobs/s, as the scaling policy smooths it.",
+            labels=["queue"],
+        )
+        for name, q in sorted(v.queues.items()):
+            length.add_metric([name], q.backlog)
+            running.add_metric([name], q.running)
+            growth.add_metric([name], q.growth)
+        yield from (length, running, growth)
+        yield _gauge(
+            "herder_master_loop_lag_seconds", "How late the master loop's last pass came.", v.loop_lag
+        )
+        if v.job_rate is not None:
+            yield _gauge("herder_job_rate", "Learned jobs per second of one busy worker.", v.job_rate)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _labelled(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in sorted(values.items()):
+        c.add_metric([key], n)
+    return c
+
+
+def registry_for(collector: VitalsCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]  # a Collector by duck typing
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,162 @@
+"""/healthz and /metrics end to end: real herder, real Redis, real HTTP clients (a hostile
+one too). /metrics is parsed with prometheus-client's own text parser and compared with
+`herder status --json` and with what the test did."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
+
+from conftest import free_port, redis_on, start_redis, wait_for
+
+
+def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
+    """(status, body); (0, b"") when the server closed the connection unanswered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (OSError, http.client.HTTPException):
+        return 0, b""
+
+
+def healthz(base: str) -> tuple[int, dict]:
+    code, body = get(base + "/healthz")
+    return code, json.loads(body) if code else {}
+
+
+def metrics(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample: (name, sorted labels) -> value."""
+    code, body = get(base + "/metrics")
+    assert code == 200
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def sample(m: dict, name: str, **labels: str) -> float | None:
+    return m.get((name, tuple(sorted(labels.items()))))
+
+
+def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redis, jobs) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    h = herder(workers="2", http=str(port))  # a bare port: loopback
+    workers = h.wait_workers(2)
+    wait_for(lambda: healthz(base)[0] == 200, 10, what="/healthz 200")
+    code, body = healthz(base)
+    assert body == {"status": "ok", "reasons": [], "workers": {"ready": 2, "desired": 2}}
+    ok_ids = [jobs.enqueue("record", "m").id for _ in range(12)]
+    for _ in range(3):
+        jobs.enqueue("poison", "p")
+    wait_for(lambda: len(jobs.finished("m")) == 12 and len(jobs.started("p")) == 3, 20, what="the jobs")
+    os.kill(workers[0].pid, signal.SIGKILL)  # between jobs: herder's kill count stays 0
+    h.wait_workers(2)
+
+    def settled() -> dict | None:
+        m = metrics(base)
+        done = sample(m, "herder_jobs_total", outcome="ok") == 12
+        return m if done and sample(m, "herder_workers_spawned_total") == 3 else None
+
+    m = wait_for(settled, 10, what="metrics to show the jobs and the respawn")
+    status = h.status()
+    assert status["jobs"] == {"ok": 12, "failed": 3} and len(ok_ids) == 12
+    assert sample(m, "herder_jobs_total", outcome="failed") == 3
+    assert sample(m, "herder_workers_spawned_total") == status["totals"]["spawned"] == 3
+    assert sample(m, "herder_kills_total", reason="silent") == 0 == status["totals"]["killed"]
+    assert sample(m, "herder_requeues_total", reason="died") == 0  # it held no job
+    assert sample(m, "herder_workers_desired") == status["desired"] == 2
+    assert sample(m, "herder_workers", state="idle") == 2
+    assert sample(m, "herder_queue_length", queue="default") == 0
+    assert sample(m, "herder_budget_remaining", budget="cull") == status["budgets_left"]["cull"] == 10
+    assert sample(m, "herder_healthy") == 1
+    assert sample(m, "herder_master_restarts_total") == 0
+    assert sample(m, "herder_master_loop_lag_seconds") < 1
+    assert get(base + "/nope")[0] == 404
+
+    master = h.master()
+    assert master is not None
+    os.kill(master.pid, signal.SIGKILL)  # the watchdog restarts it; the new one says so
+    wait_for(
+        lambda: (m := h.master()) is not None and m.pid != master.pid and h.wait_workers(2),
+        20,
+        what="a new master and its workers",
+    )
+    wait_for(
+        lambda: sample(metrics(base), "herder_master_restarts_total") == 1, 20, what="the restart counted"
+    )
+    assert h.status()["master_restarts"] == 1
+    h.stop_and_check()
+
+
+def test_healthz_turns_503_with_the_reason_while_redis_is_down_and_recovers(herder, tmp_path: Path) -> None:
+    proc, rport = start_redis(tmp_path)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        h = herder(redis_url=f"redis://127.0.0.1:{rport}/0", workers="2", http=f"127.0.0.1:{port}",
+                   health_grace="1")  # fmt: skip
+        h.wait_workers(2)
+        wait_for(lambda: healthz(base)[0] == 200, 10, what="/healthz 200")
+        proc.kill()
+        proc.wait(5)
+        code, body = wait_for(lambda: (r := healthz(base))[0] == 503 and r, 15, what="/healthz 503")
+        assert body["status"] == "degraded"
+        assert any(r.startswith("redis unreachable for") for r in body["reasons"]), body
+        m = metrics(base)
+        assert sample(m, "herder_healthy") == 0
+        assert sample(m, "herder_health_problem", kind="redis_unreachable") == 1
+        status = h.status()
+        assert "redis unreachable" in status["health"] and not status["running"]
+        proc = redis_on(rport, tmp_path)
+        wait_for(lambda: healthz(base)[0] == 200, 20, what="/healthz 200 again")
+        assert h.status()["health"] == "ok"
+        h.stop_and_check()
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def test_slow_and_hostile_clients_never_block_health_or_the_master(herder) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    h = herder(workers="1", http=f"127.0.0.1:{port}")
+    h.wait_workers(1)
+    wait_for(lambda: healthz(base)[0] == 200, 10, what="/healthz 200")
+    # A huge request line, and garbage: refused with a status, nothing else happens.
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /" + b"a" * 100_000 + b" HTTP/1.0\r\n\r\n")
+        assert b" 414 " in s.recv(1000).split(b"\r\n")[0]
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"\x00\xff garbage\r\n\r\n")
+        assert b" 400 " in s.recv(1000).split(b"\r\n")[0]
+    # Slow-loris: connections that send half a request and then nothing; more of them than
+    # the server serves at once.
+    idle = []
+    for _ in range(40):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        idle.append(s)
+    # The master's loop does not care: status answers at once.
+    started = time.monotonic()
+    assert h.status()["actual"] == 1
+    assert time.monotonic() - started < 5
+    # The stuck connections are cut off (IO timeout, then the deadline) and health answers again.
+    wait_for(lambda: healthz(base)[0] == 200, 15, interval=0.5, what="/healthz after the slow clients")
+    for s in idle:
+        s.close()
+    assert "connections refused so far" in h.log()  # counted and said once
+    h.stop_and_check()

@@ -1,0 +1,71 @@
+"""Health's reasons, the --http address and the Vitals' staleness: pure logic, plain numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from herder.common.config import Config, ConfigError, http_address
+from herder.supervisor.health import LAG_LIMIT, LAG_MEMORY, HealthWatch
+from herder.supervisor.metrics import STALE_AFTER, Vitals
+
+
+def reasons(h: HealthWatch, now: float, **kw: object) -> list[str]:
+    args = {
+        "ready": 2, "floor": 2, "was_ready": True, "stopping": False, "redis_down_since": None,
+        "grace": 10.0, "budgets": [],
+    }  # fmt: skip
+    args.update(kw)
+    return [kind for kind, _ in h.reasons(now, **args)]  # type: ignore[arg-type]
+
+
+def test_a_short_dip_below_the_minimum_is_ok_a_long_one_is_not() -> None:
+    h = HealthWatch()
+    h.observe(100.0, ready=1, floor=2)  # a worker crashed; its replacement is loading
+    assert reasons(h, 105.0, ready=1) == []
+    assert reasons(h, 110.5, ready=1) == ["below_minimum"]
+    h.observe(111.0, ready=2, floor=2)
+    assert reasons(h, 111.0) == []
+
+
+def test_starting_stopping_redis_and_budgets_each_say_so() -> None:
+    h = HealthWatch()
+    assert reasons(h, 0.0, was_ready=False, ready=0) == ["starting"]
+    assert reasons(h, 0.0, stopping=True) == ["stopping"]
+    assert reasons(h, 20.0, redis_down_since=15.0) == []  # within the grace
+    assert reasons(h, 30.0, redis_down_since=15.0) == ["redis_unreachable"]
+    spent = [("kill_budget_spent", "kill budget spent"), ("cull_budget_spent", "")]
+    assert reasons(h, 0.0, budgets=spent) == ["kill_budget_spent"]
+
+
+def test_a_late_pass_of_the_loop_is_remembered_for_a_while() -> None:
+    h = HealthWatch()
+    h.loop_pass(50.0, 0.01)
+    assert reasons(h, 50.0) == []
+    h.loop_pass(51.0, LAG_LIMIT + 0.5)
+    assert reasons(h, 51.0) == ["loop_lagging"]
+    h.loop_pass(51.0 + LAG_MEMORY + 1, 0.01)
+    assert reasons(h, 51.0 + LAG_MEMORY + 1) == []
+
+
+def test_vitals_that_stop_coming_say_the_loop_is_stalled() -> None:
+    v = Vitals(
+        taken_at=10.0, health=(), workers_by_state={}, desired=1, running=1, ready=1, jobs_ok=0,
+        jobs_failed=0, spawned=1, failed_by_herder=0, requeued_by={}, killed_by={}, recycled_by={},
+        master_restarts=0, budgets_left={},
+    )  # fmt: skip
+    assert v.problems(10.0 + STALE_AFTER) == []
+    assert [k for k, _ in v.problems(10.0 + STALE_AFTER + 1)] == ["loop_stalled"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("9100", ("127.0.0.1", 9100)), ("0.0.0.0:80", ("0.0.0.0", 80)), ("[::1]:9100", ("::1", 9100))],
+)
+def test_http_address_is_loopback_unless_named(text: str, expected: tuple[str, int]) -> None:
+    assert http_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["x", "70000", "0", ":9100", "::1:9100", "host:"])
+def test_a_bad_http_address_is_a_config_error_naming_the_key(text: str) -> None:
+    with pytest.raises(ConfigError, match="'http'"):
+        Config(http=text).validate()
