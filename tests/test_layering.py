@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "herder.watchdog": {"herder.common"},
     "herder.worker": {"herder.common", "rq", "redis"},
     "herder.supervisor.redis_side": {"herder.common", "herder.supervisor.scaling", "rq", "redis"},
-    "herder.supervisor": {"herder.common", "herder.supervisor", "rq", "redis", "psutil"},
+    "herder.supervisor": {"herder.common", "herder.supervisor", "rq", "redis", "psutil", "prometheus_client"},
     "herder.supervisor.ctl": {
         "herder.common",
         "herder.supervisor",
