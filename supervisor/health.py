@@ -27,9 +27,11 @@ class HealthWatch:
     _lags: deque[tuple[float, float]] = field(default_factory=deque)  # (at, lag), late passes only
     last_lag: float = 0.0
 
-    def loop_pass(self, now: float, lag: float) -> None:
-        """How late this pass of the loop came (its wait's overshoot plus the last pass's work)."""
-        self.last_lag = lag
+    def loop_pass(self, began: float, worked: float, wait: float, woke: float) -> None:
+        """A pass began, did its work until `worked`, waited (planned: `wait`) until `woke`.
+        The next pass is late by this pass's work plus the wait's overshoot."""
+        now = woke
+        lag = self.last_lag = (worked - began) + max(0.0, woke - worked - wait)
         if lag > LAG_LIMIT:
             self._lags.append((now, lag))
         while self._lags and self._lags[0][0] < now - LAG_MEMORY:

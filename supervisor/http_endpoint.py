@@ -22,13 +22,52 @@ from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from herder.supervisor.metrics import Vitals, VitalsCollector, exposition, registry_for
+from herder.common.config import http_address
+from herder.supervisor.metrics import (
+    PUBLISH_EVERY,
+    Vitals,
+    VitalsCollector,
+    exposition,
+    registry_for,
+    vitals_of,
+)
+from herder.supervisor.snapshot import FleetView
 
 log = logging.getLogger("herder")
 
 MAX_CONNECTIONS = 16
 IO_TIMEOUT = 2.0  # seconds a client may be silent mid-request
 REQUEST_DEADLINE = 5.0  # seconds a connection may last, however it trickles
+RETRY_BIND = 5.0  # seconds between tries to bind the port while it is taken
+
+
+class Publisher:
+    """The loop's side: starts the endpoint (again every RETRY_BIND seconds while the port is
+    taken, say by a master still draining) and hands it new Vitals every PUBLISH_EVERY."""
+
+    def __init__(self, address: str, clock: Callable[[], float]) -> None:
+        self.address = address
+        self.endpoint = HttpEndpoint(http_address(address), clock)
+        self._bind_at = 0.0
+        self._published_at = float("-inf")
+
+    def step(self, now: float, view: Callable[[], FleetView]) -> None:
+        if not self.endpoint.serving:
+            if now < self._bind_at:
+                return
+            try:
+                self.endpoint.start()
+            except OSError as exc:
+                self._bind_at = now + RETRY_BIND
+                log.error("cannot serve http on %s (%s); trying again every %g s", self.address, exc,
+                          RETRY_BIND)  # fmt: skip
+                return
+        if now - self._published_at >= PUBLISH_EVERY:
+            self._published_at = now
+            self.endpoint.publish(vitals_of(view()))
+
+    def close(self) -> None:
+        self.endpoint.close()
 
 
 class HttpEndpoint:
@@ -41,6 +80,10 @@ class HttpEndpoint:
         self.refused = 0  # connections closed unserved: MAX_CONNECTIONS were busy
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
 
     @property
     def url(self) -> str:

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 
-from herder.common.config import Config, http_address, redact_url
+from herder.common.config import Config, redact_url
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
 from herder.supervisor import fleet
@@ -28,10 +28,9 @@ from herder.supervisor.events import Events
 from herder.supervisor.fleet import Slot, Worker, died_young
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.health import HealthWatch
-from herder.supervisor.http_endpoint import HttpEndpoint
+from herder.supervisor.http_endpoint import Publisher
 from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge
-from herder.supervisor.metrics import PUBLISH_EVERY, vitals_of
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.retirement import Retirement
@@ -43,7 +42,6 @@ from herder.supervisor.uplink import Uplink
 log = logging.getLogger("herder")
 
 TICK = 0.25  # the loop looks at deadlines at least this often
-HTTP_RETRY = 5.0  # seconds between tries to bind --http's port while it is taken
 
 
 class Master:
@@ -79,9 +77,7 @@ class Master:
         self.restarts = restarts  # times the watchdog restarted the master before this one
         self.ever_ready = False  # the fleet was ready once (`ready` to the watchdog, health)
         self.health = HealthWatch()
-        self.http = HttpEndpoint(http_address(cfg.http), clock.monotonic) if cfg.http else None
-        self._http_retry_at = 0.0
-        self._published_at = float("-inf")
+        self.http = Publisher(cfg.http, clock.monotonic) if cfg.http else None  # /healthz, /metrics
         self._last_alive = float("-inf")
         self.events = Events(clock)
         self.commands = Commands(self)
@@ -120,12 +116,9 @@ class Master:
         while not (self.stopping and not self.workers and not self.sched.running):
             began = self.clock.monotonic()
             self.step()
-            worked = self.clock.monotonic()
-            wait = self.next_wait()
+            worked, wait = self.clock.monotonic(), self.next_wait()
             self.events.wait(wait)
-            woke = self.clock.monotonic()
-            # How late the next pass comes: this pass's work plus the wait's overshoot.
-            self.health.loop_pass(woke, (worked - began) + max(0.0, woke - worked - wait))
+            self.health.loop_pass(began, worked, wait, self.clock.monotonic())
         return self.shut_down()
 
     def step(self) -> None:
@@ -158,22 +151,9 @@ class Master:
     def publish(self) -> None:
         """Health bookkeeping each pass; the Vitals /healthz and /metrics serve, now and then."""
         now = self.clock.monotonic()
-        ready = sum(w.state in WORKING for w in self.workers.values())
-        self.health.observe(now, ready, self.cfg.floor)
-        if self.http is None:
-            return
-        if self.http.vitals is None and now >= self._http_retry_at:
-            try:
-                self.http.start()
-            except OSError as exc:
-                self._http_retry_at = now + HTTP_RETRY
-                log.error(
-                    "cannot serve http on %s (%s); trying again every %g s", self.cfg.http, exc, HTTP_RETRY
-                )
-                return
-        if now - self._published_at >= PUBLISH_EVERY:
-            self._published_at = now
-            self.http.publish(vitals_of(self.commands.view()))
+        self.health.observe(now, sum(w.state in WORKING for w in self.workers.values()), self.cfg.floor)
+        if self.http:
+            self.http.step(now, self.commands.view)
 
     def shut_down(self) -> int:
         if self.reader:
@@ -186,11 +166,8 @@ class Master:
         left = self.recovery.drain(timeout=10.0) if self.recovery else 0
         self.sched.close()
         if left:
-            log.error(
-                "%d jobs could not be requeued (Redis unreachable); RQ's abandoned-job sweep will "
-                "find them in their StartedJobRegistry",
-                left,
-            )
+            log.error("%d jobs could not be requeued (Redis unreachable); RQ's abandoned-job sweep will "
+                      "find them in their StartedJobRegistry", left)  # fmt: skip
         counts = self.recovery.counts if self.recovery else None
         self.counters.log_summary(counts.requeued if counts else 0, counts.failed if counts else 0, left)
         return 0
@@ -242,26 +219,12 @@ class Master:
             how = describe(code)
             graceful = w.stop_sent_at is not None and code == 0 and not w.kill_reason
             if graceful:
-                log.info(
-                    "slot %d pid %d: stopped (%s) after %.1f s, %d jobs ok, %d failed",
-                    w.slot,
-                    w.pid,
-                    how,
-                    lived,
-                    obs.jobs_ok,
-                    obs.jobs_failed,
-                )
+                log.info("slot %d pid %d: stopped (%s) after %.1f s, %d jobs ok, %d failed", w.slot,
+                         w.pid, how, lived, obs.jobs_ok, obs.jobs_failed)  # fmt: skip
             else:
                 why = w.kill_reason or "unexpected"
-                log.warning(
-                    "slot %d pid %d: %s -> exited (%s, %s) after %.1f s",
-                    w.slot,
-                    w.pid,
-                    w.state,
-                    how,
-                    why,
-                    lived,
-                )
+                log.warning("slot %d pid %d: %s -> exited (%s, %s) after %.1f s", w.slot, w.pid,
+                            w.state, how, why, lived)  # fmt: skip
                 if self.recovery is not None and self.cfg.worker_command is None:
                     # A killed RQ worker cannot unregister itself, nor say what it had popped.
                     self.recovery.forget(self.rq_name(w))
@@ -269,9 +232,8 @@ class Master:
             change_state(w, WorkerState.EXITED, how)
             if obs.job_id is not None:
                 cause = f"killed by herder: {w.kill_reason}" if w.kill_reason else f"worker died ({how})"
-                self.requeue(
-                    obs.job_id, f"{cause} while running the job", "killed" if w.kill_reason else "died"
-                )
+                label = "killed" if w.kill_reason else "died"  # the metrics' reason
+                self.requeue(obs.job_id, f"{cause} while running the job", label)
             slot = self.slots.get(w.slot)
             if slot is None or self.stopping:
                 continue
@@ -279,14 +241,9 @@ class Master:
                 slot.lived(now)
                 continue
             delay = slot.died_young(now, self.cfg)
-            log.warning(
-                "slot %d: backoff (died %d times in a row, before `ready` or within %.1f s of its start); "
-                "next spawn in %.2f s",
-                w.slot,
-                slot.young_deaths,
-                self.cfg.min_uptime,
-                delay,
-            )
+            log.warning("slot %d: backoff (died %d times in a row, before `ready` or within %.1f s of "
+                        "its start); next spawn in %.2f s", w.slot, slot.young_deaths, self.cfg.min_uptime,
+                        delay)  # fmt: skip
 
     def requeue(self, job_id: str, reason: str, label: str) -> None:
         if self.recovery is None:  # no Redis: nothing to put it back on
@@ -305,12 +262,8 @@ class Master:
             change_state(w, derived_state(w, obs), f"job {obs.job_id}" if obs.job_id else "ready")
             if w.state == WorkerState.KILLING:
                 if not w.sigkilled and now - (w.kill_started_at or now) >= self.cfg.kill_timeout:
-                    log.warning(
-                        "slot %d pid %d: still alive %.1f s after SIGTERM: SIGKILL",
-                        w.slot,
-                        w.pid,
-                        self.cfg.kill_timeout,
-                    )
+                    log.warning("slot %d pid %d: still alive %.1f s after SIGTERM: SIGKILL", w.slot,
+                                w.pid, self.cfg.kill_timeout)  # fmt: skip
                     w.proc.signal_group(signal.SIGKILL)
                     w.sigkilled = True
                 continue
@@ -430,12 +383,8 @@ class Master:
     def begin_stop(self, hurry: bool, why: str) -> None:
         if not self.stopping:
             self.stopping = True
-            log.info(
-                "%s: stopping %d workers (each finishes its job; stop timeout %g s)",
-                why,
-                len(self.workers),
-                self.cfg.stop_timeout,
-            )
+            log.info("%s: stopping %d workers (each finishes its job; stop timeout %g s)", why,
+                     len(self.workers), self.cfg.stop_timeout)  # fmt: skip
             if self.uplink:
                 self.uplink.stopping()
             for w in self.workers.values():

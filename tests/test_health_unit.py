@@ -39,12 +39,15 @@ def test_starting_stopping_redis_and_budgets_each_say_so() -> None:
 
 def test_a_late_pass_of_the_loop_is_remembered_for_a_while() -> None:
     h = HealthWatch()
-    h.loop_pass(50.0, 0.01)
-    assert reasons(h, 50.0) == []
-    h.loop_pass(51.0, LAG_LIMIT + 0.5)
-    assert reasons(h, 51.0) == ["loop_lagging"]
-    h.loop_pass(51.0 + LAG_MEMORY + 1, 0.01)
-    assert reasons(h, 51.0 + LAG_MEMORY + 1) == []
+    h.loop_pass(began=49.9, worked=49.91, wait=0.25, woke=50.0)  # woken early: not late at all
+    assert reasons(h, 50.0) == [] and h.last_lag == pytest.approx(0.01)
+    h.loop_pass(began=50.0, worked=50.0, wait=0.25, woke=50.25 + LAG_LIMIT + 0.5)  # a wait overshot
+    assert reasons(h, 51.8) == ["loop_lagging"]
+    h.loop_pass(began=52.0, worked=52.0 + LAG_LIMIT + 0.5, wait=0.0, woke=53.5)  # a slow pass
+    assert h.last_lag == pytest.approx(LAG_LIMIT + 0.5)
+    later = 53.5 + LAG_MEMORY + 1
+    h.loop_pass(began=later - 0.25, worked=later - 0.25, wait=0.25, woke=later)
+    assert reasons(h, later) == []
 
 
 def test_vitals_that_stop_coming_say_the_loop_is_stalled() -> None:
