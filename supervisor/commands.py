@@ -45,6 +45,7 @@ class Fleet(Protocol):
     target: int
     generation: int
     stopping: bool
+    paused: bool
     started_at: float
     workers: dict[int, Worker]
     slots: dict[int, Slot]
@@ -125,6 +126,8 @@ class Commands:
                 return self.rescale(body)
             case "restart":
                 return self.restart("herder restart")
+            case "pause" | "resume":
+                return self.pause(body["cmd"] == "pause")
             case "reload":
                 return self.reload("herder reload")
             case "stop":
@@ -187,6 +190,7 @@ class Commands:
             },
             loop_lag=m.health.last_lag,
             job_rate=m.scaler.state.per_worker,
+            paused=m.paused,
         )
 
     def settings(self) -> dict[str, Any]:
@@ -210,6 +214,18 @@ class Commands:
             if m.reader.cluster is not None:
                 out.update(cluster_max_workers=m.reader.cluster.cap, host_ttl=m.reader.cluster.ttl)
         return out
+
+    def pause(self, paused: bool) -> dict:
+        """`herder pause` / `resume`: this host's workers finish their jobs and take no new ones
+        (Sidekiq's quiet, celery's cancel_consumer); workers started meanwhile start paused."""
+        m = self.m
+        if m.paused != paused:
+            m.paused = paused
+            what = "finish their jobs and take no new ones" if paused else "take jobs again"
+            log.info("herder %s: workers %s", "pause" if paused else "resume", what)
+        for w in m.workers.values():
+            w.proc.send_pause(paused)
+        return {"ok": True, "paused": paused, "workers": len(m.workers)}
 
     def restart(self, why: str) -> dict:
         m = self.m

@@ -6,7 +6,7 @@ scale, manage towards the target, answer control requests. Handlers only record;
 acts, and only it changes a worker's state (states.change_state). Workers start only
 through the Launcher and time is read only through the Clock: unit tests use fakes.
 Next door: liveness.py, fleet.py, retirement.py, autoscaler.py, commands.py, counters.py,
-snapshot.py, redis_side/ (every Redis call, on threads of their own).
+snapshot.py, health.py, http_endpoint.py, redis_side/ (every Redis call, on threads of their own).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Master:
         self.sched = sched or SchedulerKeeper(None, clock, self.host_id)  # RQ's scheduler: scheduler.py
         self.guard = KillGuard(cfg, recovery)
         self.retirement = Retirement(cfg, recovery)
-        self.stopping = False
+        self.stopping = self.paused = False  # paused: `herder pause`, no new jobs on this host
         self.spawns_pending = False  # pacing left spawns for the next pass: it comes soon
         self.generation = 0  # bumped by a rolling restart
         self.started_at = clock.wall()
@@ -81,9 +81,8 @@ class Master:
         self._last_alive = float("-inf")
         self.events = Events(clock)
         self.commands = Commands(self)
-        self.control: ControlServer | None = None
-        if cfg.state_dir:
-            self.control = ControlServer(cfg.state_dir, self.events.wake, self.commands.answer_directly)
+        answer = self.commands.answer_directly
+        self.control = ControlServer(cfg.state_dir, self.events.wake, answer) if cfg.state_dir else None
 
     # ---- signals ------------------------------------------------------------------------
 
@@ -368,6 +367,8 @@ class Master:
             log.error("slot %d: cannot spawn worker (%s); next try in %.2f s", slot.index, exc, delay)
             return
         w = Worker(slot.index, proc, spawned_at=self.clock.monotonic(), generation=self.generation)
+        if self.paused:
+            proc.send_pause(True)
         self.retirement.limits_for(w)
         self.workers[slot.index] = w
         self.counters.totals.spawned += 1

@@ -49,6 +49,7 @@ class FleetView:
     budgets_left: dict[str, float] = field(default_factory=dict)  # kill, cull: this host's view
     loop_lag: float = 0.0  # seconds the loop's last pass came late
     job_rate: float | None = None  # learned jobs/s of one busy worker (autoscaling)
+    paused: bool = False  # `herder pause` on this host
 
     @property
     def degraded(self) -> str:
@@ -93,6 +94,7 @@ def build_status(v: FleetView) -> dict[str, Any]:
                 "cpu_percent": cpu,
                 "uptime": round(v.now - w.spawned_at, 1),
                 "malformed_lines": o.malformed,
+                "paused": o.paused,
             }
         )
     for pid in set(_processes) - {w.pid for w, _ in v.workers}:
@@ -122,6 +124,8 @@ def build_status(v: FleetView) -> dict[str, Any]:
         "desired": v.target,
         "actual": v.live,
         "stopping": v.stopping,
+        "paused": v.paused,
+        "suspended": sum(o.paused == "suspended" for _, o in v.workers),
         "slots_in_backoff": v.backoff,
         "queues": [
             {"name": name, "backlog": q.backlog, "running": q.running, "growth": round(q.growth, 2)}

@@ -18,7 +18,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from herder.common.worker_protocol import MAX_LINE_BYTES, STOP, LineSplitter, ProtocolError, parse_line
+from herder.common.worker_protocol import (
+    MAX_LINE_BYTES,
+    PAUSE,
+    RESUME,
+    STOP,
+    LineSplitter,
+    ProtocolError,
+    parse_line,
+)
 from herder.supervisor import logs
 
 log = logging.getLogger("herder")
@@ -67,6 +75,7 @@ class Observations:
     throttled: int = 0  # times the reader paused a flooding worker
     stderr_dropped: int = 0
     last_error: str = ""
+    paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended or paused
 
 
 @dataclass
@@ -164,8 +173,11 @@ class WorkerProcess:
                 case "ready":
                     o.ready = True
                     return True
+                case "idle":
+                    o.paused = msg.paused
                 case "busy":
                     o.job_id, o.job_started, o.job_timeout = msg.job_id, now, msg.timeout
+                    o.paused = None
                 case "done":
                     if o.job_id == msg.job_id:
                         o.busy_seconds += now - o.job_started
@@ -213,11 +225,17 @@ class WorkerProcess:
             return Observations(**vars(self.obs))
 
     def send_stop(self) -> None:
+        self._tell(STOP)  # a worker that does not read stdin is killed at the stop timeout
+
+    def send_pause(self, paused: bool) -> None:
+        self._tell(PAUSE if paused else RESUME)  # a --worker-command program may ignore it
+
+    def _tell(self, line: bytes) -> None:
         assert self.popen.stdin
         try:
-            os.write(self.popen.stdin.fileno(), STOP)
+            os.write(self.popen.stdin.fileno(), line)
         except (BlockingIOError, BrokenPipeError, OSError):
-            pass  # a worker that does not read stdin is killed at the stop timeout
+            pass
 
     def signal_group(self, sig: int) -> None:
         """Signal the worker's process group, which holds the children its jobs started."""

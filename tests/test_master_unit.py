@@ -44,6 +44,7 @@ class FakeProc:
         self.code: int | None = None
         self.signals: list[int] = []
         self.stops = 0
+        self.pauses: list[bool] = []
         self.obeys_term = True
 
     # the ProcessHandle
@@ -52,6 +53,9 @@ class FakeProc:
 
     def send_stop(self) -> None:
         self.stops += 1
+
+    def send_pause(self, paused: bool) -> None:
+        self.pauses.append(paused)
 
     def signal_group(self, sig: int) -> None:
         self.signals.append(sig)

@@ -36,6 +36,9 @@ class Channel:
         self._stop_reason: str | None = None
         self._orphaned = False
         self._last_idle = 0.0
+        self._last_paused: str | None = None
+        self.paused = False  # `herder pause`: take no new job until `resume`
+        self.requests = threading.Event()  # set on each request from the master (stop, pause, resume)
         self.on_beat: Callable[[], None] | None = None  # also called while a job runs
         self._sentinel = threading.Thread(target=self._watch_master, name="herder-sentinel", daemon=True)
 
@@ -57,12 +60,13 @@ class Channel:
     def ready(self) -> None:
         self._send(wp.ready_line(os.getpid(), time.time()))
 
-    def idle(self) -> None:
-        """The main loop's heartbeat; at most twice per interval, however often it is called."""
+    def idle(self, paused: str | None = None) -> None:
+        """The main loop's heartbeat; at most twice per interval, however often it is called,
+        and at once when the reason it takes no jobs (`paused`) changes."""
         now = time.monotonic()
-        if now - self._last_idle >= self.heartbeat_interval / 2:
-            self._last_idle = now
-            self._send(wp.idle_line(time.time()))
+        if now - self._last_idle >= self.heartbeat_interval / 2 or paused != self._last_paused:
+            self._last_idle, self._last_paused = now, paused
+            self._send(wp.idle_line(time.time(), paused))
 
     def busy(self, job_id: str, timeout: float | None) -> None:
         with self._lock:
@@ -86,7 +90,15 @@ class Channel:
     def request_stop(self, reason: str) -> None:
         if self._stop_reason is None:
             self._stop_reason = reason
+            self.requests.set()
             print(f"herder worker: stopping after the current job ({reason})", file=sys.stderr, flush=True)
+
+    def _on_request(self, request: str | None) -> None:
+        if request == "stop":
+            self.request_stop("stop from the master")
+        elif request in ("pause", "resume"):
+            self.paused = request == "pause"
+        self.requests.set()
 
     def _master_gone(self, reason: str) -> None:
         """The master is dead: stop after this job, and move our output off its pipes.
@@ -119,8 +131,8 @@ class Channel:
                             self._master_gone("stdin closed and the parent changed: the master is gone")
                         else:
                             self.request_stop("stdin closed")
-                    if any(wp.is_stop_request(line) for line, _ in splitter.feed(chunk)):
-                        self.request_stop("stop from the master")
+                    for line, _ in splitter.feed(chunk):
+                        self._on_request(wp.master_request(line))
                     continue
             else:
                 time.sleep(self.heartbeat_interval)

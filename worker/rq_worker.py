@@ -8,6 +8,11 @@ worker's lease (herder.common.rq_names) renewed, so any master can tell it is al
 
 `busy` goes out the moment the dequeue returns, before RQ's own bookkeeping, so the
 master knows the job from the instant it left the queue (docs/protocol.md).
+
+Paused (`rq suspend` on any host, or `herder pause` on this one) it takes no new job: it is
+checked before every dequeue slice, so a worker waiting on the queue notices within one
+slice (1 s), and while paused it keeps saying `idle <ts> suspended|paused`, so the master
+neither kills it nor counts it as a fault, and a `stop` ends it at once.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from __future__ import annotations
 import signal
 import time
 
+from redis.exceptions import RedisError
 from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.queue import Queue
-from rq.worker import SimpleWorker
+from rq.suspension import is_suspended
+from rq.worker import SimpleWorker, WorkerStatus
 
 from herder.common.rq_names import lease_key
 from herder.worker.channel import Channel
@@ -68,14 +75,49 @@ class HerderWorker(SimpleWorker):
         # here, before a dequeue: never between popping a job and running it.
         slice_s = max(1, int(self.channel.heartbeat_interval))
         idle_since = time.monotonic()
+        first = True
         while True:
             if self.channel.stop_reason:
                 raise StopRequested()
+            if not first:  # work() checked just before the first slice
+                self.check_for_suspension(burst=False)
+            first = False
             result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
             if result is not None:
                 return self._took(result)
             if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                 return None
+
+    def pause_reason(self) -> str | None:
+        """ "paused" (herder pause), "suspended" (rq suspend) or None. A Redis that does not
+        answer is no pause: the dequeue rides out the outage as it always does."""
+        if self.channel.paused:
+            return "paused"
+        try:
+            return "suspended" if is_suspended(self.connection, self) else None
+        except RedisError:
+            return None
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's check, made herder's: also `herder pause`; heartbeats while it waits; `stop`
+        ends the wait at once (RQ's sleeps a second at a time and says nothing)."""
+        why = self.pause_reason()
+        if why is None:
+            return
+        if burst:
+            raise StopRequested()
+        before = self.get_state()
+        self.set_state(WorkerStatus.SUSPENDED)
+        self.log.info("Worker %s: %s, taking no jobs until it is resumed", self.name, why)
+        while why is not None and not self._stop_requested:
+            if self.channel.stop_reason:
+                raise StopRequested()
+            self.channel.idle(paused=why)
+            self.channel.requests.clear()
+            self.channel.requests.wait(0.5)  # a stop or resume from the master ends it at once
+            why = self.pause_reason()
+        self.set_state(before)
+        self.log.info("Worker %s: resumed", self.name)
 
     def _took(self, result: tuple[Job, Queue] | None) -> tuple[Job, Queue] | None:
         if result is not None:

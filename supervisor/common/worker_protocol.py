@@ -1,8 +1,8 @@
-"""The worker <-> master channel, version 2 (docs/protocol.md): both ends import this.
+"""The worker <-> master channel, version 3 (docs/protocol.md): both ends import this.
 
 worker -> master, on the worker's private stdout: one line per message, built by the
 `*_line` functions, read by `parse_line`. master -> worker, on the worker's stdin:
-`STOP`. A program given as --worker-command learns what it needs from the environment
+`STOP`, `PAUSE`, `RESUME`. A program given as --worker-command learns what it needs from the environment
 variables named here. Pure code, standard library only, unit-tested directly.
 """
 
@@ -16,11 +16,17 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 
 # Version 2: `busy` comes the moment the dequeue returns, before the queue's own
 # bookkeeping (version 1 workers may send it later; the master accepts both).
-VERSION = 2
-SUPPORTED_VERSIONS = ("1", "2")
+# Version 3: `idle` may say why the worker takes no jobs (PAUSE_REASONS), and the master
+# may send `pause` and `resume`.
+VERSION = 3
+SUPPORTED_VERSIONS = ("1", "2", "3")
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
+# Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one).
+PAUSE_REASONS = ("suspended", "paused")
 
 STOP = b"stop\n"  # master -> worker: finish the current job, then exit
+PAUSE = b"pause\n"  # master -> worker: finish the current job, then take no new one
+RESUME = b"resume\n"  # master -> worker: take jobs again
 
 # The environment a worker starts with: the interface of any --worker-command program.
 ENV_REDIS_URL = "HERDER_REDIS_URL"  # never on argv, where `ps` would show a password
@@ -43,6 +49,7 @@ class Message:
     # Seconds the job may run (RQ's job.timeout); None when the worker did not say,
     # -1 for a job that may run forever.
     timeout: float | None = None
+    paused: str | None = None  # `idle`: why it takes no jobs (PAUSE_REASONS), if it does not
 
 
 # ---- worker side: building lines -------------------------------------------------------
@@ -52,8 +59,8 @@ def ready_line(pid: int, ts: float) -> bytes:
     return f"ready {pid} {ts:.6f} {VERSION}\n".encode()
 
 
-def idle_line(ts: float) -> bytes:
-    return f"idle {ts:.6f}\n".encode()
+def idle_line(ts: float, paused: str | None = None) -> bytes:
+    return f"idle {ts:.6f}{' ' + paused if paused else ''}\n".encode()
 
 
 def busy_line(job_id: str, ts: float, timeout: float | None) -> bytes:
@@ -124,8 +131,11 @@ def parse_line(raw: bytes) -> Message:
             if args[2] not in ("ok", "failed"):
                 raise ProtocolError(f"bad outcome {args[2][:20]!r}")
             return Message("done", _ts(args[1]), job_id=_job_id(args[0]), ok=args[2] == "ok")
-        case "idle", 1:
-            return Message("idle", _ts(args[0]))
+        case "idle", 1 | 2:
+            # idle <ts> [suspended|paused]
+            if len(args) == 2 and args[1] not in PAUSE_REASONS:
+                raise ProtocolError(f"bad pause reason {args[1][:20]!r}")
+            return Message("idle", _ts(args[0]), paused=args[1] if len(args) == 2 else None)
         case "stop", 1:
             return Message("stop", _ts(args[0]))
         case _ if verb in VERBS:
@@ -134,6 +144,7 @@ def parse_line(raw: bytes) -> Message:
             raise ProtocolError(f"unknown verb {verb[:40]!r}")
 
 
-def is_stop_request(line: bytes) -> bool:
-    """Worker side: is this stdin line the master's `stop`?"""
-    return line.strip() == STOP.strip()
+def master_request(line: bytes) -> str | None:
+    """Worker side: "stop", "pause" or "resume" for the master's stdin lines, else None."""
+    word = line.strip()
+    return next((r.strip().decode() for r in (STOP, PAUSE, RESUME) if word == r.strip()), None)

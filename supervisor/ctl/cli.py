@@ -386,6 +386,23 @@ def restart(state_dir: str | None) -> None:
 
 @cli.command()
 @state_dir_option
+def pause(state_dir: str | None) -> None:
+    """This host's workers finish their jobs and take no new ones, until `herder resume`
+    (for every host at once, RQ's own `rq suspend` works too)."""
+    reply = ask(state_dir, {"cmd": "pause"})
+    click.echo(f"paused: {reply['workers']} workers finish their jobs and take no new ones")
+
+
+@cli.command()
+@state_dir_option
+def resume(state_dir: str | None) -> None:
+    """Undo `herder pause`: this host's workers take jobs again."""
+    reply = ask(state_dir, {"cmd": "resume"})
+    click.echo(f"resumed: {reply['workers']} workers take jobs again")
+
+
+@cli.command()
+@state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the reply as JSON.")
 def reload(state_dir: str | None, as_json: bool) -> None:
     """Re-read the config file (as SIGHUP does): changed settings apply, workers restart

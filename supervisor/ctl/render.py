@@ -32,6 +32,10 @@ def render(status: dict[str, Any]) -> str:
     ]
     if status.get("health", "ok") != "ok":
         lines.append(f"health: {status['health']}")
+    if status.get("paused"):
+        lines.append("paused: this host's workers take no new jobs (herder resume)")
+    if status.get("suspended"):
+        lines.append(f"suspended: {status['suspended']} workers wait for `rq resume`")
     scale = f"min {status['min']}, max {status['max']}" if status["autoscale"] else "fixed"
     scale += f", limit {status['workers_limit']}"
     if status["cluster_max"] is not None:
@@ -53,8 +57,9 @@ def render(status: dict[str, Any]) -> str:
         rss = f"{w['rss'] / 2**20:.0f}M" if w["rss"] else "-"
         cpu = f"{w['cpu_percent']:.0f}" if w["cpu_percent"] is not None else "-"
         job = f"{w['job']} ({_duration(w['job_seconds'])})" if w["job"] else ""
+        state = w.get("paused") or w["state"] if w["state"] == "idle" else w["state"]
         lines.append(
-            f"{w['slot']:>4} {w['pid']:>7} {w['state']:<9} {_duration(w['uptime']):>6} "
+            f"{w['slot']:>4} {w['pid']:>7} {state:<9} {_duration(w['uptime']):>6} "
             f"{w['jobs_ok']:>6} {w['jobs_failed']:>6} {rss:>7} {cpu:>5}  {job}"
         )
     return "\n".join(lines)
