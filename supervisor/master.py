@@ -214,9 +214,9 @@ class Master:
             obs = w.proc.snapshot()
             del self.workers[slot_index]
             now = self.clock.monotonic()
-            lived = now - w.spawned_at
-            how = describe(code)
-            graceful = w.stop_sent_at is not None and code == 0 and not w.kill_reason
+            lived, how = now - w.spawned_at, describe(code)
+            # Asked to stop (by herder, or by RQ's shutdown command: it said `stop`) and exited 0.
+            graceful = code == 0 and not w.kill_reason and (w.stop_sent_at is not None or obs.said_stop)
             if graceful:
                 log.info("slot %d pid %d: stopped (%s) after %.1f s, %d jobs ok, %d failed", w.slot,
                          w.pid, how, lived, obs.jobs_ok, obs.jobs_failed)  # fmt: skip

@@ -9,6 +9,12 @@ worker's lease (herder.common.rq_names) renewed, so any master can tell it is al
 `busy` goes out the moment the dequeue returns, before RQ's own bookkeeping, so the
 master knows the job from the instant it left the queue (docs/protocol.md).
 
+RQ's remote commands work as RQ documents them: `send_shutdown_command` is a graceful stop
+(the job finishes, the worker says `stop` and exits 0, and the master replaces it as it would
+after its own `stop`), and `send_stop_job_command` stops the job in this process (JobStopped,
+raised in the job's thread, the way RQ's own timeout is) so RQ marks it stopped, never
+requeued, and the worker goes on to the next job.
+
 Paused (`rq suspend` on any host, or `herder pause` on this one) it takes no new job: it is
 checked before every dequeue slice, so a worker waiting on the queue notices within one
 slice (1 s), and while paused it keeps saying `idle <ts> suspended|paused`, so the master
@@ -17,10 +23,12 @@ neither kills it nor counts it as a fault, and a `stop` ends it at once.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
 from redis.exceptions import RedisError
+from rq.command import parse_payload
 from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.queue import Queue
@@ -30,6 +38,12 @@ from rq.worker import SimpleWorker, WorkerStatus
 from herder.common.rq_names import lease_key
 from herder.worker.channel import Channel
 
+STOP_JOB_SIGNAL = signal.SIGUSR1  # the pubsub thread asks the main thread to stop the job
+
+
+class JobStopped(BaseException):  # not an Exception: a job's `except Exception` cannot keep it
+    """Raised in the running job by RQ's send_stop_job_command; RQ marks the job stopped."""
+
 
 class HerderWorker(SimpleWorker):
     channel: Channel
@@ -38,6 +52,7 @@ class HerderWorker(SimpleWorker):
     # While Redis is unreachable RQ retries inside its dequeue loop; herder's heartbeat
     # rides on those retries (see heartbeat()), so they must come at least that often.
     max_connection_wait_time = 1.0
+    _performing: str | None = None  # the job whose own code is running now
 
     def attach(self, channel: Channel, lease_seconds: float) -> None:
         self.channel = channel
@@ -60,6 +75,28 @@ class HerderWorker(SimpleWorker):
         # the default action the process just ends and the master requeues the job.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(STOP_JOB_SIGNAL, self._stop_job_now)
+
+    def handle_payload(self, message) -> None:  # noqa: ANN001 - a redis pubsub message
+        """RQ's remote commands, from its pubsub thread. `shutdown` would SIGINT this process
+        (ending the job mid-way): here it is the graceful stop herder's `stop` is."""
+        if parse_payload(message).get("command") == "shutdown":
+            self.log.info(
+                "Worker %s: RQ's shutdown command: finishing the current job, then exiting", self.name
+            )
+            self.channel.request_stop("RQ's shutdown command")
+            return
+        super().handle_payload(message)
+
+    def kill_horse(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """RQ's send_stop_job_command calls this once it has marked the job to stop. No horse
+        here: the job runs in this process, so its main thread is told to stop it."""
+        os.kill(os.getpid(), STOP_JOB_SIGNAL)
+
+    def _stop_job_now(self, signum: int, frame: object) -> None:
+        job_id = self._stopped_job_id
+        if job_id is not None and job_id == self._performing:  # never in RQ's own bookkeeping
+            raise JobStopped(f"job {job_id} stopped by RQ's send_stop_job_command")
 
     def bootstrap(self, *args, **kwargs) -> None:  # type: ignore[override]
         super().bootstrap(*args, **kwargs)
@@ -145,5 +182,15 @@ class HerderWorker(SimpleWorker):
             self.channel.done(job.id, self._job_ok)
 
     def perform_job(self, job: Job, queue: Queue, execution) -> bool:  # type: ignore[override]
+        perform = job.perform
+
+        def performing():  # noqa: ANN202 - whatever the job returns
+            self._performing = job.id  # the window in which a stop request may interrupt
+            try:
+                return perform()
+            finally:
+                self._performing = None
+
+        job.perform = performing  # type: ignore[method-assign]
         self._job_ok = super().perform_job(job, queue, execution)
         return self._job_ok

@@ -1,0 +1,55 @@
+"""RQ's remote commands sent to herder's workers with RQ's own API, as rq-dashboard sends
+them: a shutdown is a graceful recycle, a stop-job stops that job as RQ marks it (stopped,
+never requeued) and the worker goes on. Real Redis, real workers."""
+
+from __future__ import annotations
+
+import time
+
+from redis import Redis
+from rq.command import send_shutdown_command, send_stop_job_command
+from rq.worker import Worker
+
+from conftest import wait_for
+
+
+def test_send_shutdown_command_is_a_graceful_recycle_busy_or_idle(herder, conn: Redis, jobs) -> None:
+    h = herder(workers="2")
+    h.wait_workers(2)
+    job = jobs.enqueue("record", "sd", 1.5)
+    busy = h.worker_for_job(conn, job.id)
+    idle = next(p.pid for p in h.workers() if p.pid != busy)
+    names = {w.pid: w.name for w in Worker.all(connection=conn)}  # as rq-dashboard lists them
+    for pid in (busy, idle):
+        send_shutdown_command(conn, names[pid])
+    wait_for(lambda: not {busy, idle} & {p.pid for p in h.workers()}, 15, what="both workers gone")
+    wait_for(lambda: len(h.wait_workers(2)) == 2, 15, what="two replacements")
+    assert jobs.started("sd") == [job.id] and jobs.finished("sd") == [job.id]  # never interrupted
+    assert jobs.status(job.id) == "finished"
+    status = h.status()
+    assert status["totals"]["killed"] == 0 and status["totals"]["requeued"] == 0
+    assert status["slots_in_backoff"] == [] and status["totals"]["spawned"] == 4
+    for pid in (busy, idle):
+        assert f"pid {pid}: stopped (exit code 0)" in h.log()  # not "exited unexpectedly"
+    h.stop_and_check()
+
+
+def test_send_stop_job_command_stops_the_job_as_rq_marks_it_and_the_worker_goes_on(
+    herder, conn: Redis, jobs
+) -> None:
+    h = herder(workers="1")
+    (worker,) = h.wait_workers(1)
+    long = jobs.enqueue("record", "long", 60)
+    wait_for(lambda: jobs.started("long") == [long.id], 10, what="the long job to start")
+    started = time.monotonic()
+    send_stop_job_command(conn, long.id)
+    wait_for(lambda: jobs.status(long.id) == "stopped", 10, what="the job stopped")
+    assert time.monotonic() - started < 5
+    after = jobs.enqueue("record", "after")
+    wait_for(lambda: jobs.finished("after") == [after.id], 10, what="the next job")
+    time.sleep(1)  # a requeue would show as a second start
+    assert jobs.started("long") == [long.id] and jobs.finished("long") == []
+    assert {p.pid for p in h.workers()} == {worker.pid}  # the same worker went on
+    status = h.status()
+    assert status["totals"]["killed"] == 0 and status["totals"]["requeued"] == 0
+    h.stop_and_check()
