@@ -67,10 +67,11 @@ POLICY = {
         "max_memory_hard",
         "recycle_share",
         "scheduler",
+        "health_grace",
     },
     WORKERS: {"queues", "paths", "worker_command", "log_level", "heartbeat_interval"},
     RESTART: {"redis_url", "host_id", "master_heartbeat_timeout", "max_restarts", "restart_window"}
-    | {"state_dir", "user"},
+    | {"state_dir", "user", "http"},
 }
 # The FAST flags of conftest, written into the config file instead (flags pin a setting).
 FAST_IN_FILE = {flag[2:].replace("-", "_"): float(value) for flag, value in FAST.items()}
