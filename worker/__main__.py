@@ -60,7 +60,7 @@ def main() -> int:
 
     from redis import Redis
 
-    from herder.worker.rq_worker import HerderWorker
+    from herder.worker.rq_worker import make_worker
 
     if not cfg.redis_url:
         print("herder worker: no Redis URL configured", file=sys.stderr)
@@ -70,9 +70,13 @@ def main() -> int:
         channel.stopped()
         return 0
     name = rq_worker_name(socket.gethostname(), os.environ.get(wp.ENV_SLOT, "0"), os.getpid())
-    w = HerderWorker(cfg.queues, name=name, connection=connection)
+    w = make_worker(cfg, name, connection)
     w.attach(channel, cfg.lease_seconds)
-    w.work(logging_level=cfg.log_level.upper(), log_format="%(levelname)s %(message)s")
+    w.work(
+        logging_level=cfg.log_level.upper(),
+        log_format="%(levelname)s %(message)s",
+        dequeue_strategy=cfg.dequeue_strategy,
+    )
     channel.stopped()
     return 0
 

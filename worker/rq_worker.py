@@ -27,14 +27,18 @@ import os
 import signal
 import time
 
+from redis import Redis
 from redis.exceptions import RedisError
 from rq.command import parse_payload
 from rq.exceptions import StopRequested
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.queue import Queue
+from rq.serializers import resolve_serializer
 from rq.suspension import is_suspended
-from rq.worker import SimpleWorker, WorkerStatus
+from rq.utils import import_attribute
+from rq.worker import BaseWorker, SimpleWorker, WorkerStatus
 
+from herder.common.config import Config
 from herder.common.rq_names import lease_key
 from herder.worker.channel import Channel
 
@@ -45,7 +49,10 @@ class JobStopped(BaseException):  # not an Exception: a job's `except Exception`
     """Raised in the running job by RQ's send_stop_job_command; RQ marks the job stopped."""
 
 
-class HerderWorker(SimpleWorker):
+class HerderMixin(BaseWorker):
+    """herder's protocol on top of any RQ worker class: SimpleWorker (herder's default, the
+    job in this process) or a user's class (`--worker-class`), forking ones included."""
+
     channel: Channel
     # One log line less per job: the result TTL is the same for every job and says little.
     log_result_lifespan = False
@@ -89,9 +96,12 @@ class HerderWorker(SimpleWorker):
         super().handle_payload(message)
 
     def kill_horse(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        """RQ's send_stop_job_command calls this once it has marked the job to stop. No horse
-        here: the job runs in this process, so its main thread is told to stop it."""
-        os.kill(os.getpid(), STOP_JOB_SIGNAL)
+        """RQ's send_stop_job_command calls this once it has marked the job to stop. With no
+        horse the job runs in this process, so its main thread is told to stop it."""
+        if self.horse_pid:
+            super().kill_horse(sig)  # a forking worker class: RQ's own way
+        else:
+            os.kill(os.getpid(), STOP_JOB_SIGNAL)
 
     def _stop_job_now(self, signum: int, frame: object) -> None:
         job_id = self._stopped_job_id
@@ -175,11 +185,17 @@ class HerderWorker(SimpleWorker):
             self.renew_lease()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        self._job_ok = False
+        self._job_ok: bool | None = None  # perform_job says, unless it ran in a forked horse
         try:
             super().execute_job(job, queue)
         finally:
-            self.channel.done(job.id, self._job_ok)
+            ok = self._job_ok
+            if ok is None:  # the horse's verdict is only in Redis
+                try:
+                    ok = job.get_status(refresh=True) == JobStatus.FINISHED
+                except RedisError:
+                    ok = False
+            self.channel.done(job.id, ok)
 
     def perform_job(self, job: Job, queue: Queue, execution) -> bool:  # type: ignore[override]
         perform = job.perform
@@ -194,3 +210,36 @@ class HerderWorker(SimpleWorker):
         job.perform = performing  # type: ignore[method-assign]
         self._job_ok = super().perform_job(job, queue, execution)
         return self._job_ok
+
+
+def herder_worker_class(base: type[BaseWorker] = SimpleWorker) -> type[BaseWorker]:
+    """herder's protocol combined with an RQ worker class (a user's `--worker-class`)."""
+    if issubclass(base, HerderMixin):
+        return base
+    return type(f"Herder{base.__name__}", (HerderMixin, base), {})
+
+
+HerderWorker = herder_worker_class(SimpleWorker)
+
+
+def make_worker(cfg: Config, name: str, connection: Redis) -> HerderMixin:
+    """The worker `rq worker` would build from the same options (docs/migrating-from-rq.md)."""
+    cls = herder_worker_class(import_attribute(cfg.worker_class) if cfg.worker_class else SimpleWorker)
+    options: dict = {"name": name, "connection": connection}
+    if cfg.job_class:
+        options["job_class"] = import_attribute(cfg.job_class)
+    if cfg.queue_class:
+        options["queue_class"] = import_attribute(cfg.queue_class)
+    if cfg.serializer:
+        options["serializer"] = resolve_serializer(cfg.serializer)
+    if cfg.exception_handlers:
+        options["exception_handlers"] = [import_attribute(h) for h in cfg.exception_handlers]
+    if cfg.disable_default_exception_handler:
+        options["disable_default_exception_handler"] = True
+    if cfg.results_ttl is not None:
+        options["default_result_ttl"] = cfg.results_ttl
+    if cfg.worker_ttl is not None:
+        options["worker_ttl"] = cfg.worker_ttl
+    if cfg.maintenance_interval is not None:
+        options["maintenance_interval"] = cfg.maintenance_interval
+    return cls(cfg.queues, **options)  # type: ignore[return-value]  # RQ makes the Queues

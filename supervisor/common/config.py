@@ -12,16 +12,18 @@ password would be visible in the process list.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import re
 import shlex
+import sys
 import tomllib
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from herder.common.exits import EX_CONFIG
 
@@ -112,6 +114,42 @@ def default_workers_limit() -> tuple[int, str]:
     by_memory = memory // MEMORY_PER_WORKER
     how = f"min({how}, {memory / 2**30:.1f} GiB / 64 MiB = {by_memory})"
     return max(1, min(by_cpu, by_memory)), how
+
+
+def rq_settings_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str]]:
+    """RQ's settings module (`rq worker -c`), read as `rq worker` reads it: REDIS_URL, or
+    REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PASSWORD and REDIS_SSL; and QUEUES."""
+    source = f"rq settings module {module}"
+    added = [os.path.abspath(p) for p in [*paths, "."] if os.path.abspath(p) not in sys.path]
+    sys.path[:0] = added
+    try:
+        settings = vars(importlib.import_module(module))
+    except Exception as exc:  # whatever the user's module raises, it is a config error
+        raise ConfigError("rq_config", f"cannot import {module}: {exc.__class__.__name__}: {exc}") from None
+    finally:
+        del sys.path[: len(added)]
+    if settings.get("SENTINEL") is not None:
+        raise ConfigError(
+            "rq_config", "SENTINEL: Redis through Sentinel is not supported yet; give REDIS_URL", source
+        )
+    out: dict[str, tuple[Any, str]] = {}
+    url = settings.get("REDIS_URL")
+    if url is None and any(k in settings for k in ("REDIS_HOST", "REDIS_PORT", "REDIS_DB", "REDIS_PASSWORD")):
+        ssl = str(settings.get("REDIS_SSL", False)).lower() in ("1", "y", "yes", "t", "true")
+        password = settings.get("REDIS_PASSWORD")
+        auth = f":{quote(str(password), safe='')}@" if password else ""
+        host, port = settings.get("REDIS_HOST", "localhost"), settings.get("REDIS_PORT", 6379)
+        url = f"{'rediss' if ssl else 'redis'}://{auth}{host}:{port}/{settings.get('REDIS_DB', 0)}"
+    if url is not None:
+        out["redis_url"] = (coerce("redis_url", url, source), source)
+    if settings.get("QUEUES") is not None:
+        out["queues"] = (coerce("queues", list(settings["QUEUES"]), source), source)
+    return out
+
+
+def is_dotted(name: str) -> bool:
+    """package.module.Name (or json / pickle, RQ's serializer aliases)."""
+    return all(part.isidentifier() for part in name.split("."))
 
 
 def http_address(text: str) -> tuple[str, int]:
@@ -254,6 +292,40 @@ class Config:
         "Run RQ's scheduler (off: it runs elsewhere, e.g. rq worker --with-scheduler).",
         reload=APPLY,
     )
+    # `rq worker`'s own options, for users coming from it (docs/migrating-from-rq.md).
+    worker_class: str = setting(
+        "", "RQ Worker class (dotted path) to combine with herder's protocol (rq worker -w).", reload=WORKERS
+    )
+    job_class: str = setting("", "RQ Job class, dotted path (rq worker -j).", reload=WORKERS)
+    queue_class: str = setting("", "RQ Queue class, dotted path (rq worker --queue-class).", reload=WORKERS)
+    serializer: str = setting(
+        "", "json, pickle, or a serializer's dotted path (rq worker -S).", reload=WORKERS
+    )
+    exception_handlers: list[str] = setting(
+        help="Exception handler, dotted path (repeatable; rq worker --exception-handler).",
+        factory=list,
+        reload=WORKERS,
+    )
+    disable_default_exception_handler: bool = setting(
+        False, "Do not move failed jobs to the FailedJobRegistry (rq worker -d).", reload=WORKERS
+    )
+    results_ttl: int | None = setting(
+        None, "Seconds results are kept (rq worker --results-ttl).", reload=WORKERS
+    )
+    worker_ttl: int | None = setting(
+        None, "RQ's worker key TTL in seconds (rq worker --worker-ttl).", reload=WORKERS
+    )
+    maintenance_interval: int | None = setting(
+        None, "Seconds between RQ's maintenance passes (rq worker --maintenance-interval).", reload=WORKERS
+    )
+    dequeue_strategy: str = setting(
+        "default", "default, random or round_robin (rq worker --dequeue-strategy).", reload=WORKERS
+    )
+    rq_config: str = setting(
+        "",
+        "RQ's settings module (rq worker -c): REDIS_URL (or REDIS_HOST, _PORT, _DB, _PASSWORD, _SSL) "
+        "and QUEUES, below the file, the environment and the flags.",
+    )
     # Health and metrics for load balancers, probes and Prometheus (docs/operations.md).
     http: str = setting(
         "",
@@ -367,6 +439,21 @@ class Config:
                 http_address(self.http)
             except ValueError as exc:
                 raise bad("http", str(exc)) from None
+        for key in ("worker_class", "job_class", "queue_class", "serializer", "rq_config"):
+            if getattr(self, key) and not is_dotted(getattr(self, key)):
+                raise bad(key, f"must be a dotted name like package.module.Name, got {getattr(self, key)!r}")
+        for handler in self.exception_handlers:
+            if not is_dotted(handler):
+                raise bad(
+                    "exception_handlers", f"must be dotted names like app.errors.report, got {handler!r}"
+                )
+        if self.dequeue_strategy not in ("default", "random", "round_robin"):
+            raise bad(
+                "dequeue_strategy", f"must be default, random or round_robin, got {self.dequeue_strategy!r}"
+            )
+        for key in ("results_ttl", "worker_ttl", "maintenance_interval"):
+            if getattr(self, key) is not None and getattr(self, key) < 0:
+                raise bad(key, f"must not be negative, got {getattr(self, key)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise bad("log_level", f"must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
 
@@ -462,7 +549,7 @@ _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 # ---- layering: defaults < TOML file < HERDER_* environment < flags ----------------------
 
 # Keys a user may write in a file or flag that map to another field name.
-ALIASES = {"queue": "queues", "path": "paths"}
+ALIASES = {"queue": "queues", "path": "paths", "exception_handler": "exception_handlers"}
 SECRET_KEYS = {"redis_url"}
 KEYS = [f.name for f in fields(Config) if not f.metadata.get("internal")]
 _TYPES = {k: v for k, v in typing.get_type_hints(Config).items() if k in KEYS}

@@ -137,9 +137,14 @@ def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, 
         given[key] = (list(value) if isinstance(value, tuple) else value, source)
     layers.append(given)
     cfg, sources = settings.resolve(layers)
+    from_rq: list[str] = []
+    if cfg.rq_config:  # RQ's settings module sits just above the defaults; reload keeps it
+        rq_layer = settings.rq_settings_layer(cfg.rq_config, cfg.paths)
+        cfg, sources = settings.resolve([rq_layer, *layers])
+        from_rq = [key for key, (_, source) in rq_layer.items() if sources.get(key) == source]
     if config_file:
         cfg.config_file = os.path.abspath(config_file)
-    cfg.pinned = sorted(given)
+    cfg.pinned = sorted({*given, *from_rq})
     return cfg, sources
 
 
