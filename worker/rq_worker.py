@@ -29,6 +29,7 @@ import time
 
 from redis import Redis
 from redis.exceptions import RedisError
+from rq.callbacks import execute_stopped_callback
 from rq.command import parse_payload
 from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
@@ -102,6 +103,25 @@ class HerderMixin(BaseWorker):
             super().kill_horse(sig)  # a forking worker class: RQ's own way
         else:
             os.kill(os.getpid(), STOP_JOB_SIGNAL)
+
+    def _finalize_failure(self, job: Job, queue: Queue, execution, exc_info) -> None:  # noqa: ANN001
+        """A job ended by JobStopped is a stopped job, as RQ's forking worker ends one: its
+        `on_stopped` callback runs (not `on_failure`), and RQ marks it stopped."""
+        if exc_info[0] is not JobStopped:
+            return super()._finalize_failure(job, queue, execution, exc_info)
+        self.log.warning("Worker %s: job %s stopped by user", self.name, job.id)
+        self.handle_execution_ended(job, queue, job.failure_callback_timeout)
+        try:
+            execute_stopped_callback(job, self.death_penalty_class)
+        except Exception:
+            self.log.exception("Worker %s: stopped callback for job %s raised", self.name, job.id)
+        self.handle_job_failure(
+            job=job,
+            exc_string="Job stopped by user (send_stop_job_command).",
+            queue=queue,
+            started_job_registry=queue.started_job_registry,
+            execution=execution,
+        )
 
     def _stop_job_now(self, signum: int, frame: object) -> None:
         job_id = self._stopped_job_id

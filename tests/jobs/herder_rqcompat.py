@@ -28,3 +28,23 @@ def add(a: int, b: int) -> dict:
 
 def fail(reason: str) -> None:
     raise ValueError(reason)
+
+
+def slow(seconds: float) -> str:
+    import time
+
+    time.sleep(seconds)
+    return "slept"
+
+
+# RQ's callbacks, each leaving a trace: callbacks:<job id> -> what happened.
+def noted_success(job, connection, result) -> None:  # noqa: ANN001 - RQ's signature
+    connection.rpush(f"callbacks:{job.id}", f"success {result}")
+
+
+def noted_failure(job, connection, exc_type, exc_value, traceback) -> None:  # noqa: ANN001
+    connection.rpush(f"callbacks:{job.id}", f"failure {exc_type.__name__}")
+
+
+def noted_stop(job, connection) -> None:  # noqa: ANN001
+    connection.rpush(f"callbacks:{job.id}", "stopped")
