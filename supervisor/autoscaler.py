@@ -59,9 +59,12 @@ class Autoscaler:
         self.cluster_desired = max(self.policy.lowest, min(self.policy.highest, self.cluster_desired))
         self.queues = {k: v for k, v in self.queues.items() if k in cfg.queues}
 
-    def fold(self, reading: Reading, jobs: int, busy_seconds: float, current: int) -> int:
+    def fold(
+        self, reading: Reading, jobs: int, busy_seconds: float, current: int, paused: bool = False
+    ) -> int:
         """The target for this host after this reading (`jobs` and `busy_seconds`: the
-        fleet's totals so far, for the learned per-worker job rate)."""
+        fleet's totals so far, for the learned per-worker job rate). While every worker is
+        paused (`rq suspend`, `herder pause`) the queue grows by design: no scale-up."""
         self._record_queues(reading)
         if not self.cfg.autoscale:
             return current
@@ -83,6 +86,8 @@ class Autoscaler:
             )
             if reading.grant is not None:
                 self.grant = reading.grant.granted
+        if paused and target > current:
+            return current
         if target != current:
             granted = f", cluster grant {self.grant}" if self.grant is not None else ""
             log.info("scale: %d -> %d workers (%s%s)", current, target, decision.reason, granted)

@@ -136,6 +136,11 @@ def spawn_paced(free: Iterable[Slot], spawn: Callable[[Slot], None], clock: Call
     return False
 
 
+def all_paused(workers: list[Worker]) -> bool:
+    """Every worker says it takes no jobs (`rq suspend`, `herder pause`)."""
+    return bool(workers) and all(w.proc.snapshot().paused for w in workers)
+
+
 def loading(workers: Iterable[Worker]) -> int:
     """Workers still loading their code: starting and not a word yet (a worker waiting for
     Redis says `idle`, so it does not hold the start window)."""

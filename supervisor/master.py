@@ -287,14 +287,13 @@ class Master:
     # ---- scale: the load decides the target ------------------------------------------------
 
     def scale(self) -> None:
-        if self.reader is None or self.stopping:
-            return
-        reading = self.reader.take()
-        if reading is None:
+        reading = self.reader.take() if self.reader and not self.stopping else None
+        if reading is None or self.reader is None:
             return
         self.guard.cluster_read(reading.kills)
         jobs, busy = self.counters.jobs_and_busy_seconds(list(self.workers.values()))
-        self.target = self.scaler.fold(reading, jobs, busy, self.target)
+        paused = fleet.all_paused(self.live_workers())  # a pause is no demand for workers
+        self.target = self.scaler.fold(reading, jobs, busy, self.target, paused)
         if self.cfg.cluster_max_workers is not None:
             self.reader.tell(wanted=self.target, running=len(self.workers))
 

@@ -72,3 +72,16 @@ def test_http_address_is_loopback_unless_named(text: str, expected: tuple[str, i
 def test_a_bad_http_address_is_a_config_error_naming_the_key(text: str) -> None:
     with pytest.raises(ConfigError, match="'http'"):
         Config(http=text).validate()
+
+
+def test_no_scale_up_while_every_worker_is_paused() -> None:
+    from herder.supervisor.autoscaler import Autoscaler
+    from herder.supervisor.redis_side.load_reader import Reading
+    from herder.supervisor.scaling import Load
+
+    scaler = Autoscaler(Config(max_workers=8, min_workers=1), "host")
+    grown = [
+        Reading(Load(at=t, backlog=500 * t, running=0), None, (("default", 500 * t, 0),)) for t in (1, 2, 3)
+    ]
+    assert [scaler.fold(r, 0, 0.0, 1, paused=True) for r in grown] == [1, 1, 1]  # a pause is no demand
+    assert scaler.fold(grown[-1], 0, 0.0, 1) > 1
