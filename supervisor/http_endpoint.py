@@ -58,9 +58,10 @@ class Publisher:
             try:
                 self.endpoint.start()
             except OSError as exc:
+                level = logging.ERROR if self._bind_at == 0.0 else logging.DEBUG  # said once
                 self._bind_at = now + RETRY_BIND
-                log.error("cannot serve http on %s (%s); trying again every %g s", self.address, exc,
-                          RETRY_BIND)  # fmt: skip
+                log.log(level, "cannot serve http on %s (%s); trying again every %g s", self.address, exc,
+                        RETRY_BIND)  # fmt: skip
                 return
         if now - self._published_at >= PUBLISH_EVERY:
             self._published_at = now

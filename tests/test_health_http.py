@@ -168,3 +168,19 @@ def test_slow_and_hostile_clients_never_block_health_or_the_master(herder) -> No
         s.close()
     assert "connections refused so far" in h.log()  # counted and said once
     h.stop_and_check()
+
+
+def test_a_taken_port_is_said_once_and_served_as_soon_as_it_is_free(herder) -> None:
+    port = free_port()
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen()
+    h = herder(workers="1", http=str(port))
+    h.wait_workers(1)
+    time.sleep(6)  # more than one retry
+    assert h.log().count(f"cannot serve http on {port}") == 1  # said once, not every 5 s
+    assert h.status()["running"]  # the fleet does not care
+    squatter.close()
+    wait_for(lambda: healthz(f"http://127.0.0.1:{port}")[0] == 200, 10, what="/healthz once the port is free")
+    h.stop_and_check()

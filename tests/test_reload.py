@@ -69,9 +69,12 @@ POLICY = {
         "scheduler",
         "health_grace",
     },
-    WORKERS: {"queues", "paths", "worker_command", "log_level", "heartbeat_interval"},
+    WORKERS: {"queues", "paths", "worker_command", "log_level", "heartbeat_interval"}
+    | {"worker_class", "job_class", "queue_class", "serializer", "exception_handlers"}
+    | {"disable_default_exception_handler", "results_ttl", "worker_ttl", "maintenance_interval"}
+    | {"dequeue_strategy"},
     RESTART: {"redis_url", "host_id", "master_heartbeat_timeout", "max_restarts", "restart_window"}
-    | {"state_dir", "user", "http"},
+    | {"state_dir", "user", "http", "rq_config"},
 }
 # The FAST flags of conftest, written into the config file instead (flags pin a setting).
 FAST_IN_FILE = {flag[2:].replace("-", "_"): float(value) for flag, value in FAST.items()}
