@@ -14,6 +14,7 @@ import sys
 from redis import Redis
 
 from herder.common.config import Config
+from herder.common.redis_connect import connect
 from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
 from herder.supervisor import logs
 from herder.supervisor.launcher import Clock, SubprocessLauncher
@@ -32,15 +33,15 @@ def main() -> int:
     recovery = reader = locks = None
     if cfg.redis_url:  # status shows queue lengths even for a fixed count
 
-        def connect() -> Redis:
-            return Redis.from_url(cfg.redis_url or "", socket_timeout=5, socket_connect_timeout=3)
+        def client() -> Redis:  # one per thread: each blocks on its own socket
+            return connect(cfg.redis_url or "", socket_timeout=5, socket_connect_timeout=3)
 
-        recovery = Recovery(connect(), cfg, sweeping=cfg.worker_command is None)
+        recovery = Recovery(client(), cfg, sweeping=cfg.worker_command is None)
         cluster = None
         if cfg.cluster_max_workers is not None:
             cluster = ClusterSettings(host_id, cfg.cluster_max_workers, cfg.host_ttl, cfg.kill_budget_window)
-        reader = LoadReader(connect(), cfg.queues, cfg.scale_interval, cluster)
-        locks = SchedulerLocks(connect(), cfg.queues)  # also read with the setting off: status says who
+        reader = LoadReader(client(), cfg.queues, cfg.scale_interval, cluster)
+        locks = SchedulerLocks(client(), cfg.queues)  # also read with the setting off: status says who
     clock = Clock()
     master = Master(
         cfg,

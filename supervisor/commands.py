@@ -83,8 +83,9 @@ class Commands:
 
     def enqueue(self, body: dict) -> dict:
         """`herder enqueue`: put a job on a queue, for trying things out."""
-        from redis import Redis
         from rq import Queue
+
+        from herder.common.redis_connect import connect
 
         cfg = self.m.cfg
         if not cfg.redis_url:
@@ -94,7 +95,7 @@ class Commands:
             return {"ok": False, "error": 'enqueue needs "func" (a dotted name) and "args" (a list)'}
         name = body.get("queue") or cfg.queues[0]
         try:
-            conn = Redis.from_url(cfg.redis_url, socket_timeout=5, socket_connect_timeout=3)
+            conn = connect(cfg.redis_url, socket_timeout=5, socket_connect_timeout=3)
             job = Queue(name, connection=conn).enqueue(func, *args)
         except Exception as exc:  # Redis errors name host and port, never the password
             return {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}

@@ -58,14 +58,13 @@ def main() -> int:
     for path in reversed(cfg.paths):
         sys.path.insert(0, os.path.abspath(path))
 
-    from redis import Redis
-
+    from herder.common.redis_connect import connect
     from herder.worker.rq_worker import make_worker
 
     if not cfg.redis_url:
         print("herder worker: no Redis URL configured", file=sys.stderr)
         return 1
-    connection = Redis.from_url(cfg.redis_url)
+    connection = connect(cfg.redis_url)
     if not wait_for_redis(connection, channel):
         channel.stopped()
         return 0

@@ -32,6 +32,7 @@ from rq.scripts import ACQUIRE_OR_REFRESH_LOCK_SCRIPT
 from rq.utils import now
 
 from herder.common.config import Config
+from herder.common.redis_connect import connect
 from herder.common.rq_names import ENV_SCHEDULER_NAME
 from herder.worker.channel import Channel
 
@@ -139,7 +140,7 @@ def main() -> int:
         return 1
     # A socket timeout keeps a hung Redis from freezing the loop: ticks fail, heartbeats go on.
     timeout = max(0.5, cfg.heartbeat_timeout / 3)
-    connection = Redis.from_url(cfg.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    connection = connect(cfg.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
     sched = HerderScheduler(cfg, connection, name)
     say(f"{name} started for {', '.join(cfg.queues)} (locks live {sched.lock_ttl} s)")
     try:

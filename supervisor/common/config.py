@@ -118,7 +118,7 @@ def default_workers_limit() -> tuple[int, str]:
 
 def rq_settings_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str]]:
     """RQ's settings module (`rq worker -c`), read as `rq worker` reads it: REDIS_URL, or
-    REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PASSWORD and REDIS_SSL; and QUEUES."""
+    SENTINEL, or REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PASSWORD and REDIS_SSL; and QUEUES."""
     source = f"rq settings module {module}"
     added = [os.path.abspath(p) for p in [*paths, "."] if os.path.abspath(p) not in sys.path]
     sys.path[:0] = added
@@ -128,12 +128,10 @@ def rq_settings_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str
         raise ConfigError("rq_config", f"cannot import {module}: {exc.__class__.__name__}: {exc}") from None
     finally:
         del sys.path[: len(added)]
-    if settings.get("SENTINEL") is not None:
-        raise ConfigError(
-            "rq_config", "SENTINEL: Redis through Sentinel is not supported yet; give REDIS_URL", source
-        )
     out: dict[str, tuple[Any, str]] = {}
     url = settings.get("REDIS_URL")
+    if url is None and settings.get("SENTINEL") is not None:
+        url = sentinel_url(settings["SENTINEL"])
     if url is None and any(k in settings for k in ("REDIS_HOST", "REDIS_PORT", "REDIS_DB", "REDIS_PASSWORD")):
         ssl = str(settings.get("REDIS_SSL", False)).lower() in ("1", "y", "yes", "t", "true")
         password = settings.get("REDIS_PASSWORD")
@@ -145,6 +143,21 @@ def rq_settings_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str
     if settings.get("QUEUES") is not None:
         out["queues"] = (coerce("queues", list(settings["QUEUES"]), source), source)
     return out
+
+
+def sentinel_url(sentinel: dict[str, Any]) -> str:
+    """RQ's SENTINEL setting as herder's redis+sentinel:// URL (herder.common.redis_connect)."""
+    hosts = ",".join(f"{h}:{p}" for h, p in sentinel.get("INSTANCES", [("localhost", 26379)]))
+    auth = ""
+    if sentinel.get("PASSWORD"):
+        user = quote(str(sentinel.get("USERNAME") or ""), safe="")
+        auth = f"{user}:{quote(str(sentinel['PASSWORD']), safe='')}@"
+    query = [("ssl", "true")] if sentinel.get("SSL") else []
+    if (sentinel.get("SENTINEL_KWARGS") or {}).get("password"):
+        query.append(("sentinel_password", quote(str(sentinel["SENTINEL_KWARGS"]["password"]), safe="")))
+    tail = "?" + "&".join(f"{k}={v}" for k, v in query) if query else ""
+    master, db = sentinel.get("MASTER_NAME", "mymaster"), sentinel.get("DB", 0)
+    return f"redis+sentinel://{auth}{hosts}/{master}/{db}{tail}"
 
 
 def is_dotted(name: str) -> bool:
@@ -430,8 +443,11 @@ class Config:
             raise bad("max_restarts", "must be at least 1")
         if self.redis_url is not None:
             scheme = urlsplit(self.redis_url).scheme
-            if scheme not in ("redis", "rediss", "unix"):
-                raise bad("redis_url", f"scheme must be redis://, rediss:// or unix://, got {scheme!r}")
+            if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
+                raise bad(
+                    "redis_url",
+                    f"scheme must be redis://, rediss://, unix:// or redis+sentinel://, got {scheme!r}",
+                )
         if self.worker_command is not None and not self.worker_command:
             raise bad("worker_command", "is empty")
         if self.http:
@@ -543,7 +559,7 @@ def redact_url(url: str | None) -> str:
 
 
 _USERINFO_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/@?#]*:)[^@/?#]*(@)", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&][a-z_]*password=)[^&#]*", re.IGNORECASE)  # sentinel_password= too
 
 
 # ---- layering: defaults < TOML file < HERDER_* environment < flags ----------------------
