@@ -1,6 +1,6 @@
-"""An RQ SimpleWorker that reports to herder's master.
+"""herder's RQ worker: RQ's SimpleWorker (or a user's --worker-class) that reports to the master.
 
-Jobs run in this process, one at a time: the master is the isolation (fork per job
+With SimpleWorker, jobs run in this process, one at a time: the master is the isolation (fork per job
 costs about 6x in RQ's own benchmark). Everything about a job's lifecycle (registries,
 results, retries, callbacks) stays RQ's: this class only adds protocol lines, turns the
 blocking dequeue into one-interval slices so the main loop can heartbeat, and keeps the
