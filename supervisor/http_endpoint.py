@@ -38,7 +38,7 @@ log = logging.getLogger("herder")
 MAX_CONNECTIONS = 16
 IO_TIMEOUT = 2.0  # seconds a client may be silent mid-request
 REQUEST_DEADLINE = 5.0  # seconds a connection may last, however it trickles
-RETRY_BIND = 5.0  # seconds between tries to bind the port while it is taken
+RETRY_BIND = 2.0  # seconds between tries to bind the port while it is taken (a bind costs nothing)
 
 
 class Publisher:

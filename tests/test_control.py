@@ -180,10 +180,12 @@ def test_rolling_restart_under_load_keeps_capacity_and_interrupts_nothing(herder
     capacity: list[int] = []
     done = threading.Event()
 
-    def sample() -> None:
+    def sample() -> None:  # over the control socket, as `herder status` asks: no CLI start-up each time
+        from herder.supervisor.ctl.client import call
+
         while not done.is_set():
-            capacity.append(status_json(h)["actual"])
-            time.sleep(0.1)
+            capacity.append(call(h.state_dir, {"cmd": "status"})["actual"])
+            time.sleep(0.05)
 
     sampler = threading.Thread(target=sample)
     sampler.start()

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
 from conftest import free_port, redis_on, start_redis, wait_for
+from herder.supervisor.http_endpoint import RETRY_BIND
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
@@ -178,7 +179,7 @@ def test_a_taken_port_is_said_once_and_served_as_soon_as_it_is_free(herder) -> N
     squatter.listen()
     h = herder(workers="1", http=str(port))
     h.wait_workers(1)
-    time.sleep(6)  # more than one retry
+    time.sleep(2 * RETRY_BIND + 0.5)  # more than one retry
     assert h.log().count(f"cannot serve http on {port}") == 1  # said once, not every 5 s
     assert h.status()["running"]  # the fleet does not care
     squatter.close()
