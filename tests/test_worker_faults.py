@@ -14,9 +14,12 @@ from conftest import wait_for
 
 
 def failure_reason(conn, job_id: str) -> str:
-    result = Job.fetch(job_id, connection=conn).latest_result()
-    assert result is not None
-    return result.exc_string or ""
+    """The failure Result's text. herder marks a job failed in its atomic move and writes the
+    Result in the next round trip, a moment later: wait for it."""
+    result = wait_for(
+        lambda: Job.fetch(job_id, connection=conn).latest_result(), 5, what="the failure Result"
+    )
+    return result.exc_string or ""  # type: ignore[union-attr]
 
 
 def test_kill_9_worker_mid_job_is_replaced_and_job_completes_elsewhere(herder, jobs, conn):

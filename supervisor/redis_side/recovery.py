@@ -426,7 +426,6 @@ class Recovery:
             )
             self._note(r.job_id, count, r.why)
         elif outcome == "over":
-            self.counts.failed += 1
             message = (
                 f"{r.why}; requeued {count - 1} times already (limit {self.cfg.max_requeues}), so failed"
             )
@@ -434,6 +433,7 @@ class Recovery:
             with c.pipeline() as pipe:
                 record_job_failure(job, message, pipe)
                 pipe.execute()
+            self.counts.failed += 1  # counted once its failure Result is written
             log.error("job %s: moved to the failed job registry: %s", r.job_id, message)
         elif outcome == "litter":
             log.debug("job %s: removed a leftover entry from the %s list", r.job_id, r.source)
