@@ -467,3 +467,25 @@ class JobsHelper:
         from rq.job import Job
 
         return Job.fetch(job_id, connection=self.conn).get_status().value
+
+
+def run_jobs_killing_one_holder(h: Herder, conn: Redis, tag: str) -> dict[str, Any]:
+    """Through whatever Redis `conn` reaches: a job whose worker is killed mid-job comes back,
+    and five more run; returns the status after. Every part of herder (the master's recovery,
+    the workers, the scheduler) must reach that Redis for it to pass."""
+    from rq import Queue
+
+    q = Queue("default", connection=conn)
+    held = q.enqueue("herder_testjobs.record", tag, 2)
+    os.kill(h.worker_for_job(conn, held.id), signal.SIGKILL)  # the master requeues its job
+    quick = [q.enqueue("herder_testjobs.record", tag).id for _ in range(5)]
+    wait_for(
+        lambda: (
+            sorted(x.decode() for x in conn.lrange(f"finished:{tag}", 0, -1)) == sorted([held.id, *quick])
+        ),
+        20,
+        what="every job to finish, the killed one requeued",
+    )
+    status = h.status()
+    assert status["totals"]["requeued"] == 1 and status["scheduler"]["holds"] == ["default"]
+    return status

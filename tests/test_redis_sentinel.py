@@ -4,18 +4,15 @@ master through a real redis-sentinel, and a killed worker's job is recovered thr
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from redis import Redis
-from rq import Queue
 
-from conftest import free_port, start_redis, wait_for
+from conftest import free_port, run_jobs_killing_one_holder, start_redis, wait_for
 
 HERDER = str(Path(sys.executable).with_name("herder"))
 
@@ -51,18 +48,7 @@ def test_herder_runs_and_recovers_jobs_through_sentinel(herder, sentinel) -> Non
     conn = Redis(port=port)
     h = herder(redis_url=f"redis+sentinel://127.0.0.1:{sport}/mymaster/0", workers="2")
     h.wait_workers(2)
-    q = Queue("default", connection=conn)
-    held = q.enqueue("herder_testjobs.record", "sn", 2)
-    victim = h.worker_for_job(conn, held.id)
-    os.kill(victim, signal.SIGKILL)  # its job comes back through the master's Sentinel client
-    quick = [q.enqueue("herder_testjobs.record", "sn").id for _ in range(5)]
-    wait_for(
-        lambda: sorted(x.decode() for x in conn.lrange("finished:sn", 0, -1)) == sorted([held.id, *quick]),
-        20,
-        what="every job to finish, the killed one requeued",
-    )
-    status = h.status()
-    assert status["totals"]["requeued"] == 1 and status["scheduler"]["holds"] == ["default"]
+    status = run_jobs_killing_one_holder(h, conn, "sn")
     assert status["redis_url"].startswith("redis+sentinel://127.0.0.1:")
     h.stop_and_check()
 

@@ -5,17 +5,14 @@ made for the test."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 from redis import Redis
-from rq import Queue
 
-from conftest import free_port, wait_for, wait_until_redis_answers
+from conftest import free_port, run_jobs_killing_one_holder, wait_until_redis_answers
 
 PASSWORD = "tls-s3cret-pw"
 
@@ -50,18 +47,7 @@ def test_herder_runs_and_recovers_jobs_over_tls_and_never_shows_the_password(her
     conn = Redis.from_url(tls_redis)
     h = herder(redis_url=tls_redis, workers="2")
     h.wait_workers(2)
-    q = Queue("default", connection=conn)
-    held = q.enqueue("herder_testjobs.record", "tls", 2)
-    victim = h.worker_for_job(conn, held.id)
-    os.kill(victim, signal.SIGKILL)  # its job comes back through the master's TLS connection
-    quick = [q.enqueue("herder_testjobs.record", "tls").id for _ in range(5)]
-    wait_for(
-        lambda: sorted(x.decode() for x in conn.lrange("finished:tls", 0, -1)) == sorted([held.id, *quick]),
-        20,
-        what="every job to finish, the killed one requeued",
-    )
-    status = h.status()
-    assert status["totals"]["requeued"] == 1 and status["scheduler"]["holds"] == ["default"]
+    status = run_jobs_killing_one_holder(h, conn, "tls")
     assert status["redis_url"].startswith("rediss://") and PASSWORD not in str(status)
     h.stop_and_check()
     assert PASSWORD not in h.log()
