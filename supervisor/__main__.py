@@ -17,7 +17,8 @@ from herder.common.config import Config
 from herder.common.redis_connect import connect
 from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
 from herder.supervisor import logs
-from herder.supervisor.launcher import Clock, SubprocessLauncher
+from herder.supervisor.forkserver import ForkServerLauncher
+from herder.supervisor.launcher import Clock
 from herder.supervisor.master import Master
 from herder.supervisor.redis_side.load_reader import ClusterSettings, LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
@@ -45,7 +46,7 @@ def main() -> int:
     clock = Clock()
     master = Master(
         cfg,
-        SubprocessLauncher(),
+        ForkServerLauncher(cfg),  # plain spawns with --no-fork-server or where fork is wrong
         clock,
         recovery=recovery,
         reader=reader,

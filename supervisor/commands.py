@@ -231,6 +231,7 @@ class Commands:
     def restart(self, why: str) -> dict:
         m = self.m
         m.generation += 1
+        m.launcher.renew(m.cfg)  # new workers come from a new template: new code, new settings
         n = len(m.live_workers())
         log.info("%s: rolling restart of %d workers (generation %d)", why, n, m.generation)
         return {"ok": True, "replacing": n, "generation": m.generation}

@@ -37,12 +37,41 @@ class Launcher(Protocol):
         """Start a worker (raise OSError if it cannot start)."""
         ...
 
+    def warming(self) -> bool:
+        """True while spawns should wait (a warm template is being built)."""
+        ...
+
+    def tend(self, wake: Callable[[], None]) -> None:
+        """Housekeeping each loop pass (the template's life, reaping strays)."""
+        ...
+
+    def renew(self, cfg: Config) -> None:
+        """A rolling restart begins: new workers must start from new code and settings."""
+        ...
+
+    def close(self) -> None: ...
+
 
 class SubprocessLauncher:
+    """Every worker a new interpreter (--no-fork-server; herder.supervisor.forkserver has
+    the default, warm one)."""
+
     def spawn(
         self, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]
     ) -> ProcessHandle:
         return WorkerProcess.spawn(argv, env, slot, wake)
+
+    def warming(self) -> bool:
+        return False
+
+    def tend(self, wake: Callable[[], None]) -> None:
+        pass
+
+    def renew(self, cfg: Config) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def worker_argv(cfg: Config) -> list[str]:

@@ -6,7 +6,7 @@ scale, manage towards the target, answer control requests. Handlers only record;
 acts, and only it changes a worker's state (states.change_state). Workers start only
 through the Launcher and time is read only through the Clock: unit tests use fakes.
 Next door: liveness.py, fleet.py, retirement.py, autoscaler.py, commands.py, counters.py,
-snapshot.py, health.py, http_endpoint.py, redis_side/ (every Redis call, on threads of their own).
+snapshot.py, health.py, http_endpoint.py, forkserver.py, redis_side/ (every Redis call, threaded).
 """
 
 from __future__ import annotations
@@ -140,8 +140,7 @@ class Master:
             self.recovery.tell([self.rq_name(w) for w in self.workers.values()], held)
 
     def next_wait(self) -> float:
-        """Until the next tick, or sooner if a slot's backoff ends first (so a 0.1 s backoff
-        is 0.1 s, not a whole tick)."""
+        """Until the next tick, or sooner if a slot's backoff ends first (0.1 s, not a tick)."""
         now = self.clock.monotonic()
         due = [s.next_spawn_at - now for s in self.slots.values() if s.index not in self.workers]
         soon = [fleet.SPAWN_AGAIN] if self.spawns_pending else []  # paced spawns left for the next pass
@@ -164,6 +163,7 @@ class Master:
             self.control.close()
         left = self.recovery.drain(timeout=10.0) if self.recovery else 0
         self.sched.close()
+        self.launcher.close()
         if left:
             log.error("%d jobs could not be requeued (Redis unreachable); RQ's abandoned-job sweep will "
                       "find them in their StartedJobRegistry", left)  # fmt: skip
@@ -194,8 +194,8 @@ class Master:
             self.begin_stop(hurry=False, why="watchdog gone")
 
     def fleet_ready(self) -> bool:
-        """Every worker wanted is up and has said `ready` (after a first load reading when
-        autoscaling, and within the cluster's grant)."""
+        """Every worker wanted (within the cluster's grant, after a first load reading when
+        autoscaling) is up and has said `ready`."""
         live, grant = self.live_workers(), self.scaler.grant
         wanted = self.target if grant is None else min(self.target, grant)
         return (
@@ -207,6 +207,7 @@ class Master:
     # ---- reap: the dead ------------------------------------------------------------------
 
     def reap(self) -> None:
+        self.launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
         for slot_index, w in list(self.workers.items()):
             if not w.proc.has_exited():
                 continue
@@ -352,15 +353,15 @@ class Master:
 
     def spawn_into_free_slots(self, room: int) -> None:
         """Up to `room` workers, within the workers limit and paced (fleet.spawn_room)."""
-        room = fleet.spawn_room(room, self.workers, self.cfg.limit)
+        waiting = room > 0 and self.launcher.warming()  # a warm template is moments away
+        room = 0 if waiting else fleet.spawn_room(room, self.workers, self.cfg.limit)
         free = fleet.free_slots(self.slots, self.workers, room, self.cfg.limit, self.clock.monotonic())
-        self.spawns_pending = fleet.spawn_paced(free, self.spawn, self.clock.monotonic)
+        self.spawns_pending = fleet.spawn_paced(free, self.spawn, self.clock.monotonic) or waiting
 
     def spawn(self, slot: Slot) -> None:
-        try:
-            proc = self.launcher.spawn(
-                worker_argv(self.cfg), worker_env(self.cfg, slot.index), slot.index, self.events.wake
-            )
+        argv, env = worker_argv(self.cfg), worker_env(self.cfg, slot.index)
+        try:  # from the warm template (forkserver.py), or a new interpreter
+            proc = self.launcher.spawn(argv, env, slot.index, self.events.wake)
         except OSError as exc:
             delay = slot.died_young(self.clock.monotonic(), self.cfg)
             log.error("slot %d: cannot spawn worker (%s); next try in %.2f s", slot.index, exc, delay)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import IO, Protocol
 
 from herder.common.worker_protocol import (
     MAX_LINE_BYTES,
@@ -40,6 +41,9 @@ STDOUT_COALESCE = 0.005
 STDERR_COALESCE = 0.02
 STDERR_LINES_PER_SECOND = 1000  # RQ logs ~4 lines a job; fast no-op jobs reach ~250 jobs/s
 CHUNK = 65536
+# The pids of processes a WorkerProcess watches and has not reaped: whoever reaps strays
+# (the master, a subreaper with the fork server) must leave these to their owner.
+WATCHED: set[int] = set()
 
 
 def read_chunks(fd: int) -> Iterator[bytes]:
@@ -78,9 +82,52 @@ class Observations:
     paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended or paused
 
 
+class Child(Protocol):
+    """What WorkerProcess needs of the process it watches: a subprocess.Popen (started
+    directly) or a ForkedChild (forked by the fork server, herder.supervisor.forkserver)."""
+
+    pid: int
+    returncode: int | None
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def wait(self) -> int: ...
+
+
+class ForkedChild:
+    """A worker the fork server forked: the master's child (it is the subreaper the fork
+    server's double fork hands it to), with pipes the master made; Popen's shape."""
+
+    def __init__(self, pid: int, stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
+        self.pid, self.returncode = pid, None
+        self.stdin: IO[bytes] | None = open(stdin_fd, "wb", buffering=0)  # noqa: SIM115 - closed in reap
+        self.stdout: IO[bytes] | None = open(stdout_fd, "rb", buffering=0)  # noqa: SIM115 - its reader's
+        self.stderr: IO[bytes] | None = open(stderr_fd, "rb", buffering=0)  # noqa: SIM115 - its reader's
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)  # -N for signal N, as Popen
+            except ChildProcessError:  # never handed to us (the master is no subreaper)
+                self.returncode = 255
+        return self.returncode
+
+    def adopting(self) -> bool:
+        """Not our child yet, but alive: its middle parent is still exiting."""
+        try:
+            os.kill(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
 @dataclass
 class WorkerProcess:
-    popen: subprocess.Popen[bytes]
+    popen: Child
     label: str  # "slot N pid P", the prefix of its relayed stderr
     obs: Observations
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -92,7 +139,13 @@ class WorkerProcess:
 
     @classmethod
     def spawn(
-        cls, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None], kind: str = ""
+        cls,
+        argv: list[str],
+        env: dict[str, str],
+        slot: int,
+        wake: Callable[[], None],
+        kind: str = "",
+        pass_fds: tuple[int, ...] = (),
     ) -> WorkerProcess:
         """Start it; `kind` names a process that is not the fleet's in its log lines (else "slot N")."""
         popen = subprocess.Popen(
@@ -102,11 +155,18 @@ class WorkerProcess:
             stderr=subprocess.PIPE,
             env=env,
             close_fds=True,
+            pass_fds=pass_fds,
             # Its own process group: herder signals the worker and any children its job
             # started together, and a Ctrl-C at the terminal reaches only the master,
             # which drains the workers instead.
             process_group=0,
         )
+        return cls.watch(popen, slot, wake, kind)
+
+    @classmethod
+    def watch(cls, child: Child, slot: int, wake: Callable[[], None], kind: str = "") -> WorkerProcess:
+        """Watch a started process's pipes (the readers start here)."""
+        popen = child
         assert popen.stdin and popen.stdout and popen.stderr
         os.set_blocking(popen.stdin.fileno(), False)  # the master never blocks on a worker
         proc = cls(
@@ -122,6 +182,7 @@ class WorkerProcess:
         ]
         for t in proc.readers:
             t.start()
+        WATCHED.add(popen.pid)
         return proc
 
     # ---- readers -------------------------------------------------------------------
@@ -255,13 +316,14 @@ class WorkerProcess:
         try:
             info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            return True
+            return not (isinstance(self.popen, ForkedChild) and self.popen.adopting())
         return info is not None
 
     def reap(self) -> int:
         """Kill what is left of the process group, reap the worker, close pipes."""
         self.signal_group(signal.SIGKILL)
         code = self.popen.wait()
+        WATCHED.discard(self.pid)
         # The stdout reader may still hold the worker's last lines (its final `done`).
         self.readers[0].join(timeout=1.0)
         try:

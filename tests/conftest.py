@@ -34,7 +34,8 @@ JOBS_DIR = TESTS / "jobs"
 FAKE_WORKERS = TESTS / "fakeworkers"
 HERDER = str(Path(sys.executable).with_name("herder"))
 TAG_VAR = "HERDER_TEST_TAG"
-SCHEDULER_MODULE = "herder.worker.scheduler"  # the master's one child that is not a worker
+SCHEDULER_MODULE = "herder.worker.scheduler"  # the master's children that are not workers
+TEMPLATE_NAME = "herder-forksrv"  # herder.worker.template's TEMPLATE_NAME
 GRACEFUL_STOP = signal.SIGTERM
 # The master's last words: its counters, the only record of them once herder has exited.
 MASTER_SUMMARY = re.compile(
@@ -62,6 +63,15 @@ def _become_subreaper() -> None:
 
 
 _become_subreaper()
+
+
+def is_template(p: psutil.Process) -> bool:
+    """The fork server (herder.worker.template); the workers it forks share its command line
+    but not its process name."""
+    try:
+        return p.name() == TEMPLATE_NAME
+    except psutil.NoSuchProcess:
+        return False
 
 
 def free_port() -> int:
@@ -279,12 +289,20 @@ class Herder:
         out = []
         try:
             for k in m.children():
-                if k.status() != psutil.STATUS_ZOMBIE and not self._is_scheduler(k):
+                if k.status() != psutil.STATUS_ZOMBIE and not self._is_scheduler(k) and not is_template(k):
                     out.append(k)
         except psutil.NoSuchProcess:
             return []
         self.seen_pids.update(p.pid for p in out)
         return out
+
+    def fork_server(self) -> psutil.Process | None:
+        """The master's fork server (herder.worker.template), which is not a worker."""
+        m = self.master()
+        try:
+            return next((k for k in (m.children() if m else []) if is_template(k)), None)
+        except psutil.NoSuchProcess:
+            return None
 
     @staticmethod
     def _is_scheduler(p: psutil.Process) -> bool:

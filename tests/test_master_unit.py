@@ -13,6 +13,7 @@ import pytest
 from herder.common.config import Config
 from herder.supervisor import fleet
 from herder.supervisor.fleet import Worker
+from herder.supervisor.launcher import SubprocessLauncher
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
 from herder.supervisor.redis_side.recovery import Counts
@@ -89,11 +90,15 @@ class FakeProc:
             self.code = code
 
 
-class FakeLauncher:
+class FakeLauncher(SubprocessLauncher):  # its tend, renew and close do nothing
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.spawned: list[FakeProc] = []
         self.fail = False
+        self.warm = False  # a fork server still importing
+
+    def warming(self) -> bool:
+        return self.warm
 
     def spawn(self, argv: list[str], env: dict[str, str], slot: int, wake) -> FakeProc:  # noqa: ANN001
         if self.fail:

@@ -32,7 +32,10 @@ class Channel:
         os.dup2(2, 1)  # fd 1 -> stderr, for stray prints and child processes
         self._lock = threading.Lock()
         self._job_id: str | None = None
-        self._parent = os.getppid()
+        # The master; a worker the fork server made may still be its middle process's child.
+        parents = [int(p) for p in os.environ.get(wp.ENV_PARENT_PIDS, "").split(",") if p]
+        self._parent = parents[0] if parents else os.getppid()
+        self._parents = {self._parent, *parents}
         self._stop_reason: str | None = None
         self._orphaned = False
         self._last_idle = 0.0
@@ -127,7 +130,7 @@ class Channel:
                     chunk = os.read(0, 4096)
                     if not chunk:
                         stdin_open = False
-                        if os.getppid() != self._parent:
+                        if os.getppid() not in self._parents:
                             self._master_gone("stdin closed and the parent changed: the master is gone")
                         else:
                             self.request_stop("stdin closed")
@@ -136,7 +139,7 @@ class Channel:
                     continue
             else:
                 time.sleep(self.heartbeat_interval)
-            if os.getppid() != self._parent:
+            if os.getppid() not in self._parents:
                 self._master_gone(f"parent changed from {self._parent} to {os.getppid()}")
             with self._lock:
                 job_id = self._job_id

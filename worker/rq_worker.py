@@ -43,6 +43,8 @@ from herder.common.config import Config
 from herder.common.rq_names import lease_key
 from herder.worker.channel import Channel
 
+# One blocking dequeue's wait: an idle worker looks for `stop` (and RQ's suspension) this often.
+DEQUEUE_SLICE = 0.25
 STOP_JOB_SIGNAL = signal.SIGUSR1  # the pubsub thread asks the main thread to stop the job
 
 
@@ -61,17 +63,27 @@ class HerderMixin(BaseWorker):
     # rides on those retries (see heartbeat()), so they must come at least that often.
     max_connection_wait_time = 1.0
     _performing: str | None = None  # the job whose own code is running now
+    _rq_beat_at = float("-inf")  # monotonic time of the last plain heartbeat() sent to RQ
 
     def attach(self, channel: Channel, lease_seconds: float) -> None:
         self.channel = channel
         self.lease_ttl = max(1, round(lease_seconds))
         self.lease = lease_key(self.name)
+        self.lease_renewed = float("-inf")  # monotonic
         channel.on_beat = self.renew_lease  # while a job runs, from the channel's thread
 
     def renew_lease(self, pipeline=None) -> None:  # noqa: ANN001 - a redis Pipeline or None
-        """The lease says this process is alive; an error here only delays it a beat."""
+        """The lease says this process is alive; an error here only delays it a beat.
+
+        RQ calls heartbeat() twice per job; a SET each time was a round trip per call (about
+        a tenth of a no-op job's cost). A third of the lease's life between renewals is enough.
+        """
+        now = time.monotonic()
+        if now - self.lease_renewed < self.lease_ttl / 3:
+            return
         try:
             (pipeline or self.connection).set(self.lease, "1", ex=self.lease_ttl)
+            self.lease_renewed = now
         except Exception:
             if pipeline is not None:
                 raise
@@ -130,17 +142,17 @@ class HerderMixin(BaseWorker):
 
     def bootstrap(self, *args, **kwargs) -> None:  # type: ignore[override]
         super().bootstrap(*args, **kwargs)
-        self.channel.ready()
+        self.channel.ready()  # registered, and subscribed to RQ's commands
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[Job, Queue] | None:
         if timeout is None:  # burst mode: RQ's non-blocking dequeue, once
             return self._took(super().dequeue_job_and_maintain_ttl(None, max_idle_time))
-        # Block for one heartbeat interval at a time (RQ's max_idle_time makes its
-        # loop return None after one empty BLPOP), and check for a stop request only
-        # here, before a dequeue: never between popping a job and running it.
-        slice_s = max(1, int(self.channel.heartbeat_interval))
+        # Block for one slice at a time (RQ's max_idle_time makes its loop return None
+        # after one empty BLPOP), and check for a stop request only here, before a
+        # dequeue: never between popping a job and running it.
+        slice_s = self.dequeue_slice()
         idle_since = time.monotonic()
         first = True
         while True:
@@ -154,6 +166,13 @@ class HerderMixin(BaseWorker):
                 return self._took(result)
             if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                 return None
+
+    def dequeue_slice(self) -> float:
+        """How long one blocking dequeue waits: a `stop` reaches an idle worker within it.
+        Redis 6 takes fractions of a second; before it, whole seconds."""
+        if self.get_redis_server_version() >= (6, 0, 0):
+            return min(DEQUEUE_SLICE, self.channel.heartbeat_interval)
+        return max(1, int(self.channel.heartbeat_interval))
 
     def pause_reason(self) -> str | None:
         """ "paused" (herder pause), "suspended" (rq suspend) or None. A Redis that does not
@@ -198,6 +217,14 @@ class HerderMixin(BaseWorker):
         # healthy worker look hung. Calls inside a job's bookkeeping come with a pipeline.
         if pipeline is None and self.get_state() != "busy":
             self.channel.idle()
+        if pipeline is None and timeout is None:
+            # Before and after every dequeue: twice a job, four times a second idle. RQ's
+            # worker key lives minutes (worker_ttl); refreshing it twice a heartbeat interval
+            # is plenty and saves a round trip or two per job.
+            now = time.monotonic()
+            if now - self._rq_beat_at < self.channel.heartbeat_interval / 2:
+                return
+            self._rq_beat_at = now
         super().heartbeat(timeout, pipeline)
         if pipeline is not None:
             self.renew_lease(pipeline)  # in the same round trip as RQ's own

@@ -305,6 +305,15 @@ class Config:
         "Run RQ's scheduler (off: it runs elsewhere, e.g. rq worker --with-scheduler).",
         reload=APPLY,
     )
+    # Warm workers: forked from a template that imported herder, rq and redis (docs/design.md).
+    fork_server: bool = setting(
+        True, "Fork workers from a warm template (off: each worker is a new interpreter).", reload=WORKERS
+    )
+    preload: list[str] = setting(
+        help="Module the template imports before forking workers (repeatable; fork-safe code only).",
+        factory=list,
+        reload=WORKERS,
+    )
     # `rq worker`'s own options, for users coming from it (docs/migrating-from-rq.md).
     worker_class: str = setting(
         "", "RQ Worker class (dotted path) to combine with herder's protocol (rq worker -w).", reload=WORKERS
@@ -463,6 +472,9 @@ class Config:
                 raise bad(
                     "exception_handlers", f"must be dotted names like app.errors.report, got {handler!r}"
                 )
+        for module in self.preload:
+            if not all(part.isidentifier() for part in module.split(".")):
+                raise bad("preload", f"must be module names like app.jobs, got {module!r}")
         if self.dequeue_strategy not in ("default", "random", "round_robin"):
             raise bad(
                 "dequeue_strategy", f"must be default, random or round_robin, got {self.dequeue_strategy!r}"

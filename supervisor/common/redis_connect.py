@@ -14,14 +14,26 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import redis
 from redis import Redis
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEME = "redis+sentinel"
 
 
+def version_options() -> dict[str, Any]:
+    """redis-py's version, given once: left to itself it reads its package metadata for
+    every new connection (a few ms, most of a forked worker's way to `ready`)."""
+    try:
+        from redis.driver_info import DriverInfo  # redis-py 8
+    except ImportError:
+        return {"lib_version": redis.__version__}  # redis-py 5 to 7
+    return {"driver_info": DriverInfo(lib_version=redis.__version__)}
+
+
 def connect(url: str, **options: Any) -> Redis:
     """A Redis client for `url`; `options` (socket timeouts) go to every connection."""
+    options = {**version_options(), **options}
     if urlsplit(url).scheme != SENTINEL_SCHEME:
         return Redis.from_url(url, **options)
     hosts, master, kwargs, sentinel_kwargs = parse_sentinel_url(url)

@@ -34,6 +34,8 @@ ENV_SLOT = "HERDER_SLOT"
 ENV_QUEUES = "HERDER_QUEUES"  # comma-separated, in priority order
 ENV_HEARTBEAT_INTERVAL = "HERDER_HEARTBEAT_INTERVAL"  # seconds between `idle`/`beat` lines
 ENV_PROTOCOL_VERSION = "HERDER_PROTOCOL_VERSION"
+# Set by the fork server only: "master,middle", the pids a forked worker's parent may be.
+ENV_PARENT_PIDS = "HERDER_PARENT_PIDS"
 
 
 class ProtocolError(ValueError):

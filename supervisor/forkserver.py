@@ -1,0 +1,250 @@
+"""Warm workers: the master's side of the fork server (herder.worker.template).
+
+`ForkServerLauncher` is the Launcher the master uses by default. It keeps one template
+process, a child like any other (started, watched, reaped, restarted with backoff), and asks
+it for each worker: one round trip of a few milliseconds instead of a fresh interpreter's
+~0.2 s of imports. Whenever the template cannot serve (warming up, dead, slow to answer, or
+fork is wrong here) a worker is spawned the plain way, so workers keep starting, slower.
+
+The master is a child subreaper, so the workers the template double-forks become its own
+children (docs/design.md, "Warm workers"). A subreaper also inherits orphans of its
+descendants (a job's daemonised grandchild, the template's middle process): `tend` reaps
+any child that is not a process the master watches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+from herder.common.config import Config
+from herder.supervisor.fleet import ProcessHandle
+from herder.supervisor.launcher import SubprocessLauncher, worker_env
+from herder.supervisor.workerproc import WATCHED, ForkedChild, WorkerProcess
+
+log = logging.getLogger("herder")
+
+PR_SET_CHILD_SUBREAPER = 36
+WARM_TIMEOUT = 30.0  # seconds the template may take to import (the user's --preload too)
+ANSWER_TIMEOUT = 2.0  # seconds a fork may take before the template counts as broken
+RETIRE_GRACE = 5.0  # seconds a replaced template has to exit on EOF before SIGKILL
+RESTART_DELAYS = (0.5, 1, 2, 4, 8, 16, 30)  # after the template died or failed, in a row
+TEMPLATE_ARGV = [sys.executable, "-P", "-m", "herder.worker.template"]
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux); False where that is not possible."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def why_no_fork_server(cfg: Config) -> str | None:
+    """Why workers are spawned plainly here, or None if they can come from the template."""
+    if not cfg.fork_server:
+        return "--no-fork-server"
+    if cfg.worker_command:
+        return "--worker-command runs a program of its own"
+    if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
+        return "this platform has no fork"
+    if not become_subreaper():
+        return "this platform cannot make the master a child subreaper (Linux only)"
+    return None
+
+
+def reap_strays() -> int:
+    """Reap exited children the master does not watch; how many. Watched ones are left
+    alone: their owner reaps them, and their pid must stay reserved until it does."""
+    reaped = 0
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or info.si_pid in WATCHED:
+            return reaped  # none exited, or a watched one is first: the next pass sees the rest
+        try:
+            os.waitpid(info.si_pid, 0)
+            reaped += 1
+        except ChildProcessError:
+            pass
+
+
+class Template:
+    """One template process and the socket to it."""
+
+    def __init__(self, cfg: Config, wake: Callable[[], None]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = worker_env(cfg, -1)
+        env["HERDER_FORK_SOCKET"] = str(theirs.fileno())
+        env["HERDER_MASTER_PID"] = str(os.getpid())
+        try:
+            self.proc = WorkerProcess.spawn(
+                TEMPLATE_ARGV, env, -1, wake, kind="fork server", pass_fds=(theirs.fileno(),)
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.started = time.monotonic()
+        self.ready = False
+        self.broken = ""  # why it will not be asked again
+        self.retired_at = 0.0
+
+    def check_ready(self) -> bool:
+        if not self.ready and not self.broken:
+            try:
+                self.ready = self.sock.recv(64, socket.MSG_DONTWAIT) == b"ready"
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                self.broken = f"its socket failed: {exc}"
+        return self.ready
+
+    def fork(self, env: dict[str, str], argv: list[str]) -> ForkedChild:
+        """A worker forked from the template; OSError (and the template marked broken) if not."""
+        pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
+        theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+        ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
+        try:
+            socket.send_fds(self.sock, [json.dumps({"env": env, "argv": argv}).encode()], theirs)
+            readable, _, _ = select.select([self.sock], [], [], ANSWER_TIMEOUT)
+            if not readable:
+                raise OSError(f"no answer within {ANSWER_TIMEOUT:g} s")
+            reply = json.loads(self.sock.recv(4096) or b'{"error": "it closed its socket"}')
+            if "pid" not in reply:
+                raise OSError(reply.get("error", "no pid in its answer"))
+        except (OSError, ValueError) as exc:
+            self.broken = str(exc)
+            for fd in ours:
+                os.close(fd)
+            raise OSError(f"fork server: {exc}") from None
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        return ForkedChild(int(reply["pid"]), *ours)
+
+    def close(self) -> None:
+        """Close the socket (it exits on EOF); the launcher reaps it."""
+        self.sock.close()
+        self.broken = self.broken or "replaced"
+
+
+class ForkServerLauncher:
+    """Workers from a warm template; plain spawns whenever it cannot serve."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.wake: Callable[[], None] = lambda: None  # the master's, from the first tend()
+        self.plain = SubprocessLauncher()
+        self.template: Template | None = None
+        self.retired: list[Template] = []  # closed, not yet reaped
+        self.failures = 0  # template deaths or failures in a row
+        self.next_start = 0.0
+        self.disabled = why_no_fork_server(cfg)
+        self.forked = self.spawned_plain = 0
+        if self.disabled:
+            log.info("workers start as new interpreters: %s", self.disabled)
+
+    # ---- the Launcher --------------------------------------------------------------------
+
+    def spawn(
+        self, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]
+    ) -> ProcessHandle:
+        t = self.template
+        if t is not None and t.check_ready() and not t.broken:
+            try:
+                proc = WorkerProcess.watch(t.fork(env, argv), slot, wake)
+                self.forked += 1
+                self.failures = 0
+                return proc
+            except OSError as exc:
+                log.warning("%s; this worker starts as a new interpreter", exc)
+                self.retire(failed=True)
+        self.spawned_plain += 1
+        return self.plain.spawn(argv, env, slot, wake)
+
+    def warming(self) -> bool:
+        """True while the template is importing and has time left: spawns wait for it."""
+        t = self.template
+        if t is None or t.broken or t.check_ready():
+            return False
+        if time.monotonic() - t.started > WARM_TIMEOUT:
+            log.warning("fork server: not ready after %g s; workers start as new interpreters", WARM_TIMEOUT)
+            t.broken = "not ready in time"
+            self.retire(failed=True)
+            return False
+        return not t.proc.has_exited()
+
+    def tend(self, wake: Callable[[], None]) -> None:
+        """Each loop pass: start the template, reap a dead one (a new one follows, backing
+        off), end a retired one, and reap strays."""
+        self.wake = wake
+        t = self.template
+        if t is not None and (t.broken or t.proc.has_exited()):
+            self.retire(failed=True)
+        for old in list(self.retired):
+            if time.monotonic() - old.retired_at > RETIRE_GRACE:
+                old.proc.signal_group(signal.SIGKILL)  # stuck in a --preload import, say
+            if old.proc.has_exited():
+                code = old.proc.reap()
+                self.retired.remove(old)
+                if old.broken != "replaced":
+                    log.warning("fork server pid %d exited (code %d)", old.proc.pid, code)
+        if self.template is None and not self.disabled and time.monotonic() >= self.next_start:
+            self.start_template()
+        reap_strays()
+
+    def renew(self, cfg: Config) -> None:
+        """A rolling restart: a new template with the new code and settings."""
+        self.cfg = cfg
+        self.disabled = why_no_fork_server(cfg)
+        self.retire(failed=False)
+        self.failures, self.next_start = 0, 0.0
+
+    def close(self) -> None:
+        self.retire(failed=False)
+        for old in self.retired:
+            old.proc.signal_group(signal.SIGKILL)
+            old.proc.reap()
+        self.retired.clear()
+
+    # ---- the template's life ---------------------------------------------------------------
+
+    def start_template(self) -> None:
+        try:
+            self.template = Template(self.cfg, self.wake)
+            log.info("fork server pid %d: starting (preload: %s)", self.template.proc.pid,
+                     ", ".join(self.cfg.preload) or "herder, rq, redis")  # fmt: skip
+        except OSError as exc:
+            log.error("fork server: cannot start (%s); workers start as new interpreters", exc)
+            self.template = None
+            self.failures += 1
+            self.next_start = time.monotonic() + RESTART_DELAYS[min(self.failures, len(RESTART_DELAYS)) - 1]
+
+    def retire(self, failed: bool) -> None:
+        t, self.template = self.template, None
+        if t is None:
+            return
+        if failed:
+            self.failures += 1
+            delay = RESTART_DELAYS[min(self.failures, len(RESTART_DELAYS)) - 1]
+            self.next_start = time.monotonic() + delay
+            log.warning("fork server pid %d: %s; a new one in %g s", t.proc.pid,
+                        t.broken or "exited", delay)  # fmt: skip
+        t.close()  # a template that serves exits on EOF; one still importing is killed
+        t.retired_at = time.monotonic()
+        if failed or not t.ready:
+            t.proc.signal_group(signal.SIGKILL)
+        self.retired.append(t)

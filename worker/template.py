@@ -1,0 +1,186 @@
+"""The fork server: python -P -m herder.worker.template, started by the master.
+
+A warm template for workers, as rq's pool, gunicorn's --preload and multiprocessing's
+forkserver have one: it imports herder's worker, rq and redis once (plus the user's
+`--preload` modules), freezes what it imported out of the garbage collector's reach (so
+children share those pages instead of copying them), and then forks a worker per request.
+A worker so made is ready in milliseconds and its unique memory is what it touched since.
+
+It stays single-threaded and opens no Redis connection: whatever a worker inherits at fork
+is imports only. Requests come over a SOCK_SEQPACKET socket from the master (the fd in
+HERDER_FORK_SOCKET): a JSON {"env", "argv"} plus three fds, the worker's stdin, stdout and
+stderr, which the master made and keeps the other ends of. Reply: {"pid": N} or {"error"}.
+
+Who reaps: the master is a child subreaper (Linux's PR_SET_CHILD_SUBREAPER), and the template
+double-forks. The middle process exits at once, so the worker is handed to the master before
+the template replies; from then on it is the master's child like a spawned one (waitpid,
+exit status, process group, getppid() == the master). See docs/design.md, "Warm workers".
+
+It exits when the master's end of the socket closes (the master is gone or replaced it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+import traceback
+
+from herder.common import worker_protocol as wp
+
+ENV_FORK_SOCKET = "HERDER_FORK_SOCKET"
+ENV_MASTER_PID = "HERDER_MASTER_PID"
+MAX_REQUEST = 1 << 20  # the environment is the bulk of a request: a few KB
+# Forked workers keep the template's command line; their process names (ps -o comm, top,
+# psutil's name()) tell the two apart. Plain-spawned workers are named "python".
+TEMPLATE_NAME = "herder-forksrv"
+WORKER_NAME = "herder-worker"
+PR_SET_NAME = 15
+
+
+def set_process_name(name: str) -> None:
+    """The kernel's name for this process (Linux; elsewhere nothing happens)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def preload(paths: list[str], modules: list[str]) -> None:
+    """What every worker would import anyway, and the user's --preload modules."""
+    import herder.worker.__main__  # noqa: F401
+    import herder.worker.rq_worker  # noqa: F401  (rq, redis, herder's worker class)
+    from herder.common.redis_connect import connect  # noqa: F401
+
+    # What the first connection and RQ's bookkeeping import lazily (seen with -X importtime).
+    lazy = ("encodings.idna", "hmac", "secrets", "stringprep", "unicodedata", "rq.results", "rq.registry")
+    for name in lazy:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    if modules:
+        for path in reversed(paths):
+            sys.path.insert(0, os.path.abspath(path))
+        for name in modules:
+            importlib.import_module(name)
+
+
+def become_worker(request: dict, fds: list[int], master_pid: int, middle_pid: int) -> None:
+    """In the grandchild: take the pipes, run the worker; never returns.
+
+    It does not wait for its middle parent to exit (tearing down a copy of the template takes
+    a few ms): the channel knows both pids (ENV_PARENT_PIDS) and takes neither for a lost master.
+    """
+    code = 1
+    try:
+        os.setpgid(0, 0)  # its own process group, as a spawned worker's (the master signals it)
+        set_process_name(WORKER_NAME)
+        if os.getppid() not in (middle_pid, master_pid):
+            os._exit(70)  # the master died meanwhile: nobody would watch this worker
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ[wp.ENV_PARENT_PIDS] = f"{master_pid},{middle_pid}"
+        sys.argv = list(request.get("argv") or ["herder-worker"])
+        from herder.worker.__main__ import main
+
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def fork_worker(request: dict, fds: list[int], master_pid: int) -> int:
+    """Double-fork a worker; its pid. The middle process exits at once (SIGCHLD is ignored
+    here, so the kernel reaps it) and so hands the worker to the master, the subreaper."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(r)
+            me = os.getpid()  # not the grandchild's getppid(): by then it may be the master
+            pid = os.fork()
+            if pid == 0:
+                os.close(w)
+                become_worker(request, fds, master_pid, me)
+            try:
+                os.setpgid(pid, pid)  # as the worker does itself: whichever runs first, it exists
+            except OSError:
+                pass
+            os.write(w, b"%d\n" % pid)
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while not data.endswith(b"\n") and (chunk := os.read(r, 32)):
+        data += chunk
+    os.close(r)
+    if not data.endswith(b"\n"):
+        raise OSError("the fork server's middle process died before it forked")
+    return int(data)
+
+
+def serve(sock: socket.socket, master_pid: int) -> int:
+    sock.send(b"ready")
+    while True:
+        msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, 3)
+        if not msg:
+            return 0  # the master closed its end
+        try:
+            if len(fds) != 3:
+                raise ValueError(f"a request carries 3 fds, got {len(fds)}")
+            reply = {"pid": fork_worker(json.loads(msg), fds, master_pid)}
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.send(json.dumps(reply).encode())
+
+
+def main() -> int:
+    sock = socket.socket(fileno=int(os.environ[ENV_FORK_SOCKET]))
+    master_pid = int(os.environ.get(ENV_MASTER_PID) or os.getppid())
+    set_process_name(TEMPLATE_NAME)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master stops it by closing the socket
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # middle processes are reaped by the kernel
+    os.dup2(2, 1)  # a --preload module's prints go to the log, not to a pipe read as protocol
+    from herder.common.config import Config
+
+    cfg = Config.from_env()
+    preload(cfg.paths, cfg.preload)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.collect()
+    gc.freeze()  # imported objects move to a permanent generation: the gc never writes to them
+    try:
+        return serve(sock, master_pid)
+    except (BrokenPipeError, ConnectionResetError):
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
