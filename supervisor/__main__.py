@@ -10,26 +10,33 @@ from __future__ import annotations
 import os
 import socket
 import sys
-
-from redis import Redis
+from typing import TYPE_CHECKING
 
 from herder.common.config import Config
-from herder.common.redis_connect import connect
-from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
 from herder.supervisor import logs
 from herder.supervisor.forkserver import ForkServerLauncher
-from herder.supervisor.launcher import Clock
-from herder.supervisor.master import Master
-from herder.supervisor.redis_side.load_reader import ClusterSettings, LoadReader
-from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
-from herder.supervisor.scheduler import SchedulerKeeper
-from herder.supervisor.uplink import Uplink
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 
 def main() -> int:
     cfg = Config.from_env()
     logs.setup(cfg.log_level)
+    # The fork server (plain spawns with --no-fork-server or where fork is wrong) starts
+    # first: it imports rq and redis while this process does the same (~0.4 s each).
+    launcher = ForkServerLauncher(cfg)
+    launcher.tend(lambda: None)  # the loop hands it the real wake-up on its first pass
+    from herder.common.redis_connect import connect
+    from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
+    from herder.supervisor.launcher import Clock
+    from herder.supervisor.master import Master
+    from herder.supervisor.redis_side.load_reader import ClusterSettings, LoadReader
+    from herder.supervisor.redis_side.recovery import Recovery
+    from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
+    from herder.supervisor.scheduler import SchedulerKeeper
+    from herder.supervisor.uplink import Uplink
+
     host_id = cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
     recovery = reader = locks = None
     if cfg.redis_url:  # status shows queue lengths even for a fixed count
@@ -46,7 +53,7 @@ def main() -> int:
     clock = Clock()
     master = Master(
         cfg,
-        ForkServerLauncher(cfg),  # plain spawns with --no-fork-server or where fork is wrong
+        launcher,
         clock,
         recovery=recovery,
         reader=reader,

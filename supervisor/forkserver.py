@@ -224,7 +224,7 @@ class ForkServerLauncher:
 
     def start_template(self) -> None:
         try:
-            self.template = Template(self.cfg, self.wake)
+            self.template = Template(self.cfg, lambda: self.wake())  # self.wake: set by tend()
             log.info("fork server pid %d: starting (preload: %s)", self.template.proc.pid,
                      ", ".join(self.cfg.preload) or "herder, rq, redis")  # fmt: skip
         except OSError as exc:

@@ -207,7 +207,6 @@ class Master:
     # ---- reap: the dead ------------------------------------------------------------------
 
     def reap(self) -> None:
-        self.launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
         for slot_index, w in list(self.workers.items()):
             if not w.proc.has_exited():
                 continue
@@ -244,6 +243,7 @@ class Master:
             log.warning("slot %d: backoff (died %d times in a row, before `ready` or within %.1f s of "
                         "its start); next spawn in %.2f s", w.slot, slot.young_deaths, self.cfg.min_uptime,
                         delay)  # fmt: skip
+        self.launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
 
     def requeue(self, job_id: str, reason: str, label: str) -> None:
         if self.recovery is None:  # no Redis: nothing to put it back on

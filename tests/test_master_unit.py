@@ -194,6 +194,17 @@ def test_spawns_the_target_and_marks_ready_workers_idle(clock: FakeClock) -> Non
     assert m.workers[0].state == WorkerState.BUSY
 
 
+def test_spawns_wait_for_a_warming_fork_server_and_the_loop_comes_back_soon(clock: FakeClock) -> None:
+    m, launcher, _ = make(clock, workers=3)
+    launcher.warm = True
+    m.step()
+    assert launcher.spawned == [] and m.spawns_pending
+    assert m.next_wait() == fleet.SPAWN_AGAIN  # not a whole tick: the template is moments away
+    launcher.warm = False
+    m.step()
+    assert len(launcher.spawned) == 3 and not m.spawns_pending
+
+
 def test_a_worker_that_dies_mid_job_is_replaced_at_once_and_its_job_requeued(clock: FakeClock) -> None:
     m, launcher, recovery = make(clock)
     m.step()

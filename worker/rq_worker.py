@@ -17,7 +17,7 @@ requeued, and the worker goes on to the next job.
 
 Paused (`rq suspend` on any host, or `herder pause` on this one) it takes no new job: it is
 checked before every dequeue slice, so a worker waiting on the queue notices within one
-slice (1 s), and while paused it keeps saying `idle <ts> suspended|paused`, so the master
+slice (0.25 s), and while paused it keeps saying `idle <ts> suspended|paused`, so the master
 neither kills it nor counts it as a fault, and a `stop` ends it at once.
 """
 

@@ -24,7 +24,6 @@ from herder.common import config as settings
 from herder.common import statelock
 from herder.common.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError, OverLimit
 from herder.common.exits import EX_TEMPFAIL
-from herder.common.redis_connect import SENTINEL_SCHEME, parse_sentinel_url
 from herder.supervisor import __version__
 from herder.supervisor.ctl import client, render, service
 
@@ -146,7 +145,9 @@ def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, 
     if config_file:
         cfg.config_file = os.path.abspath(config_file)
     cfg.pinned = sorted({*given, *from_rq})
-    if cfg.redis_url and cfg.redis_url.startswith(SENTINEL_SCHEME + "://"):
+    if cfg.redis_url and cfg.redis_url.startswith("redis+sentinel://"):
+        from herder.common.redis_connect import parse_sentinel_url  # redis-py loads slowly: only now
+
         try:
             parse_sentinel_url(cfg.redis_url)
         except ValueError as exc:

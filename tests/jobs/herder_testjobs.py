@@ -103,3 +103,13 @@ def fail_times(tag: str, n: int) -> str:
     if job.connection.llen(f"stamped:{tag}") <= n:
         raise RuntimeError(f"failing on purpose ({tag})")
     return tag
+
+
+def orphan_a_child(tag: str, seconds: float) -> str:
+    """Leaves a grandchild behind, as a job that daemonises something does (`cmd &`)."""
+    import subprocess
+
+    _mark("started", tag)
+    subprocess.run(["sh", "-c", f"sleep {seconds} &"], check=True)
+    _mark("finished", tag)
+    return tag

@@ -1,0 +1,130 @@
+"""Warm workers: forked from the fork server (herder.worker.template), the master's own
+children all the same; plain spawns when it cannot serve; --preload, and new code after a
+rolling restart; the subreaper reaps what it inherits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import wait_for
+
+WORKER_NAME = "herder-worker"  # herder.worker.template's WORKER_NAME
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux only")
+
+
+def names(ws: list[psutil.Process]) -> list[str]:
+    return sorted(w.name() for w in ws)
+
+
+def test_workers_are_forked_from_the_template_and_are_the_masters_children(herder, jobs, conn):
+    if os.environ.get("HERDER_FORK_SERVER", "").lower() in ("0", "false", "no"):
+        pytest.skip("this run spawns workers plainly (HERDER_FORK_SERVER=false)")
+    h = herder(workers="3")
+    ws = h.wait_workers(3)
+    master = h.master()
+    assert master is not None
+    assert names(ws) == [WORKER_NAME] * 3
+    assert all(w.ppid() == master.pid for w in ws)  # handed to the master, the subreaper
+    template = h.fork_server()
+    assert template is not None and template.ppid() == master.pid
+    job = jobs.enqueue("record", "f", 0)
+    wait_for(lambda: jobs.finished("f"), 10, what="a job on a forked worker")
+    assert jobs.status(job.id) == "finished"
+    # A forked worker's crash is a crash like any: reaped by the master, replaced by a fork.
+    victim = ws[0].pid
+    os.kill(victim, signal.SIGKILL)
+    h.wait_log(rf"pid {victim}: .*exited \(killed by SIGKILL")
+    again = h.wait_workers(3)
+    assert victim not in {w.pid for w in again}
+    assert names(again) == [WORKER_NAME] * 3
+    h.stop_and_check()
+
+
+def test_a_dead_fork_server_is_restarted_and_workers_keep_starting_meanwhile(herder, jobs):
+    if os.environ.get("HERDER_FORK_SERVER", "").lower() in ("0", "false", "no"):
+        pytest.skip("this run spawns workers plainly (HERDER_FORK_SERVER=false)")
+    h = herder(workers="2")
+    h.wait_workers(2)
+    template = h.fork_server()
+    assert template is not None
+    template.kill()
+    h.wait_log(rf"fork server pid {template.pid}: exited")
+    # Until the new one is up (its first restart waits 0.5 s), a replacement is a new interpreter.
+    victim = h.workers()[0].pid
+    os.kill(victim, signal.SIGKILL)
+    h.wait_log(rf"pid {victim}: .*exited \(killed by SIGKILL")
+    ws = h.wait_workers(2)
+    assert "python" in {w.name()[:6] for w in ws}, names(ws)
+    renewed = wait_for(lambda: h.fork_server(), 10, what="a new fork server")
+    assert renewed.pid != template.pid  # type: ignore[union-attr]
+    h.wait_log(r"fork server pid \d+: starting", count=2)
+    victim = next(w.pid for w in ws if w.name() != WORKER_NAME)
+    time.sleep(1.0)  # past --min-uptime, or the slot would back off
+    os.kill(victim, signal.SIGKILL)
+    h.wait_log(rf"pid {victim}: .*exited \(killed by SIGKILL")
+    wait_for(lambda: names(h.wait_workers(2)) == [WORKER_NAME] * 2, 10, what="forked workers again")
+    jobs.enqueue("record", "d", 0)
+    wait_for(lambda: jobs.finished("d"), 10, what="a job after the restart")
+    h.stop_and_check()
+
+
+def test_preloaded_job_code_is_new_after_a_rolling_restart(herder, jobs, conn, tmp_path: Path):
+    jobdir = tmp_path / "jobs"
+    jobdir.mkdir()
+    module = jobdir / "preloaded_jobs.py"
+    module.write_text("def version():\n    return 1\n")
+    h = herder(workers="2", path=[str(jobdir)], preload="preloaded_jobs")
+    h.wait_workers(2)
+    first = jobs.queue.enqueue("preloaded_jobs.version")
+    wait_for(lambda: first.get_status(refresh=True) == "finished", 10, what="the first job")
+    assert first.return_value() == 1
+    time.sleep(1.1)  # a new mtime second, so no stale bytecode is taken for the new source
+    module.write_text("def version():\n    return 2\n")
+    r = subprocess.run(
+        [h.argv[0], "restart", "--state-dir", h.state_dir], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0, r.stderr
+    h.wait_log(r"rolling restart", count=1)
+    wait_for(lambda: len(h.wait_workers(2)) == 2 and "rolling restart" in h.log(), 20, what="the restart")
+    h.wait_log(r"stopping -> exited \(exit code 0\)", count=2)  # both old workers gone
+    second = jobs.queue.enqueue("preloaded_jobs.version")
+    wait_for(lambda: second.get_status(refresh=True) == "finished", 10, what="the second job")
+    assert second.return_value() == 2
+    h.stop_and_check()
+
+
+def test_no_fork_server_spawns_every_worker_as_a_new_interpreter(herder, jobs):
+    h = herder(workers="2", no_fork_server=True)
+    ws = h.wait_workers(2)
+    assert h.fork_server() is None
+    assert all(w.cmdline()[-2:] == ["-m", "herder.worker"] for w in ws)
+    assert "workers start as new interpreters: --no-fork-server" in h.log()
+    jobs.enqueue("record", "p", 0)
+    wait_for(lambda: jobs.finished("p"), 10, what="a job on a spawned worker")
+    h.stop_and_check()
+
+
+def test_the_master_reaps_what_a_job_orphans(herder, jobs):
+    """A job's daemonised grandchild is handed to the master (a subreaper): no zombie stays."""
+    h = herder(workers="1")
+    h.wait_workers(1)
+    jobs.enqueue("orphan_a_child", "o", 0.3)
+    wait_for(lambda: jobs.finished("o"), 10, what="the job that orphans a child")
+    master = h.master()
+    assert master is not None
+
+    def zombies() -> list[int]:
+        return [c.pid for c in master.children() if c.status() == psutil.STATUS_ZOMBIE]
+
+    time.sleep(0.6)  # the orphan sleeps 0.3 s, then exits
+    wait_for(lambda: not zombies(), 5, what="the orphan to be reaped")
+    h.stop_and_check()
