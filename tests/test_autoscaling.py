@@ -123,6 +123,9 @@ def test_three_hosts_share_a_cluster_cap_and_take_over_a_dead_hosts_share(herder
     ]
     for h in hosts:
         wait_for(h.master, 10, what="a master")
+    # Every host has registered before the work comes: one that joins later takes its share
+    # only as the others' workers go idle (a scale-down never stops a busy worker).
+    wait_for(lambda: jobs.conn.zcard("herder:cluster:hosts") == 3, 15, what="3 hosts in the cluster")
     totals: list[int] = []
     stop_sampling = threading.Event()
 

@@ -95,6 +95,7 @@ def herder_url(conn: Redis) -> str:
         ("--worker-class", "not a path", "worker_class"),
         ("--dequeue-strategy", "fastest", "dequeue_strategy"),
         ("--rq-config", "no_such_settings_module", "rq_config"),
+        ("--preload", "not a module!", "preload"),
     ],
 )
 def test_a_bad_rq_option_exits_78_naming_the_key(tmp_path: Path, flag: str, value: str, key: str) -> None:
