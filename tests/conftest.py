@@ -288,11 +288,15 @@ class Herder:
             return []
         out = []
         try:
-            for k in m.children():
-                if k.status() != psutil.STATUS_ZOMBIE and not self._is_scheduler(k) and not is_template(k):
-                    out.append(k)
+            children = m.children()
         except psutil.NoSuchProcess:
             return []
+        for k in children:
+            try:  # one that exits meanwhile is skipped, not taken for the end of them all
+                if k.status() != psutil.STATUS_ZOMBIE and not self._is_scheduler(k) and not is_template(k):
+                    out.append(k)
+            except psutil.NoSuchProcess:
+                pass
         self.seen_pids.update(p.pid for p in out)
         return out
 

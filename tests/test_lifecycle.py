@@ -116,7 +116,8 @@ def test_kill_9_watchdog_and_master_together_workers_finish_and_exit(herder, job
     h.wait_exit(5)
     wait_for(lambda: len(jobs.finished("t")) == 4, 15, what="the 4 jobs to finish")
     assert_exactly_once(jobs, "t", ids)
-    assert all(jobs.status(i) == "finished" for i in ids)
+    # RQ marks a job finished a moment after the job's own last line: wait for that moment.
+    wait_for(lambda: all(jobs.status(i) == "finished" for i in ids), 5, what="RQ to mark the 4 jobs finished")
     # Orphaned, the workers are ours now (pytest is their subreaper): each finished its job
     # and exited 0 by itself, none was killed...
     codes = reap_exit_codes([w.pid for w in workers], timeout=10)

@@ -25,7 +25,7 @@ def test_send_shutdown_command_is_a_graceful_recycle_busy_or_idle(herder, conn: 
     wait_for(lambda: not {busy, idle} & {p.pid for p in h.workers()}, 15, what="both workers gone")
     wait_for(lambda: len(h.wait_workers(2)) == 2, 15, what="two replacements")
     assert jobs.started("sd") == [job.id] and jobs.finished("sd") == [job.id]  # never interrupted
-    assert jobs.status(job.id) == "finished"
+    wait_for(lambda: jobs.status(job.id) == "finished", 5, what="RQ to mark the job finished")
     status = h.status()
     assert status["totals"]["killed"] == 0 and status["totals"]["requeued"] == 0
     assert status["slots_in_backoff"] == [] and status["totals"]["spawned"] == 4
