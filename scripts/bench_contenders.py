@@ -1,9 +1,10 @@
-"""The contenders (herder, `rq worker-pool` with two worker classes), the job they all run,
-and how each pool is launched, found and stopped: the same way for all of them; and
-`Scenario`, what each scenario (bench_throughput.py, bench_crash.py) runs them with.
+"""The contenders (herder, with and without its fork server; `rq worker-pool` with two worker
+classes; supervisord running `rq worker` processes), the job they all run, and how each pool
+is launched, found and stopped: the same way for all of them; and `Scenario`, what each
+scenario (bench_throughput.py, bench_crash.py, bench_idle.py, bench_scaling.py) runs them with.
 
-herder is reached only through its command line (`herder run`), the command lines of its
-processes and its logs, never through its modules, which may move.
+herder is reached only through its command line (`herder run`, `herder scale`), the command
+lines of its processes and its logs, never through its modules, which may move.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import shlex
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 from redis import Redis
+from rq import Worker
 
-from bench_base import Findings
+from bench_base import BenchError, Findings, wait_for
 from bench_cpu import Noise, cpu_by_role
 from bench_procs import Processes, RedisServer, child_env
 
@@ -34,21 +36,40 @@ JOB_SOURCE = (
 HERDER_MIN_UPTIME = 1.0  # herder's default --min-uptime: a worker dying younger than this backs off
 # herder's master runs as `python -P -m herder.supervisor`.
 HERDER_MASTER_PACKAGE = "herder.supervisor"
+# supervisord's default. A process that exits sooner is a failed start (BACKOFF, then FATAL
+# after startretries): the counterpart of herder's --min-uptime. supervisord moves a process
+# from STARTING to RUNNING on the first pass of its loop after startsecs, and that loop
+# sleeps up to 1 s in poll(), so a worker is surely RUNNING only startsecs + 1 s after spawn.
+SUPERVISORD_STARTSECS = 1
+SUPERVISORD_LOOP = 1.0
 
 
 @dataclass(frozen=True)
 class Contender:
     key: str
     label: str
-    kind: str  # "herder" or "rq"
+    kind: str  # "herder", "rq" (rq worker-pool) or "supervisord" (supervisord + rq worker)
     worker_class: str | None = None
+    herder_flags: tuple[str, ...] = ()  # for herder: flags that make this variant
+
+    @property
+    def is_herder(self) -> bool:
+        return self.kind == "herder"
 
 
 HERDER = Contender("herder", "herder", "herder")
+HERDER_NOFORK = Contender("herder-nofork", "herder --no-fork-server", "herder", None, ("--no-fork-server",))
 RQ_DEFAULT = Contender("rq-default", "rq worker-pool (default class, rq.Worker: fork per job)", "rq")
 RQ_SIMPLE = Contender("rq-simple", "rq worker-pool -w rq.worker.SimpleWorker", "rq", "rq.worker.SimpleWorker")
-THROUGHPUT_CONTENDERS = [HERDER, RQ_DEFAULT, RQ_SIMPLE]
-CRASH_CONTENDERS = [HERDER, RQ_DEFAULT]
+SUPERVISORD = Contender(
+    "supervisord",
+    "supervisord + rq worker -w rq.worker.SimpleWorker",
+    "supervisord",
+    "rq.worker.SimpleWorker",
+)
+ALL_CONTENDERS = [HERDER, HERDER_NOFORK, RQ_DEFAULT, RQ_SIMPLE, SUPERVISORD]
+BY_KEY = {c.key: c for c in ALL_CONTENDERS}
+PEERS = [RQ_DEFAULT, RQ_SIMPLE, SUPERVISORD]
 
 
 def is_herder_master(cmdline: list[str]) -> bool:
@@ -59,34 +80,99 @@ def is_herder_master(cmdline: list[str]) -> bool:
     return module == HERDER_MASTER_PACKAGE or module.startswith(HERDER_MASTER_PACKAGE + ".")
 
 
+def registered_pids(conn: Redis) -> set[int]:
+    """The pids of the workers in RQ's worker registry (`rq.Worker.all()`)."""
+    return {w.pid for w in Worker.all(connection=conn) if w.pid}
+
+
+class RegistryWatch:
+    """The pids in RQ's worker registry, cheaply enough to poll every few ms: one SMEMBERS of
+    the set `rq.Worker.all()` reads (rq:workers), plus the `pid` field of keys not seen before,
+    instead of every worker's whole hash on every call. A worker's key enters the set in the
+    same MULTI/EXEC that writes its hash."""
+
+    def __init__(self, conn: Redis) -> None:
+        self.conn = conn
+        self.pid_of: dict[bytes, int] = {}
+
+    def pids(self) -> set[int]:
+        keys = self.conn.smembers(Worker.redis_workers_keys)
+        new = [k for k in keys if k not in self.pid_of]
+        if new:
+            with self.conn.pipeline(transaction=False) as pipe:
+                for k in new:
+                    pipe.hget(k, "pid")
+                for k, pid in zip(new, pipe.execute(), strict=True):
+                    if pid:
+                        self.pid_of[k] = int(pid)
+        return {self.pid_of[k] for k in keys if k in self.pid_of}
+
+
 @dataclass
 class Pool:
     contender: Contender
     popen: subprocess.Popen[bytes]
     log_path: Path
     launched_at: float  # time.time() just before the launch
+    launched_mono: float  # time.monotonic() at the same moment
+    size: int  # workers asked for
+    state_dir: Path | None = None  # herder's, for `herder scale`
+    _master: psutil.Process | None = field(default=None, repr=False)
 
     def master(self) -> psutil.Process | None:
-        """The process whose children are the workers."""
+        """The process whose children are the workers: herder's master, rq's pool process,
+        supervisord."""
+        if self._master is not None and self._master.is_running():
+            return self._master
         try:
             top = psutil.Process(self.popen.pid)
-            if self.contender.kind == "rq":
+            if not self.contender.is_herder:
+                self._master = top
                 return top
             # herder: `herder run` execs into the watchdog, whose child is the master (its
             # other child, if any, is an embedded redis-server).
             for child in top.children():
                 with contextlib.suppress(psutil.Error):
                     if is_herder_master(child.cmdline()):
+                        self._master = child
                         return child
         except psutil.NoSuchProcess:
             pass
         return None
 
+    def workers(self, conn: Redis) -> dict[int, psutil.Process]:
+        """The live children of the master that are registered in RQ: the workers. (herder's
+        master has two more children, its fork server's template and its scheduler; rq's
+        scheduler runs under one of the workers.)"""
+        master = self.master()
+        if master is None:
+            return {}
+        found = {}
+        with contextlib.suppress(psutil.Error):
+            kids = master.children()
+            registered = registered_pids(conn)
+            for p in kids:
+                with contextlib.suppress(psutil.Error):
+                    if p.pid in registered and p.status() != psutil.STATUS_ZOMBIE:
+                        found[p.pid] = p
+        return found
+
+    def wait_ready(self, conn: Redis, timeout: float, interval: float = 0.02) -> dict[int, psutil.Process]:
+        """Until all `size` workers are live children of the master and registered in RQ."""
+
+        def full() -> dict[int, psutil.Process] | None:
+            if self.popen.poll() is not None:
+                raise BenchError(f"exited ({self.popen.returncode}) while starting; see {self.log_path}")
+            kids = self.workers(conn)
+            return kids if len(kids) >= self.size else None
+
+        return wait_for(f"{self.size} registered workers", full, timeout=timeout, interval=interval)
+
     def cpu_split(self) -> tuple[float, float]:
         """CPU seconds used so far by (the supervising processes, the workers): herder's
-        watchdog and master vs its workers; rq's pool process vs its workers, their work
-        horses and the scheduler."""
-        master = self.master() if self.contender.kind == "herder" else None
+        watchdog and master vs its workers (with its template and scheduler); rq's pool
+        process or supervisord vs its workers, their work horses and rq's scheduler."""
+        master = self.master() if self.contender.is_herder else None
         return cpu_by_role(self.popen.pid, {self.popen.pid} | ({master.pid} if master else set()))
 
 
@@ -95,6 +181,21 @@ class StopInfo:
     graceful: bool
     seconds: float
     leftovers: int  # processes still alive after the pool's top process exited, killed by us
+
+
+def herder_has_flag(bindir: Path, env: dict[str, str], flag: str) -> bool:
+    """Whether `herder run --help` mentions `flag`."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            [str(bindir / "herder"), "run", "--help"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return flag in out.stdout
+    return False
 
 
 class Launcher:
@@ -119,46 +220,127 @@ class Launcher:
         self.jobdir = tmp / "jobs"
         self.jobdir.mkdir()
         (self.jobdir / f"{JOB_MODULE}.py").write_text(JOB_SOURCE)
+        self.herder_args = shlex.split(args.herder_args or "")
+        self.contenders = self.choose(args.contenders)
 
-    def argv(self, c: Contender) -> list[str]:
-        n = str(self.args.workers)
-        if c.kind == "herder":
-            state = self.tmp / f"state-{time.monotonic_ns()}"
-            return [
-                str(self.bindir / "herder"),
-                "run",
-                "--redis-url",
-                self.server.url,
-                "--workers",
-                n,
-                "--queue",
-                QUEUE,
-                "--path",
-                str(self.jobdir),
-                "--state-dir",
-                str(state),
-            ]
+    def choose(self, wanted: str) -> list[Contender]:
+        """The contenders asked for (--contenders) that can run here; a missing one is said."""
+        keys = [k.strip() for k in wanted.split(",") if k.strip()]
+        chosen = []
+        for c in (BY_KEY[k] for k in keys):
+            if c is HERDER_NOFORK and not herder_has_flag(self.bindir, self.herder_env(), "--no-fork-server"):
+                self.findings.warnings.append(
+                    f"`herder run --help` does not mention --no-fork-server: contender '{c.label}' left out"
+                )
+                continue
+            if c.kind == "supervisord" and not os.access(self.bindir / "supervisord", os.X_OK):
+                self.findings.problems.append(
+                    f"no `supervisord` in {self.bindir} (pip install supervisor, or the bench extra): "
+                    f"contender '{c.label}' left out"
+                )
+                continue
+            chosen.append(c)
+        return chosen
+
+    def herder_env(self) -> dict[str, str]:
+        env = child_env()
+        if self.herder_src:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.herder_src), env.get("PYTHONPATH")]))
+        return env
+
+    def min_age(self, c: Contender) -> float:
+        """The youngest worker the crash test may kill: past herder's --min-uptime (the
+        default --min-age), and for supervisord surely RUNNING (startsecs + one loop pass)."""
+        if c.kind == "supervisord":
+            return max(self.args.min_age, SUPERVISORD_STARTSECS + SUPERVISORD_LOOP + 0.5)
+        return self.args.min_age
+
+    def argv(self, c: Contender, size: int, run_name: str) -> tuple[list[str], Path | None]:
+        n = str(size)
+        if c.is_herder:
+            state = self.tmp / f"state-{run_name}"
+            argv = [str(self.bindir / "herder"), "run", "--redis-url", self.server.url, "--workers", n]
+            argv += ["--queue", QUEUE, "--path", str(self.jobdir), "--state-dir", str(state)]
+            if size > 16:  # herder caps workers at min(16 x CPUs, memory / 64 MiB) unless told
+                argv += ["--workers-limit", n]
+            return [*argv, *c.herder_flags, *self.herder_args], state
+        if c.kind == "supervisord":
+            conf = self.supervisord_conf(c, size, run_name)
+            return [str(self.bindir / "supervisord"), "-n", "-c", str(conf)], None
         argv = [str(self.bindir / "rq"), "worker-pool", "--url", self.server.url, "--num-workers", n]
         argv += ["--path", str(self.jobdir)]
         if c.worker_class:
             argv += ["--worker-class", c.worker_class]
+        return [*argv, QUEUE], None
+
+    def rq_worker_argv(self, c: Contender) -> list[str]:
+        """One `rq worker` as supervisord runs it. --with-scheduler: rq worker-pool runs its
+        workers with the scheduler on, and herder runs one, so every contender has one."""
+        argv = [str(self.bindir / "rq"), "worker", "--url", self.server.url]
+        argv += ["-w", c.worker_class or "rq.Worker", "--path", str(self.jobdir), "--with-scheduler"]
         return [*argv, QUEUE]
 
-    def launch(self, c: Contender, run_name: str) -> Pool:
-        """Start `c`'s pool, logging to <tmp>/<run_name>.log."""
+    def supervisord_conf(self, c: Contender, size: int, run_name: str) -> Path:
+        """A supervisord.conf for this run: one [program] of `size` `rq worker` processes,
+        their output appended to the run's log. No [unix_http_server]: nothing talks to it."""
+        conf = self.tmp / f"supervisord-{run_name}.conf"
+        log = self.tmp / f"{run_name}.log"
+        command = shlex.join(self.rq_worker_argv(c)).replace("%", "%%")
+        lines = [
+            "; written by scripts/bench",
+            "[supervisord]",
+            "nodaemon=true",
+            f"logfile={self.tmp / f'supervisord-{run_name}.log'}",
+            f"pidfile={self.tmp / f'supervisord-{run_name}.pid'}",
+            f"childlogdir={self.tmp}",
+            *(["user=root"] if os.geteuid() == 0 else []),  # as root, it warns unless told so
+            "",
+            "[program:rqworker]",
+            f"command={command}",
+            f"numprocs={size}",
+            "process_name=%(program_name)s_%(process_num)02d",
+            "autostart=true",
+            "autorestart=true",
+            f"startsecs={SUPERVISORD_STARTSECS}",
+            "stopsignal=TERM",
+            f"stopwaitsecs={self.args.stop_timeout:g}",
+            "redirect_stderr=true",
+            f"stdout_logfile={log}",
+            "stdout_logfile_maxbytes=0",
+            "stdout_logfile_backups=0",
+        ]
+        conf.write_text("\n".join(lines) + "\n")
+        return conf
+
+    def launch(self, c: Contender, run_name: str, size: int | None = None) -> Pool:
+        """Start `c`'s pool of `size` workers (default --workers), logging to <tmp>/<run_name>.log."""
+        size = size or self.args.workers
         log_path = self.tmp / f"{run_name}.log"
-        argv = self.argv(c)
+        argv, state_dir = self.argv(c, size, run_name)
         with open(log_path, "ab") as f:
             f.write(f"$ {shlex.join(argv)}\n".encode())
-        launched_at = time.time()
-        env = child_env()
-        if c.kind == "herder" and self.herder_src:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.herder_src), env.get("PYTHONPATH")]))
+        env = self.herder_env() if c.is_herder else child_env()
+        launched_at, launched_mono = time.time(), time.monotonic()
         popen = self.procs.start(argv, log_path, env)
-        return Pool(c, popen, log_path, launched_at)
+        return Pool(c, popen, log_path, launched_at, launched_mono, size, state_dir)
+
+    def herder_cli(self, pool: Pool, *argv: str) -> subprocess.CompletedProcess[str]:
+        """`herder <argv> --state-dir <pool's>`, e.g. `herder scale 3`."""
+        cmd = [str(self.bindir / "herder"), *argv, "--state-dir", str(pool.state_dir)]
+        return subprocess.run(
+            cmd, env=self.herder_env(), capture_output=True, text=True, timeout=60, check=False
+        )
+
+    def command(self, c: Contender) -> str:
+        """The command line of `c`, for the report (temp paths shortened)."""
+        argv, _ = self.argv(c, self.args.workers, "RUN")
+        if c.kind == "supervisord":
+            argv = [*argv, ";", "program:", *self.rq_worker_argv(c)]
+        text = shlex.join(argv).replace(self.server.url, "URL").replace(str(self.tmp), "TMP")
+        return text.replace(str(self.bindir) + "/", "")
 
     def stop(self, pool: Pool) -> StopInfo:
-        """SIGTERM (a graceful stop for both), wait, then kill whatever is left."""
+        """SIGTERM (a graceful stop for all of them), wait, then kill whatever is left."""
         t0 = time.monotonic()
         graceful = True
         family: list[psutil.Process] = []
@@ -168,11 +350,11 @@ class Launcher:
         if pool.popen.poll() is None:
             pool.popen.send_signal(signal.SIGTERM)
             try:
-                pool.popen.wait(timeout=self.args.stop_timeout)
+                pool.popen.wait(timeout=self.args.stop_timeout + 5)
             except subprocess.TimeoutExpired:
                 graceful = False
                 self.findings.problems.append(
-                    f"{pool.contender.label}: still running {self.args.stop_timeout:g} s after SIGTERM; "
+                    f"{pool.contender.label}: still running {self.args.stop_timeout + 5:g} s after SIGTERM; "
                     f"killed (log: {pool.log_path})"
                 )
         seconds = time.monotonic() - t0

@@ -25,10 +25,14 @@ def machine_facts(conn: Redis, bindir: Path, digest: str) -> dict[str, str]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     git = git_state()
-    try:
-        herder_version = importlib.metadata.version("herder")
-    except importlib.metadata.PackageNotFoundError:
-        herder_version = "not installed"
+
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    herder_version = version("herder")
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return {
         "nproc": f"{len(os.sched_getaffinity(0))} (os.cpu_count() {os.cpu_count()})",
@@ -40,7 +44,8 @@ def machine_facts(conn: Redis, bindir: Path, digest: str) -> dict[str, str]:
         "redis-py": redis.__version__,
         "redis-server": str(conn.info("server")["redis_version"]),
         "psutil": psutil.__version__,
+        "supervisor (supervisord)": version("supervisor"),
         "herder": f"{herder_version}, git {git}, source digest {digest}",
-        "commands": f"{bindir / 'herder'}, {bindir / 'rq'}",
+        "commands": f"{bindir / 'herder'}, {bindir / 'rq'}, {bindir / 'supervisord'}",
         "load average at start": load,
     }

@@ -1,7 +1,10 @@
-"""scripts/bench's command line, and the run: herder against `rq worker-pool`, on one private Redis.
+"""scripts/bench's command line, and the run: herder against `rq worker-pool` and supervisord +
+`rq worker`, on one private Redis.
 
-Two measurements, each at equal worker counts: throughput (bench_throughput.py) and crash to
-replacement (bench_crash.py); see docs/benchmarks.md for what is measured and how.
+The measurements, each at equal worker counts: throughput (bench_throughput.py), crash to
+replacement, also under full CPU load (bench_crash.py), start-up, memory and stop of an idle
+pool (bench_idle.py), and herder at several pool sizes (bench_scaling.py); see
+docs/benchmarks.md for what is measured and how.
 """
 
 from __future__ import annotations
@@ -13,23 +16,40 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench_base import REPO, BenchError, Findings, Interrupted, say
-from bench_contenders import HERDER_MIN_UPTIME, Launcher
+from bench_contenders import ALL_CONTENDERS, BY_KEY, HERDER_MIN_UPTIME, Launcher
 from bench_cpu import Noise
 from bench_crash import CrashTest
 from bench_facts import machine_facts
+from bench_idle import IdleTest
 from bench_procs import Processes, RedisServer, become_subreaper, end_all
 from bench_report import publish, render
+from bench_scaling import ScalingTest
 from bench_source import herder_digest, snapshot_herder
 from bench_throughput import ThroughputTest
+
+ALL_KEYS = ",".join(c.key for c in ALL_CONTENDERS)
+
+
+def sizes(text: str) -> list[int]:
+    """ "1,4,16,64" -> [1, 4, 16, 64]; "" -> []."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of pool sizes: {text!r}") from None
+    if any(x < 1 for x in out):
+        raise argparse.ArgumentTypeError("pool sizes must be at least 1")
+    return out
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="scripts/bench",
-        description="Benchmark herder against `rq worker-pool` (throughput, crash-to-replacement latency).",
+        description="Benchmark herder against `rq worker-pool` and supervisord + `rq worker`: throughput, "
+        "crash to replacement (also under full CPU load), start-up, memory and stop of idle pools, scaling.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--workers", type=int, default=4, help="workers per pool, the same for every contender")
@@ -38,9 +58,48 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--rounds", type=int, default=3, help="throughput rounds per contender (the median is reported)"
     )
     p.add_argument("--kills", type=int, default=10, help="workers killed per contender in the crash test")
+    p.add_argument(
+        "--load-kills",
+        type=int,
+        default=5,
+        help="workers killed per contender in the crash test under CPU load",
+    )
+    p.add_argument(
+        "--idle-runs", type=int, default=3, help="idle-pool runs per contender (start-up, memory, stop)"
+    )
+    p.add_argument(
+        "--idle-settle", type=float, default=1.0, help="seconds a ready pool idles before its memory is read"
+    )
+    p.add_argument(
+        "--scale-sizes",
+        type=sizes,
+        default=[1, 4, 16, 64],
+        help="pool sizes of the scaling table, comma-separated (empty: no scaling table)",
+    )
+    p.add_argument(
+        "--scale-contenders",
+        default="herder,rq-simple,supervisord",
+        help="contenders in the scaling table, comma-separated keys",
+    )
+    p.add_argument("--scale-jobs-min", type=int, default=2000, help="scaling: jobs per run, at least")
+    p.add_argument(
+        "--scale-jobs-per-worker", type=int, default=100, help="scaling: jobs per run, per worker (if more)"
+    )
+    p.add_argument(
+        "--contenders", default=ALL_KEYS, help=f"which contenders run, comma-separated keys (of {ALL_KEYS})"
+    )
+    p.add_argument(
+        "--herder-args",
+        default="",
+        metavar="ARGS",
+        help="more arguments for `herder run`, one string (shell-quoted), appended to its command line",
+    )
     p.add_argument("--markdown", metavar="PATH", help="also write the report to this file")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-crash", action="store_true")
+    p.add_argument("--skip-load-crash", action="store_true", help="skip the crash test under full CPU load")
+    p.add_argument("--skip-idle", action="store_true", help="skip the idle pools (start-up, memory, stop)")
+    p.add_argument("--skip-scaling", action="store_true", help="skip the scaling table")
     p.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
     p.add_argument(
         "--bin-dir",
@@ -85,8 +144,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--keep-tmp", action="store_true", help="keep the temp dir (logs); it is kept anyway on problems"
     )
     args = p.parse_args(argv)
-    if args.workers < 1 or args.jobs < 1 or args.rounds < 1 or args.kills < 1:
-        p.error("--workers, --jobs, --rounds and --kills must be at least 1")
+    if min(args.workers, args.jobs, args.rounds, args.kills, args.load_kills, args.idle_runs) < 1:
+        p.error("--workers, --jobs, --rounds, --kills, --load-kills and --idle-runs must be at least 1")
+    for option in ("contenders", "scale_contenders"):
+        unknown = [k for k in getattr(args, option).split(",") if k.strip() and k.strip() not in BY_KEY]
+        if unknown:
+            p.error(f"--{option.replace('_', '-')}: unknown {', '.join(unknown)} (known: {ALL_KEYS})")
+    if args.skip_scaling:
+        args.scale_sizes = []
     for tool in ("herder", "rq"):
         if not os.access(Path(args.bin_dir) / tool, os.X_OK):
             p.error(f"no `{tool}` in {args.bin_dir}; pass --bin-dir")
@@ -109,6 +174,7 @@ def main(argv: list[str]) -> int:
     if not become_subreaper():
         say("warning: could not become a child subreaper; orphaned workers may escape the cleanup")
 
+    started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="herder-bench-"))
     procs = Processes()
     server = RedisServer(args.redis_server, tmp, procs)
@@ -123,9 +189,16 @@ def main(argv: list[str]) -> int:
         if herder_src:
             say(f"herder runs from a snapshot of its source (digest {digest}) in {herder_src}")
         facts = machine_facts(conn, launcher.bindir, digest)
+        say("contenders: " + "; ".join(c.label for c in launcher.contenders))
         noise = Noise(args.quiet_wait, args.max_other_load, findings)
-        thr = {} if args.skip_throughput else ThroughputTest(args, conn, launcher, noise, findings).run()
-        crash = {} if args.skip_crash else CrashTest(args, conn, launcher, noise, findings).run()
+        scenario = (args, conn, launcher, noise, findings)
+        results = {
+            "throughput": {} if args.skip_throughput else ThroughputTest(*scenario).run(),
+            "crash": {} if args.skip_crash else CrashTest(*scenario).run(),
+            "load": {} if args.skip_load_crash else CrashTest(*scenario, load=True).run(),
+            "idle": {} if args.skip_idle else IdleTest(*scenario).run(),
+            "scaling": ScalingTest(*scenario).run() if args.scale_sizes else {},
+        }
         if herder_digest(REPO) != digest:
             note = (
                 f"herder's source in the working tree changed during the run (digest {digest} -> "
@@ -135,7 +208,10 @@ def main(argv: list[str]) -> int:
                 findings.warnings.append(f"{note}; every run used the snapshot taken at the start")
             else:
                 findings.problems.append(f"{note}: some runs measured different code")
-        publish(render(args, command, facts, thr, crash, findings.problems, findings.warnings), args.markdown)
+        facts["bench duration"] = f"{(time.monotonic() - started) / 60:.1f} min"
+        commands = {c.key: launcher.command(c) for c in launcher.contenders}
+        report = render(args, command, facts, launcher.contenders, commands, results, findings)
+        publish(report, args.markdown)
         code = 1 if findings.problems else 0
     except (KeyboardInterrupt, Interrupted) as exc:
         say(f"interrupted ({exc.__class__.__name__} {exc}): cleaning up")

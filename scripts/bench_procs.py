@@ -35,6 +35,30 @@ def become_subreaper() -> bool:
         return False
 
 
+def child_pids(pid: int) -> set[int]:
+    """The pids of `pid`'s children, from /proc/PID/task/*/children: one small read per thread,
+    where psutil's children() reads the status of every process on the machine (some ms,
+    more under load). Falls back to psutil where the kernel lacks those files."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tasks = []
+    found: set[int] = set()
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.update(int(x) for x in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended
+            return {p.pid for p in psutil.Process(pid).children()}  # no such file: an older kernel
+        except OSError:
+            continue
+    if not tasks:
+        return {p.pid for p in psutil.Process(pid).children()}  # raises NoSuchProcess if it is gone
+    return found
+
+
 def child_env() -> dict[str, str]:
     """Our environment minus herder's and RQ's settings, so nothing leaks into a contender."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("HERDER_", "RQ_"))}

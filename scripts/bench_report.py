@@ -1,5 +1,6 @@
-"""The report: one markdown document (machine, throughput, crash to replacement, targets,
-problems and noise), printed and optionally written to a file."""
+"""The report: one markdown document (machine, contenders, throughput, crash to replacement
+with and without CPU load, idle pools, scaling, ratios, targets, problems and noise), printed
+and optionally written to a file."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ import math
 import time
 from pathlib import Path
 
-from bench_base import median, p90, say
-from bench_contenders import CRASH_CONTENDERS, HERDER, RQ_DEFAULT, RQ_SIMPLE, THROUGHPUT_CONTENDERS
+from bench_base import Findings, median, p90, say
+from bench_contenders import BY_KEY, PEERS, RQ_DEFAULT, RQ_SIMPLE, SUPERVISORD, Contender
+
+# The targets of issue 10 ("the benchmark a user would run to choose").
+TARGET_READY = 0.030  # crash -> replacement ready, median
+TARGET_LOAD_SPAWN = 0.050  # crash -> replacement spawned under full CPU load, median
+TARGET_WORKER_STOP = 0.5  # graceful stop of one idle worker
+TARGET_USS_MB = 23 / 2  # half the old 23 MB per idle worker
 
 
 def fmt_ratio(x: float) -> str:
@@ -20,153 +27,366 @@ def fmt_ms(x: float) -> str:
     return "n/a" if math.isnan(x) else (f"{x * 1000:.1f} ms" if x < 10 else f"{x:.2f} s")
 
 
+def fmt_mb(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.1f} MB"
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b and not (math.isnan(a) or math.isnan(b)) else math.nan
+
+
+def yn(value: float, ok: bool) -> str:
+    return "n/a" if math.isnan(value) else ("yes" if ok else "**no**")
+
+
+class Medians:
+    """The headline figure of each contender for each measurement (NaN when not measured)."""
+
+    def __init__(self, results: dict) -> None:
+        self.r = results
+
+    def _thr(self, key: str, field: str) -> float:
+        return median([r[field] for r in self.r["throughput"].get(key, [])])
+
+    def jobs_per_s(self, key: str) -> float:
+        return self._thr(key, "jobs_per_s")
+
+    def first_done(self, key: str) -> float:
+        return self._thr(key, "first_done_after")
+
+    def crash(self, key: str, field: str, load: bool = False) -> float:
+        r = self.r["load" if load else "crash"].get(key)
+        return median(r[field]) if r else math.nan
+
+    def idle(self, key: str, field: str) -> float:
+        runs = self.r["idle"].get(key, [])
+        if field == "stop":
+            return median([r["stop"].seconds for r in runs])
+        if field == "ready":
+            return median([r["ready"] for r in runs])
+        return median([r["memory"][field] for r in runs])
+
+    def worker_stop(self, key: str) -> tuple[float, str]:
+        """herder's graceful stop of one idle worker, from its log: `herder scale N-1` in the
+        crash test if it ran, else each worker's during the idle pools' stops."""
+        one = (self.r["crash"].get(key) or {}).get("one_stop") or []
+        if one:
+            return median(one), "one worker, `herder scale N-1` (its log)"
+        each = [s for r in self.r["idle"].get(key, []) for s in r["worker_stops"]]
+        if each:
+            return median(each), "each worker during a pool stop (its log)"
+        return self.idle(key, "stop"), "the whole pool (SIGTERM to exit)"
+
+
 def render(
     args: argparse.Namespace,
     command: str,
     facts: dict,
-    thr: dict,
-    crash: dict,
-    problems: list[str],
-    warnings: list[str],
+    contenders: list[Contender],
+    commands: dict[str, str],
+    results: dict,
+    findings: Findings,
 ) -> str:
+    m = Medians(results)
     out = ["# herder benchmark", ""]
     out += [f"Command: `{command}`", ""]
     out += [f"Run at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}.", ""]
     out += ["| machine | |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in facts.items()]
-    out.append("")
-
-    med_jps: dict[str, float] = {}
-    if thr:
-        out += [
-            f"## Throughput: {args.jobs} no-op jobs, {args.workers} workers, median of {args.rounds} rounds",
-            "",
-            "jobs/s = jobs / (last job's `ended_at` - first job's `started_at`); "
-            "wall = pool launch to the last `ended_at`; steady = jobs/s between the 10% and the 90% "
-            "`ended_at`; CPU per job = CPU time used between 10% and 90% of jobs done (psutil), "
-            "split into the workers (with rq's fork-per-job work horses) and the supervising processes "
-            "(herder's watchdog + master; rq's pool process). All medians over the rounds.",
-            "",
-            "| contender | jobs/s (median) | jobs/s per round | wall s (median) "
-            "| first job after launch | steady jobs/s, 10-90% | CPU ms/job: workers + supervisor "
-            "| noise, cores: other processes + steal (max) |",
-            "|---|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        for c in THROUGHPUT_CONTENDERS:
-            rs = thr.get(c.key, [])
-            med_jps[c.key] = median([r["jobs_per_s"] for r in rs])
-            per_round = ", ".join(f"{r['jobs_per_s']:.0f}" for r in rs) or "failed"
-            wall = median([r["wall"] for r in rs])
-            first = median([r["first_job_after"] for r in rs])
-            load = max([r["other_load"] for r in rs], default=math.nan)
-            steal = max([r["steal"] for r in rs], default=math.nan)
-            steady = median([r["steady_jobs_per_s"] for r in rs])
-            cpu_w = median([r["cpu_workers"] for r in rs]) * 1000
-            cpu_s = median([r["cpu_supervisor"] for r in rs]) * 1000
-            out.append(
-                f"| {c.label} | {med_jps[c.key]:.0f} | {per_round} | {wall:.2f} | {fmt_ms(first)} "
-                f"| {steady:.0f} | {cpu_w:.2f} + {cpu_s:.2f} | {load:.2f} + {steal:.2f} |"
-            )
-        med_wall = {c.key: median([r["wall"] for r in thr.get(c.key, [])]) for c in THROUGHPUT_CONTENDERS}
-        out += [
-            "",
-            "| ratio | jobs/s (higher is better for herder) | wall time (lower is better for herder) |",
-        ]
-        out += ["|---|---:|---:|"]
-        for other in (RQ_DEFAULT, RQ_SIMPLE):
-            out.append(
-                f"| herder / {other.label} | {fmt_ratio(med_jps['herder'] / med_jps[other.key])} "
-                f"| {fmt_ratio(med_wall['herder'] / med_wall[other.key])} |"
-            )
-        out.append("")
-
-    if crash:
-        out += [
-            f"## Crash to replacement: SIGKILL one idle worker of {args.workers}, {args.kills} kills",
-            "",
-            "spawned = until a new child of the pool's master exists (psutil, polled every "
-            f"{args.poll_interval * 1000:g} ms); registered = until that pid is in `rq.Worker.all()` (polled "
-            "likewise). Both from just before the `kill -9`.",
-            "",
-            "| contender | spawned median | spawned p90 | registered (ready) median | registered p90 "
-            "| noise, cores: other processes + steal |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for c in CRASH_CONTENDERS:
-            r = crash.get(c.key)
-            if not r:
-                out.append(f"| {c.label} | failed | | | | |")
-                continue
-            out.append(
-                f"| {c.label} | {fmt_ms(median(r['spawn']))} | {fmt_ms(p90(r['spawn']))} "
-                f"| {fmt_ms(median(r['ready']))} | {fmt_ms(p90(r['ready']))} "
-                f"| {r['other_load']:.2f} + {r['steal']:.2f} |"
-            )
-        h, d = crash.get(HERDER.key), crash.get(RQ_DEFAULT.key)
-        if h and h.get("log_spawn"):
-            out.append(
-                f"| herder, from its own log lines (`spawned`, `starting -> idle (ready)`; 1 ms resolution) "
-                f"| {fmt_ms(median(h['log_spawn']))} | {fmt_ms(p90(h['log_spawn']))} "
-                f"| {fmt_ms(median(h['log_ready']))} | {fmt_ms(p90(h['log_ready']))} | |"
-            )
-        if h and d:
-            out.append(
-                f"| ratio herder / rq worker-pool (lower is better for herder) "
-                f"| {fmt_ratio(median(h['spawn']) / median(d['spawn']))} "
-                f"| {fmt_ratio(p90(h['spawn']) / p90(d['spawn']))} "
-                f"| {fmt_ratio(median(h['ready']) / median(d['ready']))} "
-                f"| {fmt_ratio(p90(h['ready']) / p90(d['ready']))} | |"
-            )
-        polls = "; ".join(
-            f"{c.label}: children() {crash[c.key]['child_poll_ms']:.2f} ms, "
-            f"Worker.all() {crash[c.key]['registry_poll_ms']:.2f} ms"
-            for c in CRASH_CONTENDERS
-            if c.key in crash
-        )
-        out += ["", f"Median cost of one poll (adds to the resolution): {polls}.", ""]
-
-    out += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
-    h = crash.get(HERDER.key)
-    if h:
-        m = median(h["spawn"])
-        out.append(
-            f"| herder replacement spawned in under 50 ms (median) | {fmt_ms(m)} | {yn(m, m < 0.050)} |"
-        )
-    if med_jps:
-        r1 = med_jps["herder"] / med_jps[RQ_DEFAULT.key]
-        r2 = med_jps["herder"] / med_jps[RQ_SIMPLE.key]
-        out.append(
-            f"| herder throughput at least 3x rq worker-pool (default class) "
-            f"| {fmt_ratio(r1)} | {yn(r1, r1 >= 3)} |"
-        )
-        out.append(
-            f"| herder throughput within 5% of rq worker-pool SimpleWorker (ratio at least 0.95) "
-            f"| {fmt_ratio(r2)} | {yn(r2, r2 >= 0.95)} |"
-        )
-    out.append("")
-
-    stops = [
-        f"{c.label}: {median([r['stop'].seconds for r in thr.get(c.key, [])]):.1f} s"
-        for c in THROUGHPUT_CONTENDERS
-        if thr.get(c.key)
+    out += [
+        "",
+        "| contender | command (URL: the private redis-server; TMP: the bench's temp dir) |",
+        "|---|---|",
     ]
-    if stops:
-        out += [
-            f"Graceful stop (SIGTERM to exit, median, not part of any number above): {'; '.join(stops)}.",
-            "",
-        ]
+    out += [f"| {c.label} | `{commands[c.key]}` |" for c in contenders]
+    out.append("")
+    out += throughput_section(args, contenders, results["throughput"])
+    out += crash_section(args, contenders, results["crash"], load=False)
+    out += crash_section(args, contenders, results["load"], load=True)
+    out += idle_section(args, contenders, results, m)
+    out += scaling_section(args, results["scaling"])
+    out += ratio_section(contenders, m)
+    out += target_section(contenders, m)
     out += ["## Problems seen", ""]
-    out += [f"- {p}" for p in problems] or ["None."]
+    out += [f"- {p}" for p in findings.problems] or ["None."]
     out += ["", "## Noise warnings", ""]
-    out += [f"- {w}" for w in warnings] or [
+    out += [f"- {w}" for w in findings.warnings] or [
         "None: other processes stayed under --max-other-load in every run."
     ]
     out.append("")
     return "\n".join(out)
 
 
-def yn(value: float, ok: bool) -> str:
-    return "n/a" if math.isnan(value) else ("yes" if ok else "**no**")
+def throughput_section(args: argparse.Namespace, contenders: list[Contender], thr: dict) -> list[str]:
+    if not thr:
+        return []
+    out = [
+        f"## Throughput: {args.jobs} no-op jobs, {args.workers} workers, median of {args.rounds} rounds",
+        "",
+        "jobs/s = jobs / (last job's `ended_at` - first job's `started_at`); "
+        "wall = pool launch to the last `ended_at`; launch -> first job done = pool launch to the first "
+        "`ended_at` (the jobs are queued before the launch); steady = jobs/s between the 10% and the 90% "
+        "`ended_at`; CPU per job = CPU time used between 10% and 90% of jobs done (psutil), "
+        "split into the workers (with rq's fork-per-job work horses and scheduler, herder's template and "
+        "scheduler) and the supervising processes (herder's watchdog + master; rq's pool process; "
+        "supervisord). All medians over the rounds.",
+        "",
+        "| contender | jobs/s (median) | jobs/s per round | wall s (median) "
+        "| launch -> first job done | steady jobs/s, 10-90% | CPU ms/job: workers + supervisor "
+        "| noise, cores: other processes + steal (max) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in contenders:
+        rs = thr.get(c.key, [])
+        if not rs:
+            out.append(f"| {c.label} | failed | | | | | | |")
+            continue
+        jps = median([r["jobs_per_s"] for r in rs])
+        per_round = ", ".join(f"{r['jobs_per_s']:.0f}" for r in rs)
+        wall = median([r["wall"] for r in rs])
+        first = median([r["first_done_after"] for r in rs])
+        load = max(r["other_load"] for r in rs)
+        steal = max(r["steal"] for r in rs)
+        steady = median([r["steady_jobs_per_s"] for r in rs])
+        cpu_w = median([r["cpu_workers"] for r in rs]) * 1000
+        cpu_s = median([r["cpu_supervisor"] for r in rs]) * 1000
+        out.append(
+            f"| {c.label} | {jps:.0f} | {per_round} | {wall:.2f} | {fmt_ms(first)} "
+            f"| {steady:.0f} | {cpu_w:.2f} + {cpu_s:.2f} | {load:.2f} + {steal:.2f} |"
+        )
+    out.append("")
+    return out
+
+
+def crash_section(
+    args: argparse.Namespace, contenders: list[Contender], crash: dict, load: bool
+) -> list[str]:
+    if not crash:
+        return []
+    kills = args.load_kills if load else args.kills
+    if load:
+        hogs = max((r["hogs"] for r in crash.values()), default=0)
+        busy = [r["busy"] for r in crash.values() if not math.isnan(r["busy"])]
+        out = [
+            f"## Crash to replacement under full CPU load: SIGKILL one idle worker of {args.workers}, "
+            f"{kills} kills",
+            "",
+            f'The same test while {hogs} busy loops (`python -c "while True: pass"`, one per core, at the '
+            "same priority as everything else) keep every core busy; machine CPU use during the kills: "
+            + (f"{min(busy) * 100:.0f}% at least." if busy else "n/a."),
+            "",
+        ]
+    else:
+        out = [
+            f"## Crash to replacement: SIGKILL one idle worker of {args.workers}, {kills} kills",
+            "",
+        ]
+    out += [
+        "spawned = until a new child of the pool's master exists (/proc/PID/task/*/children, polled every "
+        f"{args.poll_interval * 1000:g} ms); registered = until that pid is in RQ's worker registry (the "
+        "`rq:workers` set that `rq.Worker.all()` reads, polled likewise). Both from just before the "
+        "`kill -9`; median and p90 (nearest rank).",
+        "",
+        "| contender | spawned median | spawned p90 | registered (ready) median | registered p90 "
+        "| noise, cores: other processes + steal |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in contenders:
+        r = crash.get(c.key)
+        if not r:
+            out.append(f"| {c.label} | failed | | | | |")
+            continue
+        noise = "(the load is ours)" if load else f"{r['other_load']:.2f} + {r['steal']:.2f}"
+        out.append(
+            f"| {c.label} | {fmt_ms(median(r['spawn']))} | {fmt_ms(p90(r['spawn']))} "
+            f"| {fmt_ms(median(r['ready']))} | {fmt_ms(p90(r['ready']))} | {noise} |"
+        )
+    for c in contenders:
+        r = crash.get(c.key)
+        if c.is_herder and r and r.get("log_spawn"):
+            out.append(
+                f"| {c.label}, from its own log lines (`spawned`, `starting -> idle (ready)`; 1 ms steps) "
+                f"| {fmt_ms(median(r['log_spawn']))} | {fmt_ms(p90(r['log_spawn']))} "
+                f"| {fmt_ms(median(r['log_ready']))} | {fmt_ms(p90(r['log_ready']))} | |"
+            )
+    polls = "; ".join(
+        f"{c.label}: children {crash[c.key]['child_poll_ms']:.2f} ms, "
+        f"registry {crash[c.key]['registry_poll_ms']:.2f} ms"
+        for c in contenders
+        if c.key in crash
+    )
+    out += ["", f"Median cost of one poll (adds to the resolution): {polls}.", ""]
+    return out
+
+
+def idle_section(
+    args: argparse.Namespace, contenders: list[Contender], results: dict, m: Medians
+) -> list[str]:
+    idle = results["idle"]
+    if not idle and not results["throughput"]:
+        return []
+    out = [
+        f"## Start-up, memory and graceful stop: idle pools of {args.workers}, "
+        f"median of {args.idle_runs} runs",
+        "",
+        "launch -> first job done: from the throughput rounds (jobs queued before the launch). "
+        "launch -> all registered: an empty queue, until every worker is a live child of the master and in "
+        "`rq.Worker.all()`. Memory after the pool idled "
+        f"{args.idle_settle:g} s: USS (memory only that process holds), PSS (its share of the pages it "
+        "maps) and RSS of each worker (median over the workers and runs); the supervising process "
+        "(herder's master, rq's pool process, supervisord); the other processes of the pool (herder: "
+        "watchdog, fork server template, scheduler; rq: the scheduler process under one worker); the "
+        "whole pool's USS and PSS summed (a forked worker's pages shared with its parent count in no "
+        "one's USS: the PSS sum is the fair total). stop: SIGTERM to the pool's top process until it exits.",
+        "",
+        "| contender | launch -> first job done | launch -> all registered | stop (idle pool) "
+        "| worker USS | worker PSS | worker RSS | supervisor RSS (USS) | other processes: count, USS "
+        "| whole pool USS | whole pool PSS |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in contenders:
+        runs = idle.get(c.key, [])
+        others = median([r["memory"]["others"] for r in runs])
+        out.append(
+            f"| {c.label} | {fmt_ms(m.first_done(c.key))} | {fmt_ms(m.idle(c.key, 'ready'))} "
+            f"| {fmt_ms(m.idle(c.key, 'stop'))} | {fmt_mb(m.idle(c.key, 'worker_uss'))} "
+            f"| {fmt_mb(m.idle(c.key, 'worker_pss'))} | {fmt_mb(m.idle(c.key, 'worker_rss'))} "
+            f"| {fmt_mb(m.idle(c.key, 'sup_rss'))} ({fmt_mb(m.idle(c.key, 'sup_uss'))}) "
+            f"| {'n/a' if math.isnan(others) else f'{others:.0f}'}, {fmt_mb(m.idle(c.key, 'others_uss'))} "
+            f"| {fmt_mb(m.idle(c.key, 'tree_uss'))} | {fmt_mb(m.idle(c.key, 'tree_pss'))} |"
+        )
+    out.append("")
+    for c in contenders:
+        if c.is_herder:
+            secs, how = m.worker_stop(c.key)
+            each = [s for r in idle.get(c.key, []) for s in r["worker_stops"]]
+            line = f"{c.label}: graceful stop of one idle worker, {how}: {fmt_ms(secs)}"
+            if each and "scale" in how:
+                line += f"; each worker during the idle pools' stops: median {fmt_ms(median(each))}"
+                line += f", max {fmt_ms(max(each))}"
+            out += [line + ".", ""]
+    return out
+
+
+def scaling_section(args: argparse.Namespace, scaling: dict) -> list[str]:
+    if not scaling:
+        return []
+    out = [
+        "## Scaling: pool sizes " + ", ".join(str(s) for s in args.scale_sizes),
+        "",
+        f"Per run: max({args.scale_jobs_min}, {args.scale_jobs_per_worker} x N) no-op jobs, released into "
+        "the queue at once when all N workers are registered and the pool has idled "
+        f"{args.idle_settle:g} s. jobs/s as in the throughput table. Supervisor: herder's master, rq's pool "
+        "process, supervisord (that process alone, not its children): its CPU time (user + system) from "
+        "the release to the last job done, per 1,000 jobs; its RSS when idle; its threads when idle and "
+        "at most during the run. One run per size.",
+        "",
+        "| contender | workers | jobs | jobs/s | supervisor CPU per 1,000 jobs | supervisor RSS "
+        "| supervisor threads: idle, peak | worker USS / PSS (median) | launch -> all registered | stop |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, by_size in scaling.items():
+        label = BY_KEY[key].label
+        for size in args.scale_sizes:
+            r = by_size.get(size)
+            if not r:
+                out.append(f"| {label} | {size} | failed | | | | | | | |")
+                continue
+            mem = r["memory"]
+            out.append(
+                f"| {label} | {size} | {r['jobs']} | {r['jobs_per_s']:.0f} "
+                f"| {r['sup_cpu_per_1000'] * 1000:.0f} ms | {fmt_mb(mem['sup_rss'])} "
+                f"| {r['threads_idle']}, {r['threads_peak']} "
+                f"| {fmt_mb(mem['worker_uss'])} / {fmt_mb(mem['worker_pss'])} "
+                f"| {fmt_ms(r['ready'])} | {fmt_ms(r['stop'].seconds)} |"
+            )
+    out.append("")
+    return out
+
+
+def ratio_section(contenders: list[Contender], m: Medians) -> list[str]:
+    herders = [c for c in contenders if c.is_herder]
+    peers = [c for c in contenders if c in PEERS]
+    if not herders or not peers:
+        return []
+    out = [
+        "## Ratios: herder / each peer (medians)",
+        "",
+        "jobs/s: higher is better for herder; the others (time, memory): lower is better for herder.",
+        "",
+        "| ratio | jobs/s | crash -> ready | launch -> first job done | stop (idle pool) | worker USS |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for h in herders:
+        for p in peers:
+            out.append(
+                f"| {h.label} / {p.label} "
+                f"| {fmt_ratio(ratio(m.jobs_per_s(h.key), m.jobs_per_s(p.key)))} "
+                f"| {fmt_ratio(ratio(m.crash(h.key, 'ready'), m.crash(p.key, 'ready')))} "
+                f"| {fmt_ratio(ratio(m.first_done(h.key), m.first_done(p.key)))} "
+                f"| {fmt_ratio(ratio(m.idle(h.key, 'stop'), m.idle(p.key, 'stop')))} "
+                f"| {fmt_ratio(ratio(m.idle(h.key, 'worker_uss'), m.idle(p.key, 'worker_uss')))} |"
+            )
+    out.append("")
+    return out
+
+
+def target_section(contenders: list[Contender], m: Medians) -> list[str]:
+    herders = [c for c in contenders if c.is_herder]
+    if not herders:
+        return []
+    out = [
+        "## Targets (issue 10)",
+        "",
+        "| target | " + " | ".join(f"{h.label}: measured | met" for h in herders) + " |",
+        "|---|" + "---|---|" * len(herders),
+    ]
+
+    def row(name: str, cell) -> None:  # cell(herder) -> (measured text, met text)
+        out.append(f"| {name} | " + " | ".join(" | ".join(cell(h)) for h in herders) + " |")
+
+    def under(value: float, limit: float, show=fmt_ms) -> tuple[str, str]:
+        return show(value), yn(value, value < limit)
+
+    def at_least(peer: Contender):
+        def cell(h: Contender) -> tuple[str, str]:
+            r = ratio(m.jobs_per_s(h.key), m.jobs_per_s(peer.key))
+            return fmt_ratio(r), yn(r, r >= 1.0)
+
+        return cell
+
+    def no_slower(peer: Contender):
+        def cell(h: Contender) -> tuple[str, str]:
+            a, b = m.first_done(h.key), m.first_done(peer.key)
+            return f"{fmt_ms(a)} vs {fmt_ms(b)}", yn(ratio(a, b), a <= b)
+
+        return cell
+
+    row(
+        "crash -> replacement ready, median, under 30 ms",
+        lambda h: under(m.crash(h.key, "ready"), TARGET_READY),
+    )
+    row("throughput at least 1.0x rq worker-pool SimpleWorker", at_least(RQ_SIMPLE))
+    row("throughput at least 1.0x supervisord + rq worker (SimpleWorker)", at_least(SUPERVISORD))
+    row("launch -> first job done no slower than rq worker-pool (default class)", no_slower(RQ_DEFAULT))
+    row("launch -> first job done no slower than rq worker-pool SimpleWorker", no_slower(RQ_SIMPLE))
+    row(
+        "graceful stop of one idle worker under 0.5 s",
+        lambda h: under(m.worker_stop(h.key)[0], TARGET_WORKER_STOP),
+    )
+    row(
+        "USS per idle worker at most 11.5 MB (half of 23 MB)",
+        lambda h: (
+            fmt_mb(m.idle(h.key, "worker_uss")),
+            yn(m.idle(h.key, "worker_uss"), m.idle(h.key, "worker_uss") <= TARGET_USS_MB),
+        ),
+    )
+    row(
+        "crash -> replacement spawned, median, under 50 ms under full CPU load",
+        lambda h: under(m.crash(h.key, "spawn", load=True), TARGET_LOAD_SPAWN),
+    )
+    out.append("")
+    return out
 
 
 def publish(report: str, markdown: str | None) -> None:

@@ -1,0 +1,112 @@
+"""The scaling scenario: herder (and, unless told otherwise, rq worker-pool with SimpleWorker
+and supervisord + rq worker) at several pool sizes (--scale-sizes, default 1,4,16,64).
+
+Each run: enqueue the jobs on a side list (max(--scale-jobs-min, --scale-jobs-per-worker x N));
+launch the pool of N on the empty queue; time until all N workers are registered; let it idle
+(--idle-settle) and read memory and the supervising process's thread count; move all the jobs
+into the queue at once (RENAME); time them (RQ's job timestamps, as in bench_throughput.py);
+the supervising process's CPU time (psutil, user + system, that process alone) between the
+release and the last job done, per 1,000 jobs; its peak thread count meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import psutil
+
+from bench_base import BenchError, say
+from bench_contenders import BY_KEY, Contender, Scenario
+from bench_cpu import CpuMeter
+from bench_memory import pool_memory
+from bench_throughput import enqueue, job_times, release, wait_done
+
+
+def cpu_of(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+class ScalingTest(Scenario):
+    def contenders(self) -> list[Contender]:
+        keys = [k.strip() for k in self.args.scale_contenders.split(",") if k.strip()]
+        running = {c.key for c in self.launcher.contenders}
+        return [BY_KEY[k] for k in keys if k in running]
+
+    def jobs_for(self, size: int) -> int:
+        return max(self.args.scale_jobs_min, self.args.scale_jobs_per_worker * size)
+
+    def run(self) -> dict[str, dict[int, dict]]:
+        contenders = self.contenders()
+        results: dict[str, dict[int, dict]] = {c.key: {} for c in contenders}
+        for size in self.args.scale_sizes:
+            for c in contenders:
+                say(f"scaling: {c.label}, {size} workers, {self.jobs_for(size)} jobs")
+                try:
+                    res = self.run_one(c, size)
+                except BenchError as exc:
+                    self.findings.problems.append(f"scaling, {c.label}, {size} workers: {exc}")
+                    say(f"  FAILED: {exc}")
+                    continue
+                results[c.key][size] = res
+                say(
+                    f"  all registered {res['ready']:.2f} s after launch; {res['jobs_per_s']:.0f} jobs/s; "
+                    f"supervisor CPU {res['sup_cpu_per_1000'] * 1000:.0f} ms per 1,000 jobs, "
+                    f"RSS {res['memory']['sup_rss']:.1f} MB, "
+                    f"threads {res['threads_idle']}/{res['threads_peak']}; "
+                    f"worker USS {res['memory']['worker_uss']:.1f} MB; stopped in {res['stop'].seconds:.1f} s"
+                )
+        return results
+
+    def run_one(self, c: Contender, size: int) -> dict:
+        n = self.jobs_for(size)
+        self.noise.wait_quiet()
+        meter = CpuMeter()
+        self.redis.flushdb()
+        ids = enqueue(self.redis, n, staged=True)
+        pool = self.launcher.launch(c, f"scale-{c.key}-{size}", size)
+        try:
+            pool.wait_ready(self.redis, timeout=60 + 2 * size, interval=0.02)
+            ready = time.monotonic() - pool.launched_mono
+            time.sleep(self.args.idle_settle)
+            master = pool.master()
+            if master is None:
+                raise BenchError(f"no master process; see {pool.log_path}")
+            memory = pool_memory(pool.popen.pid, master, pool.workers(self.redis))
+            threads = [master.num_threads()]
+            polls = 0
+
+            def sample(_done: int) -> None:
+                nonlocal polls
+                polls += 1
+                if polls % 10 == 0:
+                    with contextlib.suppress(psutil.Error):
+                        threads.append(master.num_threads())
+
+            cpu0 = cpu_of(master)
+            release(self.redis)
+            wait_done(self.redis, pool, n, self.args.round_timeout, sample)
+            cpu1 = cpu_of(master)
+        except psutil.NoSuchProcess as exc:
+            raise BenchError(f"the pool's master process is gone ({exc}); see {pool.log_path}") from exc
+        finally:
+            stop = self.launcher.stop(pool)
+        starts, ends, by_worker = job_times(self.redis, ids, pool.log_path)
+        first, last = min(starts), max(ends)
+        other_load = meter.stop()
+        self.noise.check(other_load, meter.steal, f"scaling, {c.label}, {size} workers")
+        return {
+            "jobs": n,
+            "ready": ready,
+            "jobs_per_s": n / (last - first) if last > first else math.nan,
+            "sup_cpu_per_1000": (cpu1 - cpu0) / n * 1000,
+            "threads_idle": threads[0],
+            "threads_peak": max(threads),
+            "memory": memory,
+            "workers_used": len(by_worker),
+            "stop": stop,
+            "other_load": other_load,
+            "steal": meter.steal,
+        }
