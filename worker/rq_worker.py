@@ -140,6 +140,16 @@ class HerderMixin(BaseWorker):
         if job_id is not None and job_id == self._performing:  # never in RQ's own bookkeeping
             raise JobStopped(f"job {job_id} stopped by RQ's send_stop_job_command")
 
+    def unsubscribe(self) -> None:
+        """RQ's, in an order that does not race. RQ sends UNSUBSCRIBE, then tells its pubsub
+        thread to stop: when the reply wakes the thread first, it blocks for another 60 s
+        and the worker's exit waits out RQ's join(timeout=1). Told first, it ends on the reply."""
+        if self.pubsub_thread:
+            self.pubsub_thread.stop()
+            self.pubsub.unsubscribe()
+            self.pubsub_thread.join(timeout=1)
+            self.pubsub.close()
+
     def bootstrap(self, *args, **kwargs) -> None:  # type: ignore[override]
         super().bootstrap(*args, **kwargs)
         self.channel.ready()  # registered, and subscribed to RQ's commands
