@@ -8,6 +8,7 @@ under the namespace package `herder`. The layout is read from pyproject.toml's
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import hashlib
 import shutil
@@ -86,6 +87,10 @@ def snapshot_herder(dest: Path) -> Path:
             return {n for n in names if n == "__pycache__" or Path(folder, n) in inner}
 
         shutil.copytree(src, dest.joinpath(*pkg.split(".")), ignore=ignore)
+    # Byte-compiled as pip compiles an installed wheel: with PYTHONDONTWRITEBYTECODE set (as
+    # on some machines) every herder process would otherwise compile its modules at each
+    # start, a cost rq's and supervisord's installed packages never pay.
+    compileall.compile_dir(str(dest), quiet=1)
     env = child_env()
     env["PYTHONPATH"] = str(dest)
     # Import herder's entry points (by their public names only: the modules inside
