@@ -58,6 +58,7 @@ class CpuHogs:
         if self.pgid:
             with contextlib.suppress(OSError):
                 os.killpg(self.pgid, signal.SIGKILL)
+            self.pgid = 0  # once they are reaped, the number may name someone else's group
         for p in self.popens:
             with contextlib.suppress(OSError):
                 p.kill()
