@@ -14,7 +14,6 @@ any child that is not a process the master watches.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -26,29 +25,18 @@ import time
 from collections.abc import Callable
 
 from herder.common.config import Config
+from herder.common.prctl import become_subreaper
 from herder.supervisor.fleet import ProcessHandle
 from herder.supervisor.launcher import SubprocessLauncher, worker_env
 from herder.supervisor.workerproc import WATCHED, ForkedChild, WorkerProcess
 
 log = logging.getLogger("herder")
 
-PR_SET_CHILD_SUBREAPER = 36
 WARM_TIMEOUT = 30.0  # seconds the template may take to import (the user's --preload too)
 ANSWER_TIMEOUT = 2.0  # seconds a fork may take before the template counts as broken
 RETIRE_GRACE = 5.0  # seconds a replaced template has to exit on EOF before SIGKILL
 RESTART_DELAYS = (0.5, 1, 2, 4, 8, 16, 30)  # after the template died or failed, in a row
 TEMPLATE_ARGV = [sys.executable, "-P", "-m", "herder.worker.template"]
-
-
-def become_subreaper() -> bool:
-    """Make this process a child subreaper (Linux); False where that is not possible."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def why_no_fork_server(cfg: Config) -> str | None:

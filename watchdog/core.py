@@ -14,36 +14,24 @@ would get them SIGKILLed mid-job).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from collections import deque
 
 from herder.common.exits import EX_CONFIG, describe
 from herder.common.lines import LineSplitter
+from herder.common.prctl import become_subreaper
 from herder.common.uplink_protocol import MASTER_RESTARTS_ENV, parse_uplink
 from herder.watchdog.embedded_redis import EmbeddedRedis
 from herder.watchdog.notify import Notifier
 
 log = logging.getLogger("herder.watchdog")
 
-PR_SET_CHILD_SUBREAPER = 36
 TICK = 0.25
-
-
-def become_subreaper() -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 class Watchdog:

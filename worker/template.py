@@ -32,6 +32,7 @@ import sys
 import traceback
 
 from herder.common import worker_protocol as wp
+from herder.common.prctl import set_process_name
 
 ENV_FORK_SOCKET = "HERDER_FORK_SOCKET"
 ENV_MASTER_PID = "HERDER_MASTER_PID"
@@ -40,18 +41,6 @@ MAX_REQUEST = 1 << 20  # the environment is the bulk of a request: a few KB
 # psutil's name()) tell the two apart. Plain-spawned workers are named "python".
 TEMPLATE_NAME = "herder-forksrv"
 WORKER_NAME = "herder-worker"
-PR_SET_NAME = 15
-
-
-def set_process_name(name: str) -> None:
-    """The kernel's name for this process (Linux; elsewhere nothing happens)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
 
 
 def preload(paths: list[str], modules: list[str]) -> None:
