@@ -60,11 +60,12 @@ def test_notify_ready_watchdog_stopping_in_order(herder, systemd, jobs):
     wait_for(lambda: systemd.fields("READY=1"), 10, what="READY=1")
     wait_for(lambda: len(systemd.fields("WATCHDOG=1")) >= 3, 5, what="watchdog pings")
     assert any(f.startswith("STATUS=2/2 workers") for _, f in systemd.messages)
-    # STATUS= goes out at most once a second, the newest text: a 0.6 s job changes it (queued,
-    # busy) and back to idle within a second; that idle text waits for its turn, then goes
-    # out although nothing changes any more.
+    # STATUS= goes out at most once a second, the newest text: a 1.5 s job is still running
+    # when its "busy" text's turn comes, however soon after the last STATUS= it starts (a
+    # shorter one could start and end between two turns, and nothing would change); then
+    # the idle text waits for its turn and goes out although nothing changes any more.
     before = len(systemd.fields("STATUS="))
-    jobs.enqueue("record", "blip", 0.6)
+    jobs.enqueue("record", "blip", 1.5)
     wait_for(lambda: jobs.finished("blip"), 10, what="the job")
     idle = "STATUS=2/2 workers, 0 busy, 0 queued"
     wait_for(lambda: systemd.fields("STATUS=")[-1][1] == idle, 5, what="the newest status")
