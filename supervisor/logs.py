@@ -2,7 +2,7 @@
 
 A busy fleet's workers write a few log lines per job (RQ's own), so relaying them is the
 master's largest per-job cost. Going through `logging` record by record cost about 0.3 ms
-of CPU per job (measured by scripts/bench); the relay writes each chunk a worker sends as
+of CPU per job (measured by scripts/bench/run); the relay writes each chunk a worker sends as
 one write, in the same format, under the handler's lock so lines never interleave.
 """
 

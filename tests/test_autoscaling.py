@@ -26,7 +26,7 @@ def test_spike_scales_up_fast_drains_and_scales_back_down(herder, jobs):
     h.wait_log(r"all 1 workers ready")
     ids = [jobs.enqueue("record", "t", 0.05).id for _ in range(600)]
     # Up at once, as far as each reading's backlog asks (how fast in seconds is a benchmark's
-    # question, `scripts/bench spike`, not a timed assertion on a shared machine).
+    # question, `scripts/bench/run spike`, not a timed assertion on a shared machine).
     wait_for(lambda: count_workers(h) == 6, 15.0, what="6 workers")
     ups = [(int(a), int(b)) for a, b in re.findall(r"scale: (\d) -> (\d) workers \(scale up", h.log())]
     assert ups and ups[-1][1] == 6 and all(a < b for a, b in ups), ups

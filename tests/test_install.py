@@ -27,7 +27,7 @@ REPO = TESTS.parent
 PEER_WHEELS = Path(sys.prefix) / "peer-wheels"
 PEERS = ("supervisor", "watchdog")
 
-FOLDERS = ("supervisor", "worker", "watchdog")
+FOLDERS = ("supervisor", "worker", "watchdog", "common")
 
 OBSERVE = """
 import sys, threading
@@ -81,8 +81,6 @@ startsecs = 0
 
 def installed_as(source: str) -> str:
     """Where a module of the repository must land: under `herder`, never at the top level."""
-    if source.startswith("supervisor/common/"):
-        return "herder/common/" + source.removeprefix("supervisor/common/")
     return "herder/" + source
 
 

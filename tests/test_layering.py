@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # Where each installed package's source lives (pyproject.toml's package-dir).
 SOURCES = {
-    "herder.common": REPO / "supervisor" / "common",
+    "herder.common": REPO / "common",
     "herder.supervisor": REPO / "supervisor",
     "herder.worker": REPO / "worker",
     "herder.watchdog": REPO / "watchdog",
@@ -47,8 +47,6 @@ def modules() -> list[tuple[str, Path]]:
         for path in sorted(root.rglob("*.py")):
             rel = path.relative_to(root).with_suffix("")
             parts = [p for p in rel.parts if p != "__init__"]
-            if package == "herder.supervisor" and parts[:1] == ["common"]:
-                continue  # installed as herder.common
             out.append((".".join([package, *parts]), path))
     return out
 
@@ -106,3 +104,25 @@ def test_nothing_imports_the_top_level_names_herder_installs_under() -> None:
     for _, path in modules():
         names = [name for _, name in imports(path)]
         assert not [n for n in names if n.split(".")[0] in ("supervisor", "worker", "watchdog")], path
+
+
+def test_the_watchdog_process_loads_only_the_standard_library_and_the_shared_folder() -> None:
+    """What the watchdog has in memory once its modules are imported, read from a real
+    interpreter: no redis, rq, psutil or click, and nothing of the master or the worker."""
+    import subprocess
+
+    probe = (
+        "import sys, herder.watchdog.core, herder.watchdog.__main__;print('\\n'.join(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, check=True)
+    loaded = out.stdout.split()
+    foreign = [
+        m
+        for m in loaded
+        if m.split(".")[0] not in STDLIB
+        and not m.startswith(("herder.common", "herder.watchdog"))
+        and m not in ("__main__", "herder", "_distutils_hack")
+        and not m.startswith("__editable__")  # the editable install's path finder
+    ]
+    assert not foreign, f"the watchdog loads more than the stdlib and herder.common: {foreign}"
+    assert "herder.common.redis_connect" not in loaded

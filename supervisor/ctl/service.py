@@ -19,11 +19,15 @@ TEMPLATES = {"systemd": "herder.service.in", "launchd": "herder.plist.in"}
 
 
 def template_path(kind: str) -> Path:
+    """deploy/<kind>/ in a checkout; <prefix>/share/herder once installed from a wheel."""
     name = TEMPLATES[kind]
-    for base in (Path(__file__).resolve().parents[2] / "scripts", Path(sys.prefix) / "share" / "herder"):
+    for base in (
+        Path(__file__).resolve().parents[2] / "deploy" / kind,
+        Path(sys.prefix) / "share" / "herder",
+    ):
         if (base / name).is_file():
             return base / name
-    raise FileNotFoundError(f"template {name} not found in scripts/ or {sys.prefix}/share/herder")
+    raise FileNotFoundError(f"template {name} not found in deploy/{kind}/ or {sys.prefix}/share/herder")
 
 
 def stop_budget(cfg: Config) -> int:

@@ -1,4 +1,4 @@
-"""What every part of scripts/bench shares: its errors, its progress lines, polling, and medians."""
+"""What every part of scripts/bench/run shares: its errors, its progress lines, polling, and medians."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class BenchError(Exception):

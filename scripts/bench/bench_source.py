@@ -1,7 +1,7 @@
 """Which herder is measured: a snapshot of its source, a digest of it, and its git state.
 
 The repository keeps supervisor/, worker/ and watchdog/ at the top; installed, they are
-herder.supervisor, herder.worker, herder.watchdog and herder.common (supervisor/common),
+herder.supervisor, herder.worker, herder.watchdog and herder.common (common/),
 under the namespace package `herder`. The layout is read from pyproject.toml's
 [tool.setuptools.package-dir], so the snapshot follows it when it changes.
 """
@@ -24,7 +24,7 @@ NAMESPACE = "herder"
 
 
 def layout(repo: Path = REPO) -> dict[str, Path]:
-    """Installed package -> its source folder, e.g. "herder.common" -> <repo>/supervisor/common."""
+    """Installed package -> its source folder, e.g. "herder.common" -> <repo>/common."""
     try:
         config = tomllib.loads((repo / "pyproject.toml").read_text())
         package_dir: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
@@ -43,7 +43,7 @@ def source_dirs(repo: Path = REPO) -> list[str]:
 
 
 def _nested(src: Path, sources: list[Path]) -> list[Path]:
-    """The source folders of other packages inside `src` (supervisor/common inside supervisor/):
+    """The source folders of other packages inside `src` (none today; a package folder nested in another's):
     installed elsewhere, so not part of `src`'s package."""
     return [s for s in sources if s != src and s.is_relative_to(src)]
 

@@ -1,7 +1,7 @@
 """The autoscaling spike scenario: what herder does when a burst lands on a quiet queue.
 
     .venv/bin/pip install -e '.[bench]'
-    scripts/bench spike --png docs/scaling-spike.png --markdown /tmp/spike.md
+    scripts/bench/run spike --png docs/scaling-spike.png --markdown /tmp/spike.md
 
 Starts a private redis-server and `herder run --min-workers 1 --max-workers N`, enqueues a
 burst of short jobs at once, and samples `herder status --json` every 0.25 s: the queue
@@ -82,7 +82,7 @@ def main() -> int:
     lines = [
         "## Autoscaling: a spike on a quiet queue",
         "",
-        "Command: `.venv/bin/python scripts/bench_spike.py "
+        "Command: `.venv/bin/python scripts/bench/bench_spike.py "
         f"--jobs {args.jobs} --job-seconds {args.job_seconds} "
         f"--max-workers {args.max_workers} --scale-down-delay {args.scale_down_delay:g}`",
         "",

@@ -1,7 +1,7 @@
 """The recycling scenario: workers retired after N jobs, and past a memory limit, replacement first.
 
     .venv/bin/pip install -e '.[bench]'
-    scripts/bench recycle --png docs/recycling.png --markdown /tmp/recycle.md
+    scripts/bench/run recycle --png docs/recycling.png --markdown /tmp/recycle.md
 
 Starts a private redis-server and `herder run --workers 4 --max-jobs 40 --max-jobs-jitter 30
 --recycle-share 0.25 --max-memory 120`, feeds it a steady stream of short jobs (in its last
@@ -337,7 +337,7 @@ def render(args: argparse.Namespace, run: Run) -> tuple[str, bool]:
     lines = [
         f"## Recycling: {args.workers} workers, max {args.max_jobs} (+0-{args.max_jobs_jitter}) jobs each",
         "",
-        f"Command: `scripts/bench recycle --jobs {args.jobs} --rate {args.rate:g} "
+        f"Command: `scripts/bench/run recycle --jobs {args.jobs} --rate {args.rate:g} "
         f"--job-seconds {args.job_seconds:g} --leak-jobs {args.leak_jobs} --leak-mb {args.leak_mb}`",
         "",
         f"`herder run --workers {args.workers} --max-jobs {args.max_jobs} --max-jobs-jitter "

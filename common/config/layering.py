@@ -1,0 +1,130 @@
+"""Layering: defaults (the dataclass) < RQ's settings module < TOML file < HERDER_* environment
+< flags, each value coerced with its key and source; and what `herder config` prints of the
+result. The environment and flag layers come from click (herder.supervisor.ctl.cli), which
+hands them over as one layer. Standard library only."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tomllib
+from typing import Any
+from urllib.parse import quote
+
+from herder.common.config.limits import default_workers_limit
+from herder.common.config.schema import KEYS, SECRET_KEYS, Config, ConfigError, normalize_key
+from herder.common.config.values import coerce, redact_url
+
+
+def rq_settings_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str]]:
+    """RQ's settings module (`rq worker -c`), read as `rq worker` reads it: REDIS_URL, or
+    SENTINEL, or REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PASSWORD and REDIS_SSL; and QUEUES."""
+    source = f"rq settings module {module}"
+    added = [os.path.abspath(p) for p in [*paths, "."] if os.path.abspath(p) not in sys.path]
+    sys.path[:0] = added
+    try:
+        settings = vars(importlib.import_module(module))
+    except Exception as exc:  # whatever the user's module raises, it is a config error
+        raise ConfigError("rq_config", f"cannot import {module}: {exc.__class__.__name__}: {exc}") from None
+    finally:
+        del sys.path[: len(added)]
+    out: dict[str, tuple[Any, str]] = {}
+    url = settings.get("REDIS_URL")
+    if url is None and settings.get("SENTINEL") is not None:
+        url = sentinel_url(settings["SENTINEL"])
+    if url is None and any(k in settings for k in ("REDIS_HOST", "REDIS_PORT", "REDIS_DB", "REDIS_PASSWORD")):
+        ssl = str(settings.get("REDIS_SSL", False)).lower() in ("1", "y", "yes", "t", "true")
+        password = settings.get("REDIS_PASSWORD")
+        auth = f":{quote(str(password), safe='')}@" if password else ""
+        host, port = settings.get("REDIS_HOST", "localhost"), settings.get("REDIS_PORT", 6379)
+        url = f"{'rediss' if ssl else 'redis'}://{auth}{host}:{port}/{settings.get('REDIS_DB', 0)}"
+    if url is not None:
+        out["redis_url"] = (coerce("redis_url", url, source), source)
+    if settings.get("QUEUES") is not None:
+        out["queues"] = (coerce("queues", list(settings["QUEUES"]), source), source)
+    return out
+
+
+def sentinel_url(sentinel: dict[str, Any]) -> str:
+    """RQ's SENTINEL setting as herder's redis+sentinel:// URL (herder.common.redis_connect)."""
+    hosts = ",".join(f"{h}:{p}" for h, p in sentinel.get("INSTANCES", [("localhost", 26379)]))
+    auth = ""
+    if sentinel.get("PASSWORD"):
+        user = quote(str(sentinel.get("USERNAME") or ""), safe="")
+        auth = f"{user}:{quote(str(sentinel['PASSWORD']), safe='')}@"
+    query = [("ssl", "true")] if sentinel.get("SSL") else []
+    if (sentinel.get("SENTINEL_KWARGS") or {}).get("password"):
+        query.append(("sentinel_password", quote(str(sentinel["SENTINEL_KWARGS"]["password"]), safe="")))
+    tail = "?" + "&".join(f"{k}={v}" for k, v in query) if query else ""
+    master, db = sentinel.get("MASTER_NAME", "mymaster"), sentinel.get("DB", 0)
+    return f"redis+sentinel://{auth}{hosts}/{master}/{db}{tail}"
+
+
+def load_file(path: str) -> dict[str, tuple[Any, str]]:
+    """The settings in a TOML file, as {key: (value, source)}. A [herder] table or top level."""
+    source = f"file {path}"
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError("config", f"no such file: {path}", "command line or HERDER_CONFIG") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", f"not valid TOML: {exc}", source) from None
+    table = data.get("herder", data)
+    if not isinstance(table, dict):
+        raise ConfigError("herder", "must be a table", source)
+    out: dict[str, tuple[Any, str]] = {}
+    for raw_key, value in table.items():
+        key = normalize_key(raw_key)
+        out[key] = (coerce(key, value, source), source)
+    return out
+
+
+def resolve(layers: list[dict[str, tuple[Any, str]]]) -> tuple[Config, dict[str, str]]:
+    """Apply layers in order (later wins) over the defaults; validate; return config and sources."""
+    cfg = Config()
+    sources: dict[str, str] = {}
+    for layer in layers:
+        for key, (value, source) in layer.items():
+            setattr(cfg, key, coerce(key, value, source))
+            sources[key] = source
+    if layers and "workers" in layers[-1] and "max_workers" in sources:
+        # A fixed count given last (flags, environment) would silently lose to autoscaling.
+        raise ConfigError(
+            "workers", "a fixed count conflicts with max_workers (autoscaling)", sources["workers"]
+        )
+    cfg.validate(sources)
+    return cfg, sources
+
+
+def describe(cfg: Config, sources: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(key, value, source) for every setting, secrets redacted: what `herder config` prints."""
+    rows = []
+    for key in KEYS:
+        value = getattr(cfg, key)
+        shown = redact_url(value) if key in SECRET_KEYS else value
+        if key == "workers_limit" and value is None:
+            shown = f"{cfg.limit} ({default_workers_limit()[1]})"
+        if isinstance(shown, list):
+            shown = ", ".join(map(str, shown)) if key != "worker_command" else " ".join(shown)
+        rows.append((key, "" if shown is None else str(shown), sources.get(key, "default")))
+    return rows
+
+
+def example_file() -> str:
+    """A commented TOML file with every setting at its default."""
+    lines = ["# herder configuration (TOML). Flags and HERDER_* variables override these.", "[herder]"]
+    for key in KEYS:
+        value = getattr(Config(), key)
+        if value is None or value == "" or value == []:
+            lines.append(f"# {key} = ")
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, str):
+            lines.append(f'{key} = "{value}"')
+        elif isinstance(value, list):
+            lines.append(f"{key} = [{', '.join(repr(v).replace(chr(39), chr(34)) for v in value)}]")
+        else:
+            lines.append(f"{key} = {value}")
+    return "\n".join(lines) + "\n"

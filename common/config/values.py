@@ -1,0 +1,224 @@
+"""Coercion and validation: every raw value (a TOML value, a string from the environment or a
+flag) becomes the type its Config field has, and a resolved Config is checked as a whole.
+Each error names the key and where its value came from, so `herder run` exits 78 (EX_CONFIG)
+with one message a person can act on. Standard library only."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import typing
+from typing import Any
+from urllib.parse import urlsplit
+
+from herder.common.config.schema import KEYS, Config, ConfigError, OverLimit
+
+_TYPES = {k: v for k, v in typing.get_type_hints(Config).items() if k in KEYS}
+
+
+def is_dotted(name: str) -> bool:
+    """package.module.Name (or json / pickle, RQ's serializer aliases)."""
+    return all(part.isidentifier() for part in name.split("."))
+
+
+def http_address(text: str) -> tuple[str, int]:
+    """`--http` as (host, port): "9100" -> ("127.0.0.1", 9100); "0.0.0.0:9100"; "[::1]:9100".
+    Loopback unless the user names another address."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep:
+        host = "127.0.0.1"
+    host = host.strip("[]") if host.startswith("[") else host
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be [ADDR:]PORT with a port from 1 to 65535, got {text!r}")
+    if not host or (":" in host and not text.strip().startswith("[")):
+        raise ValueError(f"must be [ADDR:]PORT (an IPv6 address in brackets: [::1]:9100), got {text!r}")
+    return host, int(port)
+
+
+def parse_worker_command(text: str) -> list[str]:
+    """Split a --worker-command the way a shell would, without running a shell."""
+    return shlex.split(text)
+
+
+def redact_url(url: str | None) -> str:
+    """A Redis URL fit for logs: any password (in the userinfo or ?password=) becomes ***.
+
+    Edits the original text rather than re-assembling the URL, which would mangle forms
+    like unix:///path.
+    """
+    if not url:
+        return "(none)"
+    url = _USERINFO_PASSWORD.sub(r"\1***\2", url)
+    return _QUERY_PASSWORD.sub(r"\1***", url)
+
+
+_USERINFO_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/@?#]*:)[^@/?#]*(@)", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&][a-z_]*password=)[^&#]*", re.IGNORECASE)  # sentinel_password= too
+
+
+def _describe(tp: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def coerce(key: str, value: Any, source: str) -> Any:
+    """Turn a raw value (a string from the environment or a flag, or a TOML value) into the
+    type the Config field has; raise ConfigError naming the key and the source."""
+    if key not in _TYPES:
+        raise ConfigError(key, f"unknown setting; known ones: {', '.join(sorted(KEYS))}", source)
+    tp = _TYPES[key]
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if optional else tp
+    origin = typing.get_origin(base)
+    if key == "worker_command":
+        if isinstance(value, str):
+            return parse_worker_command(value)
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(key, "must be a command line string or a list of strings", source)
+    if origin is list:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+            raise ConfigError(key, f"must be a list of strings, got {value!r}", source)
+        out = [part for v in items for part in (v.split(",") if key == "queues" else [v]) if part]
+        return out
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"must be true or false, got {value!r}", source)
+    if base in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(key, f"must be {_describe(base)}, got {value!r}", source)
+        if isinstance(value, int | float) and (base is float or isinstance(value, int)):
+            return base(value)
+        if isinstance(value, str):
+            try:
+                return base(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(key, f"must be {_describe(base)}, got {value!r}", source)
+    if base is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(key, f"must be a string, got {value!r}", source)
+    raise ConfigError(key, f"cannot be set from {source}", source)
+
+
+def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
+    """The whole Config's rules (counts within the workers limit, positive timings, names that
+    can be imported): raise ConfigError naming the first broken one and its source."""
+    src = sources or {}
+
+    def bad(key: str, message: str, kind: type[ConfigError] = ConfigError) -> ConfigError:
+        return kind(key, message, src.get(key, "default"))
+
+    if cfg.workers < 1:
+        raise bad("workers", f"must be at least 1, got {cfg.workers}")
+    if cfg.min_workers is not None and cfg.max_workers is None:
+        raise bad("min_workers", "needs max_workers too (autoscaling is on when max_workers is set)")
+    if cfg.workers_limit is not None and cfg.workers_limit < 1:
+        raise bad("workers_limit", f"must be at least 1, got {cfg.workers_limit}")
+    for key in ("max_workers", "min_workers") if cfg.autoscale else ("workers",):
+        count = getattr(cfg, key)
+        if count is not None and count > cfg.limit:
+            raise bad(key, f"{count} is above {cfg.describe_limit()}", OverLimit)
+    if cfg.max_workers is not None:
+        if cfg.max_workers < 1:
+            raise bad("max_workers", f"must be at least 1, got {cfg.max_workers}")
+        if cfg.min_workers is not None and not 0 <= cfg.min_workers <= cfg.max_workers:
+            raise bad(
+                "min_workers",
+                f"must be between 0 and max_workers ({cfg.max_workers}), got {cfg.min_workers}",
+            )
+    if cfg.cluster_max_workers is not None:
+        if cfg.max_workers is None:
+            raise bad("cluster_max_workers", "needs max_workers (autoscaling) too")
+        if cfg.cluster_max_workers < 1:
+            raise bad("cluster_max_workers", f"must be at least 1, got {cfg.cluster_max_workers}")
+    if cfg.host_ttl <= cfg.scale_interval:
+        raise bad("host_ttl", "must be longer than scale_interval")
+    if not cfg.queues or any(not q or not q.isprintable() or " " in q for q in cfg.queues):
+        raise bad("queues", "needs one or more queue names without spaces")
+    positive = [
+        "job_timeout",
+        "heartbeat_interval",
+        "heartbeat_timeout",
+        "start_timeout",
+        "kill_timeout",
+        "backoff_initial",
+        "backoff_max",
+        "master_heartbeat_timeout",
+        "restart_window",
+        "scale_interval",
+        "sweep_interval",
+        "scale_down_delay",
+        "drain_target",
+        "kill_budget",
+        "kill_budget_window",
+        "cull_window",
+        "cull_failure_window",
+        "recycle_share",
+        "health_grace",
+    ]
+    for key in positive:
+        if not getattr(cfg, key) > 0:
+            raise bad(key, f"must be greater than 0, got {getattr(cfg, key)}")
+    for key in ("cull_failures", "cull_budget", "max_jobs_jitter", "max_age_jitter"):
+        if getattr(cfg, key) < 0:
+            raise bad(key, f"must not be negative, got {getattr(cfg, key)}")
+    for key in ("max_jobs", "max_age", "max_memory", "max_memory_hard"):
+        if getattr(cfg, key) is not None and not getattr(cfg, key) > 0:
+            raise bad(key, f"must be greater than 0, got {getattr(cfg, key)}")
+    if (
+        cfg.max_memory_hard is not None
+        and cfg.max_memory is not None
+        and cfg.max_memory_hard <= cfg.max_memory
+    ):
+        raise bad("max_memory_hard", "must be above max_memory (the soft limit recycles between jobs)")
+    for key in ("job_timeout_grace", "stop_timeout", "min_uptime"):
+        if getattr(cfg, key) < 0:
+            raise bad(key, f"must not be negative, got {getattr(cfg, key)}")
+    # An idle RQ worker speaks once per dequeue slice of max(1 s, heartbeat_interval)
+    # (worker/rq_worker.py); a timeout that does not outlast two slices kills healthy ones.
+    slice_s = max(1.0, cfg.heartbeat_interval)
+    if cfg.heartbeat_timeout < 2 * slice_s:
+        raise bad(
+            "heartbeat_timeout",
+            f"must be at least twice max(1 s, heartbeat_interval), {2 * slice_s:g} s, got "
+            f"{cfg.heartbeat_timeout:g}: an idle worker speaks only once per {slice_s:g} s dequeue "
+            "slice, so a shorter timeout would kill healthy idle workers",
+        )
+    if cfg.max_requeues < 0:
+        raise bad("max_requeues", "must not be negative")
+    if cfg.max_restarts < 1:
+        raise bad("max_restarts", "must be at least 1")
+    if cfg.redis_url is not None:
+        scheme = urlsplit(cfg.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
+            raise bad(
+                "redis_url",
+                f"scheme must be redis://, rediss://, unix:// or redis+sentinel://, got {scheme!r}",
+            )
+    if cfg.worker_command is not None and not cfg.worker_command:
+        raise bad("worker_command", "is empty")
+    if cfg.http:
+        try:
+            http_address(cfg.http)
+        except ValueError as exc:
+            raise bad("http", str(exc)) from None
+    for key in ("worker_class", "job_class", "queue_class", "serializer", "rq_config"):
+        if getattr(cfg, key) and not is_dotted(getattr(cfg, key)):
+            raise bad(key, f"must be a dotted name like package.module.Name, got {getattr(cfg, key)!r}")
+    for handler in cfg.exception_handlers:
+        if not is_dotted(handler):
+            raise bad("exception_handlers", f"must be dotted names like app.errors.report, got {handler!r}")
+    for module in cfg.preload:
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise bad("preload", f"must be module names like app.jobs, got {module!r}")
+    if cfg.dequeue_strategy not in ("default", "random", "round_robin"):
+        raise bad("dequeue_strategy", f"must be default, random or round_robin, got {cfg.dequeue_strategy!r}")
+    for key in ("results_ttl", "worker_ttl", "maintenance_interval"):
+        if getattr(cfg, key) is not None and getattr(cfg, key) < 0:
+            raise bad(key, f"must not be negative, got {getattr(cfg, key)}")
+    if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise bad("log_level", f"must be DEBUG, INFO, WARNING or ERROR, got {cfg.log_level!r}")
