@@ -140,8 +140,8 @@ def main() -> int:
         failed = sum(1 for j in jobs if j and j.get_status(refresh=False) == JobStatus.FAILED)
         lost = len(ids) - finished - failed
         text = log_path.read_text(errors="replace")
-        restarts = re.findall(r"slot (\d+) pid (\d+): \w+ -> exited \(([^)]*)\)", text)
-        kills = dict(re.findall(r"pid (\d+): SIGTERM to its process group: (.*)", text))
+        # One line per worker exit: "slot S pid P: busy -> exited (how; why; lived ...)".
+        restarts = re.findall(r"slot (\d+) pid (\d+): \w+ -> exited \((.*)\)$", text, re.MULTILINE)
         requeued = len(re.findall(r"requeued at the front of its queue", text))
         print("=" * 72)
         print(f"jobs enqueued:    {len(ids)}")
@@ -150,9 +150,9 @@ def main() -> int:
         print(f"lost:             {lost}")
         print(f"requeued:         {requeued}   (the jobs the killed and the frozen worker held)")
         print("worker restarts:")
-        for slot, pid, how in restarts:
-            why = kills.get(pid, how)
-            print(f"  slot {slot}, pid {pid}: {why}")
+        for slot, pid, detail in restarts:
+            how, *why, _lived = detail.split("; ")
+            print(f"  slot {slot}, pid {pid}: {how}, {'; '.join(why)}")
         print("=" * 72)
         return 0 if lost == 0 else 1
     finally:

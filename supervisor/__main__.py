@@ -7,22 +7,51 @@ resolved Config in the environment.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from herder.common.config import Config
 from herder.supervisor import logs
+from herder.supervisor.control import ControlServer
 from herder.supervisor.forkserver import ForkServerLauncher
 
 if TYPE_CHECKING:
     from redis import Redis
 
 
+def open_control(cfg: Config, started_at: float) -> ControlServer | None:
+    """The control socket, first of all: `herder status` answers `starting` while the rest
+    of the master loads; requests that change things wait for the loop's first pass."""
+    if not cfg.state_dir:
+        return None
+
+    def early(body: dict) -> dict | None:
+        if body["cmd"] == "ping":
+            return {"ok": True, "pid": os.getpid()}
+        if body["cmd"] == "status":
+            from herder.supervisor.snapshot import starting_status
+
+            return starting_status(cfg, started_at)
+        return None  # queued for the loop
+
+    control = ControlServer(cfg.state_dir, lambda: None, early)
+    try:
+        control.start()
+    except OSError as exc:
+        logging.getLogger("herder").error("cannot open the control socket %s: %s", control.path, exc)
+        return None
+    return control
+
+
 def main() -> int:
     cfg = Config.from_env()
     logs.setup(cfg.log_level)
+    started_at = time.time()
+    control = open_control(cfg, started_at)
     # The fork server (plain spawns with --no-fork-server or where fork is wrong) starts
     # first: it imports rq and redis while this process does the same (~0.4 s each).
     launcher = ForkServerLauncher(cfg)
@@ -61,6 +90,8 @@ def main() -> int:
         host_id=host_id,
         sched=SchedulerKeeper(locks, clock, host_id),
         restarts=int(os.environ.get(MASTER_RESTARTS_ENV, "0") or 0),
+        control=control,
+        started_at=started_at,
     )
     return master.run()
 

@@ -131,6 +131,8 @@ class Commands:
                 return self.pause(body["cmd"] == "pause")
             case "reload":
                 return self.reload("herder reload")
+            case "enqueue":  # asked while the master was starting: the control thread queued it
+                return self.enqueue(body)
             case "stop":
                 if "timeout" in body:  # a new Config: the one herder started with stays as it was
                     self.m.cfg = replace(self.m.cfg, stop_timeout=float(body["timeout"]))
@@ -170,7 +172,7 @@ class Commands:
             ),
             workers=[(w, w.proc.snapshot()) for w in m.workers.values()],
             backoff=sorted(backoff),
-            queues=dict(m.scaler.queues),
+            queues={name: m.scaler.queues.get(name) for name in m.cfg.queues},  # in force, read or not
             settings=self.settings(),
             totals={
                 "spawned": m.counters.totals.spawned,
@@ -192,6 +194,7 @@ class Commands:
             loop_lag=m.health.last_lag,
             job_rate=m.scaler.state.per_worker,
             paused=m.paused,
+            ever_ready=m.ever_ready,
         )
 
     def settings(self) -> dict[str, Any]:

@@ -86,6 +86,17 @@ class ControlServer:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def hand_over(self, wake: Callable[[], None], direct: Callable[[dict], dict | None]) -> None:
+        """The loop takes over: from now on requests wake it and `direct` answers what it can.
+        Requests queued before (the master was still starting) are answered on its first pass."""
+        with self._lock:
+            self._wake, self._direct = wake, direct
+        wake()
+
     def start(self) -> None:
         """Bind now if the path is free or stale; if a live master answers there, serve once
         it is gone (a thread looks every second). OSError if binding fails."""
@@ -177,11 +188,13 @@ class ControlServer:
             if body is None:
                 self._send(conn, {"ok": False, "error": problem})
                 return
-            reply = self._direct(body)
+            with self._lock:
+                direct, wake = self._direct, self._wake
+            reply = direct(body)
             if reply is None:
                 request = Request(body)
                 self.requests.put(request)
-                self._wake()
+                wake()
                 try:
                     reply = request.reply.result(timeout=LOOP_TIMEOUT)
                 except FutureTimeout:

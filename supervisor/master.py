@@ -56,7 +56,11 @@ class Master:
         host_id: str = "",
         sched: SchedulerKeeper | None = None,
         restarts: int = 0,
+        control: ControlServer | None = None,
+        started_at: float | None = None,
     ) -> None:
+        """`control`: the control socket, already answering `starting` (__main__ opens it
+        first thing); the loop takes it over. Without one, the master opens its own."""
         self.cfg = self.started_cfg = cfg  # started_cfg: the watchdog's, which it never re-reads
         self.launcher, self.clock = launcher, clock
         self.recovery, self.reader, self.uplink = recovery, reader, uplink
@@ -73,7 +77,7 @@ class Master:
         self.stopping = self.paused = False  # paused: `herder pause`, no new jobs on this host
         self.spawns_pending = False  # pacing left spawns for the next pass: it comes soon
         self.generation = 0  # bumped by a rolling restart
-        self.started_at = clock.wall()
+        self.started_at = clock.wall() if started_at is None else started_at
         self.restarts = restarts  # times the watchdog restarted the master before this one
         self.ever_ready = False  # the fleet was ready once (`ready` to the watchdog, health)
         self.health = HealthWatch()
@@ -82,7 +86,11 @@ class Master:
         self.events = Events(clock)
         self.commands = Commands(self)
         answer = self.commands.answer_directly
-        self.control = ControlServer(cfg.state_dir, self.events.wake, answer) if cfg.state_dir else None
+        if control is None and cfg.state_dir:
+            control = ControlServer(cfg.state_dir, self.events.wake, answer)
+        self.control = control
+        if control is not None:
+            control.hand_over(self.events.wake, answer)
 
     # ---- signals ------------------------------------------------------------------------
 
@@ -100,7 +108,7 @@ class Master:
         cfg, queues = self.cfg, ",".join(self.cfg.queues)
         log.info("master %d starting: %d workers on queues %s, redis %s", os.getpid(), self.target, queues,
                  redact_url(cfg.redis_url))  # fmt: skip
-        if self.control:
+        if self.control and not self.control.started:
             try:
                 self.control.start()
             except OSError as exc:
@@ -217,18 +225,15 @@ class Master:
             lived, how = now - w.spawned_at, describe(code)
             # Asked to stop (by herder, or by RQ's shutdown command: it said `stop`) and exited 0.
             graceful = code == 0 and not w.kill_reason and (w.stop_sent_at is not None or obs.said_stop)
-            if graceful:
-                log.info("slot %d pid %d: stopped (%s) after %.1f s, %d jobs ok, %d failed", w.slot,
-                         w.pid, how, lived, obs.jobs_ok, obs.jobs_failed)  # fmt: skip
-            else:
-                why = w.kill_reason or "unexpected"
-                log.warning("slot %d pid %d: %s -> exited (%s, %s) after %.1f s", w.slot, w.pid,
-                            w.state, how, why, lived)  # fmt: skip
-                if self.recovery is not None and self.cfg.worker_command is None:
-                    # A killed RQ worker cannot unregister itself, nor say what it had popped.
-                    self.recovery.forget(self.rq_name(w))
+            why = "stopped as asked" if graceful else w.kill_reason or "unexpected"
+            if not graceful and self.recovery is not None and self.cfg.worker_command is None:
+                # A killed RQ worker cannot unregister itself, nor say what it had popped.
+                self.recovery.forget(self.rq_name(w))
             self.counters.fold_exit(w, obs, now)
-            change_state(w, WorkerState.EXITED, how)
+            life = f"lived {lived:.1f} s, {obs.jobs_ok} jobs ok, {obs.jobs_failed} failed"
+            change_state(
+                w, WorkerState.EXITED, f"{how}; {why}; {life}", logging.INFO if graceful else logging.WARNING
+            )
             if obs.job_id is not None:
                 cause = f"killed by herder: {w.kill_reason}" if w.kill_reason else f"worker died ({how})"
                 label = "killed" if w.kill_reason else "died"  # the metrics' reason
@@ -276,12 +281,11 @@ class Master:
 
     def kill(self, w: Worker, reason: str, kind: str) -> None:
         """SIGTERM now (SIGKILL after kill_timeout, in murder); `kind` is the reason's class."""
-        change_state(w, WorkerState.KILLING, reason)
+        change_state(w, WorkerState.KILLING, f"SIGTERM to its process group: {reason}", logging.WARNING)
         w.kill_reason = reason
         w.kill_started_at = self.clock.monotonic()
         self.counters.totals.killed += 1
         self.counters.totals.killed_by[kind] += 1
-        log.warning("slot %d pid %d: SIGTERM to its process group: %s", w.slot, w.pid, reason)
         w.proc.signal_group(signal.SIGTERM)
         w.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
 

@@ -77,7 +77,7 @@ def vitals_of(v: FleetView) -> Vitals:
         recycled_by=dict.fromkeys(RECYCLE_REASONS, 0) | v.totals["recycled"],
         master_restarts=v.master_restarts,
         budgets_left=dict(v.budgets_left),
-        queues=dict(v.queues),
+        queues={name: q for name, q in v.queues.items() if q is not None},  # unread: no sample yet
         loop_lag=v.loop_lag,
         job_rate=v.job_rate,
     )

@@ -38,7 +38,7 @@ class FleetView:
     health: list[tuple[str, str]]  # (kind, reason) pairs: herder.supervisor.health
     workers: list[tuple[Worker, Observations]]
     backoff: list[int]  # slots waiting out a backoff
-    queues: dict[str, QueueStats]
+    queues: dict[str, QueueStats | None]  # the queues in force, in priority order; None: not read yet
     totals: dict[str, int]
     settings: dict[str, Any]  # every setting as the master runs it (secrets redacted)
     scheduler: dict[str, Any] | None = None  # where RQ's scheduler runs (scheduler.py)
@@ -50,6 +50,7 @@ class FleetView:
     loop_lag: float = 0.0  # seconds the loop's last pass came late
     job_rate: float | None = None  # learned jobs/s of one busy worker (autoscaling)
     paused: bool = False  # `herder pause` on this host
+    ever_ready: bool = True  # the fleet was ready once: no longer `starting`
 
     @property
     def degraded(self) -> str:
@@ -110,6 +111,7 @@ def build_status(v: FleetView) -> dict[str, Any]:
     cfg = v.cfg
     return {
         "ok": True,
+        "state": "stopping" if v.stopping else "running" if v.ever_ready else "starting",
         "running": running,
         "health": f"degraded: {v.degraded}" if v.degraded else "ok",
         "master": {"pid": os.getpid(), "uptime": round(time.time() - v.started_at, 1), "host_id": v.host_id},
@@ -128,8 +130,10 @@ def build_status(v: FleetView) -> dict[str, Any]:
         "suspended": sum(o.paused == "suspended" for _, o in v.workers),
         "slots_in_backoff": v.backoff,
         "queues": [
-            {"name": name, "backlog": q.backlog, "running": q.running, "growth": round(q.growth, 2)}
-            for name, q in sorted(v.queues.items())
+            {"name": name, "backlog": None, "running": None, "growth": None}
+            if q is None
+            else {"name": name, "backlog": q.backlog, "running": q.running, "growth": round(q.growth, 2)}
+            for name, q in v.queues.items()
         ],
         "workers": workers,
         "totals": v.totals,
@@ -142,4 +146,44 @@ def build_status(v: FleetView) -> dict[str, Any]:
         "budgets_left": {k: round(n, 2) for k, n in v.budgets_left.items()},
         "loop_lag": round(v.loop_lag, 3),
         "job_rate": None if v.job_rate is None else round(v.job_rate, 3),
+    }
+
+
+def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
+    """What the control socket answers while the master is still starting (imports, Redis
+    clients, its first loop pass): the same shape as build_status, state `starting`, no
+    workers yet, so `herder status` is useful from the first moment."""
+    watchdog_pid = os.getppid()
+    return {
+        "ok": True,
+        "state": "starting",
+        "running": False,
+        "health": "degraded: starting: the master is loading",
+        "master": {"pid": os.getpid(), "uptime": round(time.time() - started_at, 1), "host_id": cfg.host_id},
+        "watchdog": {"pid": watchdog_pid, "uptime": _uptime(watchdog_pid)},
+        "redis_url": redact_url(cfg.redis_url),
+        "autoscale": cfg.autoscale,
+        "min": cfg.floor,
+        "max": cfg.ceiling,
+        "workers_limit": cfg.limit,
+        "cluster_max": cfg.cluster_max_workers,
+        "cluster_grant": None,
+        "desired": cfg.floor,
+        "actual": 0,
+        "stopping": False,
+        "paused": False,
+        "suspended": 0,
+        "slots_in_backoff": [],
+        "queues": [{"name": q, "backlog": None, "running": None, "growth": None} for q in cfg.queues],
+        "workers": [],
+        "totals": {},
+        "settings": {},
+        "scheduler": None,
+        "jobs": {"ok": 0, "failed": 0},
+        "killed_by": {},
+        "requeued_by": {},
+        "master_restarts": 0,
+        "budgets_left": {},
+        "loop_lag": 0.0,
+        "job_rate": None,
     }

@@ -68,13 +68,14 @@ class IllegalTransition(RuntimeError):
     pass
 
 
-def change_state(w: Worker, new: WorkerState, reason: str) -> None:
-    """The one place a worker's state changes: checked against TRANSITIONS, logged."""
+def change_state(w: Worker, new: WorkerState, reason: str, level: int = logging.INFO) -> None:
+    """The one place a worker's state changes: checked against TRANSITIONS, and logged, once,
+    with everything known about why (`level`: WARNING for a fault). No other line repeats it."""
     if w.state == new:
         return
     if new not in TRANSITIONS[w.state]:
         raise IllegalTransition(f"slot {w.slot} pid {w.pid}: {w.state} -> {new} is not allowed ({reason})")
-    # One IDLE<->BUSY flip per job: DEBUG, or a busy fleet's log is nothing else.
-    level = logging.DEBUG if {w.state, new} <= WORKING else logging.INFO
+    if {w.state, new} <= WORKING:
+        level = logging.DEBUG  # one IDLE<->BUSY flip per job: or a busy fleet's log is nothing else
     log.log(level, "slot %d pid %d: %s -> %s (%s)", w.slot, w.pid, w.state, new, reason)
     w.state = new

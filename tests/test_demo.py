@@ -24,3 +24,6 @@ def test_demo_recovers_from_a_killed_and_a_frozen_worker_and_loses_nothing():
     assert "killed by SIGKILL" in out  # the kill -9
     assert re.search(r"silent for [\d.]+ s \(heartbeat timeout 3 s\)", out)  # the frozen one
     assert re.search(r"herder stopped \(exit 0\)", out)
+    # Each exit is one event, logged once: the summary names each worker once.
+    restarted = re.findall(r"^  slot \d+, pid (\d+): ", out, re.M)
+    assert len(restarted) >= 2 and len(restarted) == len(set(restarted)), out

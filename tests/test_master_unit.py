@@ -5,6 +5,7 @@ models). The end-to-end tests run the same loop on real processes; these pin the
 
 from __future__ import annotations
 
+import logging
 import signal
 from dataclasses import replace
 
@@ -589,3 +590,33 @@ def test_a_rolling_restart_at_the_workers_limit_makes_room_one_at_a_time(
         lowest_ready = min(lowest_ready, ready)
     assert not old & set(live(m).values())  # every old worker replaced
     assert lowest_ready >= 3  # at the limit capacity dips by one worker at most
+
+
+def test_each_event_of_a_worker_is_logged_once_with_its_reason(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """spawned, ready, killed (with why), SIGKILL, exited (with how, why and its life): one line
+    each, in the transition form the demo and docs/operations.md quote; nothing said twice."""
+    caplog.set_level(logging.INFO, logger="herder")
+    m, _, _ = make(clock, workers=1)
+    m.step()
+    proc = live(m)[0]
+    proc.ready()
+    proc.busy("job-1")
+    proc.obeys_term = False
+    m.step()
+    clock.advance(3.5)
+    m.step()
+    clock.advance(1.0)
+    m.step()
+    m.step()
+    lines = [r.getMessage() for r in caplog.records if f"pid {proc.pid}:" in r.getMessage()]
+    assert lines == [
+        f"slot 0 pid {proc.pid}: spawned -> starting",
+        f"slot 0 pid {proc.pid}: starting -> busy (job job-1)",  # ready and busy came in one pass
+        f"slot 0 pid {proc.pid}: busy -> killing (SIGTERM to its process group: silent for 3.5 s "
+        "(heartbeat timeout 3 s))",
+        f"slot 0 pid {proc.pid}: still alive 1.0 s after SIGTERM: SIGKILL",
+        f"slot 0 pid {proc.pid}: killing -> exited (killed by SIGKILL; silent for 3.5 s (heartbeat "
+        "timeout 3 s); lived 4.5 s, 0 jobs ok, 0 failed)",
+    ], lines

@@ -4,7 +4,7 @@ millisecond timestamps (asctime, truncated to the millisecond, local time).
     2026-11-22 02:27:08,264 herder[3798] INFO slot 0 pid 3814: spawned -> starting
     2026-11-22 02:27:08,431 herder[3798] INFO slot 0 pid 3814: starting -> idle (ready)
     2026-11-22 02:27:11,999 herder[3798] INFO slot 0 pid 3814: idle -> stopping (SIGTERM)
-    2026-11-22 02:27:12,015 herder[3798] INFO slot 0 pid 3814: stopped (exit code 0) after 3.8 s, ...
+    2026-11-22 02:27:12,015 herder[3798] INFO slot 0 pid 3814: stopping -> exited (exit code 0; stopped as asked; ...
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ LOG_TS = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) herder\[\d+\] \w+ slot \d+ pi
 SPAWNED_RE = re.compile(LOG_TS + r"spawned -> ")
 READY_RE = re.compile(LOG_TS + r"starting -> idle \(ready\)")
 STOP_SENT_RE = re.compile(LOG_TS + r"\w+ -> stopping\b")  # the master has sent `stop` (or SIGTERM)
-STOPPED_RE = re.compile(LOG_TS + r"stopped \(")  # a graceful exit after a stop
+STOPPED_RE = re.compile(LOG_TS + r"\w+ -> exited \([^;]*; stopped as asked;")  # a graceful exit after a stop
 
 
 def read_log(path: Path) -> list[str]:
@@ -47,6 +47,6 @@ def spawn_ready_times(lines: list[str]) -> tuple[dict[int, float], dict[int, flo
 
 def stop_times(lines: list[str]) -> dict[int, float]:
     """pid -> seconds from the master's `... -> stopping` line for that worker to its
-    `stopped (...)` line: how long a graceful stop of that worker took."""
+    `-> exited (...; stopped as asked; ...)` line: how long a graceful stop of that worker took."""
     sent, stopped = first_times(lines, STOP_SENT_RE), first_times(lines, STOPPED_RE)
     return {pid: stopped[pid] - sent[pid] for pid in stopped if pid in sent}

@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -283,14 +284,44 @@ def state_dir_option(f):
     )(f)
 
 
-def ask(state_dir: str | None, body: dict) -> dict:
-    """One request to the running herder; exit 4 (like supervisorctl) if it cannot be reached."""
-    path = state_dir or default_state_dir()
+# How long a request waits for the control socket of a herder that is starting: `herder run`
+# holds the state dir's lock from its first moment, its master binds the socket ~0.3 s later.
+STARTING_WAIT = 5.0
+
+
+def starting(state_dir: str) -> bool:
+    """A live herder holds this state dir (herder.pid names a live process) but its master
+    has not bound the control socket yet."""
+    pid = statelock.holder(state_dir, wait=0.0)
+    if pid is None:
+        return False
     try:
-        reply = client.call(path, body)
-    except (OSError, ValueError) as exc:
-        click.echo(f"herder: no herder answering at {path} ({exc.__class__.__name__}: {exc})", err=True)
-        sys.exit(render.EXIT_UNREACHABLE)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
+
+
+def ask(state_dir: str | None, body: dict) -> dict:
+    """One request to the running herder; exit 4 (like supervisorctl) if it cannot be reached.
+    A herder still starting is waited for (up to STARTING_WAIT): it answers `starting` soon."""
+    path = state_dir or default_state_dir()
+    deadline = time.monotonic() + STARTING_WAIT
+    while True:
+        try:
+            reply = client.call(path, body)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() < deadline and starting(path):
+                time.sleep(0.05)
+                continue
+            click.echo(f"herder: no herder answering at {path} (not running)", err=True)
+            sys.exit(render.EXIT_UNREACHABLE)
+        except (OSError, ValueError) as exc:
+            click.echo(f"herder: no herder answering at {path} ({exc.__class__.__name__}: {exc})", err=True)
+            sys.exit(render.EXIT_UNREACHABLE)
     if not reply.get("ok"):
         click.echo(f"herder: {reply.get('error', 'request failed')}", err=True)
         sys.exit(1)
@@ -302,7 +333,19 @@ def ask(state_dir: str | None, body: dict) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
 def status(state_dir: str | None, as_json: bool, watch: bool) -> None:
-    """Show the fleet. Exit 0: all running; 3: something is not; 4: herder not reachable."""
+    """Show the fleet. Exit 0: all running; 3: something is not (or still starting); 4: herder
+    not reachable."""
+    if watch:
+        # Ctrl-C ends --watch even when a script started it with SIGINT ignored (a background
+        # job of a non-interactive shell inherits SIG_IGN, and Python then keeps it).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        status_loop(state_dir, as_json, watch)
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+def status_loop(state_dir: str | None, as_json: bool, watch: bool) -> None:
     while True:
         reply = ask(state_dir, {"cmd": "status"})
         if as_json:

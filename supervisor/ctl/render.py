@@ -24,8 +24,10 @@ def _duration(seconds: float | None) -> str:
 def render(status: dict[str, Any]) -> str:
     """The human-readable status, like supervisorctl's."""
     m, wd = status["master"], status["watchdog"]
+    state = status.get("state", "running")
+    headline = "running" if status["running"] else "starting" if state == "starting" else "NOT fully running"
     lines = [
-        f"herder: {'running' if status['running'] else 'NOT fully running'}"
+        f"herder: {headline}"
         f"{' (stopping)' if status['stopping'] else ''}   master {m['pid']} up {_duration(m['uptime'])}"
         f"   watchdog {wd['pid']} up {_duration(wd['uptime'])}",
         f"redis: {status['redis_url']}",
@@ -44,6 +46,9 @@ def render(status: dict[str, Any]) -> str:
     if status["slots_in_backoff"]:
         lines.append(f"slots in backoff: {', '.join(map(str, status['slots_in_backoff']))}")
     for q in status["queues"]:
+        if q["backlog"] is None:
+            lines.append(f"queue {q['name']}: not read yet")
+            continue
         lines.append(
             f"queue {q['name']}: {q['backlog']} waiting, {q['running']} running, growth {q['growth']:+.1f}/s"
         )
