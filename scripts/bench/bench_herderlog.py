@@ -4,7 +4,7 @@ millisecond timestamps (asctime, truncated to the millisecond, local time).
     2026-11-22 02:27:08,264 herder[3798] INFO slot 0 pid 3814: spawned -> starting
     2026-11-22 02:27:08,431 herder[3798] INFO slot 0 pid 3814: starting -> idle (ready)
     2026-11-22 02:27:11,999 herder[3798] INFO slot 0 pid 3814: idle -> stopping (SIGTERM)
-    2026-11-22 02:27:12,015 herder[3798] INFO slot 0 pid 3814: stopping -> exited (exit code 0; stopped as asked; ...
+    2026-11-22 02:27:12,015 herder[3798] INFO slot 0 pid 3814: stopping -> exited (exit code 0; stopped ...
 """
 
 from __future__ import annotations
