@@ -59,7 +59,18 @@ def main() -> int:
         sys.path.insert(0, os.path.abspath(path))
 
     from herder.common.redis_connect import connect
+    from herder.worker import hooks
     from herder.worker.rq_worker import make_worker
+
+    try:  # the user's start-up code: a failure is this worker's failed start (the slot backs off)
+        hooks.django_after_fork(cfg)
+        hooks.run_worker_init(cfg)
+    except Exception:
+        import traceback
+
+        what = f"--worker-init {cfg.worker_init}" if cfg.worker_init else "django.setup()"
+        print(f"herder worker: start-up hook failed ({what}):\n{traceback.format_exc()}", file=sys.stderr)
+        return 1
 
     if not cfg.redis_url:
         print("herder worker: no Redis URL configured", file=sys.stderr)

@@ -161,6 +161,13 @@ def main() -> int:
 
     cfg = Config.from_env()
     preload(cfg.paths, cfg.preload)
+    from herder.worker.hooks import setup_django
+
+    if cfg.django_settings:
+        for path in reversed(cfg.paths):  # the project's apps are imported by django.setup()
+            if os.path.abspath(path) not in sys.path:
+                sys.path.insert(0, os.path.abspath(path))
+    setup_django(cfg)  # once, before any fork: every worker starts with the apps loaded
     sys.stdout.flush()
     sys.stderr.flush()
     gc.collect()

@@ -11,7 +11,14 @@
 Everything a caller needs is importable from here, `from herder.common.config import Config`.
 """
 
-from herder.common.config.layering import describe, example_file, load_file, resolve, rq_settings_layer
+from herder.common.config.layering import (
+    describe,
+    django_layer,
+    example_file,
+    load_file,
+    resolve,
+    rq_settings_layer,
+)
 from herder.common.config.limits import default_workers_limit, host_cpus, host_memory
 from herder.common.config.reload import ReloadPlan, reload_plan, reload_policy, reread
 from herder.common.config.schema import (
@@ -51,6 +58,7 @@ __all__ = [
     "coerce",
     "default_workers_limit",
     "describe",
+    "django_layer",
     "env_of",
     "example_file",
     "flag_of",

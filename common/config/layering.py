@@ -21,14 +21,7 @@ def rq_settings_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str
     """RQ's settings module (`rq worker -c`), read as `rq worker` reads it: REDIS_URL, or
     SENTINEL, or REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PASSWORD and REDIS_SSL; and QUEUES."""
     source = f"rq settings module {module}"
-    added = [os.path.abspath(p) for p in [*paths, "."] if os.path.abspath(p) not in sys.path]
-    sys.path[:0] = added
-    try:
-        settings = vars(importlib.import_module(module))
-    except Exception as exc:  # whatever the user's module raises, it is a config error
-        raise ConfigError("rq_config", f"cannot import {module}: {exc.__class__.__name__}: {exc}") from None
-    finally:
-        del sys.path[: len(added)]
+    settings = import_settings("rq_config", module, paths)
     out: dict[str, tuple[Any, str]] = {}
     url = settings.get("REDIS_URL")
     if url is None and settings.get("SENTINEL") is not None:
@@ -44,6 +37,68 @@ def rq_settings_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str
     if settings.get("QUEUES") is not None:
         out["queues"] = (coerce("queues", list(settings["QUEUES"]), source), source)
     return out
+
+
+def import_settings(key: str, module: str, paths: list[str]) -> dict[str, Any]:
+    """A settings module's names, imported with the job paths (and the current directory) on
+    sys.path, as `rq worker -c` and `manage.py` find theirs."""
+    added = [os.path.abspath(p) for p in [*paths, "."] if os.path.abspath(p) not in sys.path]
+    sys.path[:0] = added
+    try:
+        return vars(importlib.import_module(module))
+    except Exception as exc:  # whatever the user's module raises, it is a config error
+        raise ConfigError(key, f"cannot import {module}: {exc.__class__.__name__}: {exc}") from None
+    finally:
+        del sys.path[: len(added)]
+
+
+def django_rq_url(name: str, conf: dict[str, Any]) -> str:
+    """One entry of django-rq's RQ_QUEUES as a Redis URL (URL, or HOST/PORT/DB/USERNAME/
+    PASSWORD/SSL, or SENTINELS/MASTER_NAME)."""
+    if conf.get("URL"):
+        return str(conf["URL"])
+    if conf.get("SENTINELS"):
+        return sentinel_url(
+            {
+                "INSTANCES": conf["SENTINELS"],
+                "MASTER_NAME": conf.get("MASTER_NAME", "mymaster"),
+                "DB": conf.get("DB", 0),
+                "USERNAME": conf.get("USERNAME"),
+                "PASSWORD": conf.get("PASSWORD"),
+                "SSL": conf.get("SSL"),
+                "SENTINEL_KWARGS": conf.get("SENTINEL_KWARGS"),
+            }
+        )
+    if conf.get("USE_REDIS_CACHE"):
+        raise ConfigError("redis_url", f"RQ_QUEUES[{name!r}] uses USE_REDIS_CACHE: give --redis-url instead")
+    user = quote(str(conf.get("USERNAME") or ""), safe="")
+    password = conf.get("PASSWORD")
+    auth = f"{user}:{quote(str(password), safe='')}@" if password else ""
+    scheme = "rediss" if conf.get("SSL") else "redis"
+    return f"{scheme}://{auth}{conf.get('HOST', 'localhost')}:{conf.get('PORT', 6379)}/{conf.get('DB', 0)}"
+
+
+def django_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str]]:
+    """django-rq's RQ_QUEUES in a Django settings module: its queues, and the one Redis they
+    live on, just above the defaults (the file, the environment and flags win)."""
+    source = f"django settings module {module}"
+    queues = import_settings("django_settings", module, paths).get("RQ_QUEUES")
+    if not queues:
+        return {}
+    if not isinstance(queues, dict) or not all(isinstance(c, dict) for c in queues.values()):
+        raise ConfigError("django_settings", "RQ_QUEUES must map queue names to dicts (django-rq)", source)
+    urls = {name: django_rq_url(name, conf) for name, conf in queues.items()}
+    if len(set(urls.values())) > 1:
+        raise ConfigError(
+            "redis_url",
+            f"RQ_QUEUES puts queues on {len(set(urls.values()))} Redis servers; one herder serves one "
+            "Redis: give --redis-url and the --queue names that live there",
+            source,
+        )
+    return {
+        "redis_url": (coerce("redis_url", next(iter(urls.values())), source), source),
+        "queues": (coerce("queues", list(queues), source), source),
+    }
 
 
 def sentinel_url(sentinel: dict[str, Any]) -> str:

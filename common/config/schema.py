@@ -238,6 +238,20 @@ class Config:
         "before health says degraded.",
         reload=APPLY,
     )
+    # User code at worker start (docs/operations.md, "Django" and "Worker start-up hook").
+    worker_init: str = setting(
+        "",
+        "Call module:function in every worker before its first job (close inherited connections, "
+        "a tracer's init); if it raises, the worker fails to start and its slot backs off.",
+        reload=WORKERS,
+    )
+    django_settings: str = setting(
+        "",
+        "Django settings module (default: DJANGO_SETTINGS_MODULE): django.setup() runs in the warm "
+        "template before workers fork, each worker closes inherited database connections, and "
+        "django-rq's RQ_QUEUES names the Redis and queues when no redis_url or queues are given.",
+        reload=WORKERS,
+    )
     config_file: str | None = internal()  # where the file layer came from, for reload
     embedded_redis: bool = internal(False)  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them

@@ -212,6 +212,10 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
     for handler in cfg.exception_handlers:
         if not is_dotted(handler):
             raise bad("exception_handlers", f"must be dotted names like app.errors.report, got {handler!r}")
+    if cfg.worker_init and not is_dotted(cfg.worker_init.replace(":", ".", 1)):
+        raise bad("worker_init", f"must be module:function like app.hooks.init, got {cfg.worker_init!r}")
+    if cfg.django_settings and not is_dotted(cfg.django_settings):
+        raise bad("django_settings", f"must be a module like mysite.settings, got {cfg.django_settings!r}")
     for module in cfg.preload:
         if not all(part.isidentifier() for part in module.split(".")):
             raise bad("preload", f"must be module names like app.jobs, got {module!r}")

@@ -138,14 +138,25 @@ def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, 
         given[key] = (list(value) if isinstance(value, tuple) else value, source)
     layers.append(given)
     cfg, sources = settings.resolve(layers)
-    from_rq: list[str] = []
-    if cfg.rq_config:  # RQ's settings module sits just above the defaults; reload keeps it
-        rq_layer = settings.rq_settings_layer(cfg.rq_config, cfg.paths)
-        cfg, sources = settings.resolve([rq_layer, *layers])
-        from_rq = [key for key, (_, source) in rq_layer.items() if sources.get(key) == source]
+    if not cfg.django_settings and os.environ.get("DJANGO_SETTINGS_MODULE"):
+        given["django_settings"] = (
+            os.environ["DJANGO_SETTINGS_MODULE"],
+            "environment (DJANGO_SETTINGS_MODULE)",
+        )
+        cfg, sources = settings.resolve(layers)
+    # RQ's and django-rq's settings sit just above the defaults (RQ's over Django's); reload keeps them.
+    below = []
+    if cfg.django_settings:
+        below.append(settings.django_layer(cfg.django_settings, cfg.paths))
+    if cfg.rq_config:
+        below.append(settings.rq_settings_layer(cfg.rq_config, cfg.paths))
+    from_below: list[str] = []
+    if below:
+        cfg, sources = settings.resolve([*below, *layers])
+        from_below = [k for layer in below for k, (_, source) in layer.items() if sources.get(k) == source]
     if config_file:
         cfg.config_file = os.path.abspath(config_file)
-    cfg.pinned = sorted({*given, *from_rq})
+    cfg.pinned = sorted({*given, *from_below})
     if cfg.redis_url and cfg.redis_url.startswith("redis+sentinel://"):
         from herder.common.redis_connect import parse_sentinel_url  # redis-py loads slowly: only now
 
