@@ -34,3 +34,9 @@ ENV_SCHEDULER_NAME = "HERDER_SCHEDULER_NAME"
 def rq_scheduler_name(host_id: str, token: str) -> str:
     """Unique per process (the token), and names its host for `herder status`."""
     return f"{SCHEDULER_PREFIX}{host_id}:{token}"
+
+
+# RQ's cron scheduler has no lock of its own ("make sure it runs in one place"): herder's
+# scheduler processes take this one, with RQ's owner-checked lock scripts, under the same name
+# as their queue locks; only the holder enqueues cron jobs.
+CRON_LOCK_KEY = "herder:cron-lock"

@@ -28,7 +28,7 @@ from herder.common.rq_names import ENV_SCHEDULER_NAME, rq_scheduler_name
 from herder.supervisor.fleet import ProcessHandle, Slot, Worker, died_young
 from herder.supervisor.launcher import Clock, worker_env
 from herder.supervisor.liveness import judge
-from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
+from herder.supervisor.redis_side.scheduler_locks import LockReading, SchedulerLocks
 from herder.supervisor.states import LEAVING, WorkerState
 from herder.supervisor.workerproc import WorkerProcess
 
@@ -45,6 +45,9 @@ def settings_of(cfg: Config) -> tuple[object, ...]:
     """What the scheduler process starts with: a reload that changes any of it restarts it."""
     return (
         tuple(cfg.queues),
+        cfg.scheduler,
+        cfg.cron,
+        tuple(cfg.paths),
         cfg.redis_url,
         cfg.log_level,
         cfg.heartbeat_interval,
@@ -87,12 +90,14 @@ class SchedulerKeeper:
                 self._reap(self.w, now, cfg)
             else:
                 self._watch(self.w, now, cfg)
-        wanted = cfg.scheduler and not stopping
+        wanted = (cfg.scheduler or bool(cfg.cron)) and not stopping
         if self.w is None and wanted and not self.slot.in_backoff(now):
             self._spawn(cfg, wake, now)
         elif self.w is not None and self.w.state not in LEAVING:
             if not wanted:
-                self._stop(self.w, "herder is stopping" if stopping else "the scheduler setting is off")
+                self._stop(
+                    self.w, "herder is stopping" if stopping else "the scheduler and cron settings are off"
+                )
             elif settings_of(cfg) != self.settings:
                 self._stop(self.w, "its settings changed")
 
@@ -203,7 +208,7 @@ class SchedulerKeeper:
             queues.append({"name": q, "holder": holder})
         if w is not None:
             state = str(w.state)
-        elif cfg.scheduler and self.locks is not None:
+        elif (cfg.scheduler or cfg.cron) and self.locks is not None:
             state = "backoff" if self.slot.in_backoff(now) else "starting"
         else:
             state = "off"
@@ -217,4 +222,19 @@ class SchedulerKeeper:
             "holds": [q["name"] for q in queues if q["holder"] and q["holder"]["here"]],
             "queues": queues,
             "read_age": round(now - reading.at, 1) if reading else None,
+            "cron": self.cron_status(cfg, reading),
         }
+
+    def cron_status(self, cfg: Config, reading: LockReading | None) -> dict[str, Any]:
+        """RQ's cron: on or off here, and which scheduler process (on any host) runs it."""
+        h = reading.cron if reading else None
+        holder = None
+        if h is not None:
+            holder = {
+                "name": h.name,
+                "host_id": h.host_id,
+                "hostname": h.hostname,
+                "pid": h.pid,
+                "here": self.w is not None and h.name == self.name,
+            }
+        return {"enabled": bool(cfg.cron), "config": cfg.cron or None, "holder": holder}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from test_master_unit import FakeClock, make
 
-from conftest import FAST, HERDER, JOBS_DIR, wait_for
+from conftest import FAST, HERDER, JOBS_DIR
 from herder.common.config import (
     APPLY,
     KEYS,
@@ -33,6 +33,7 @@ from herder.supervisor.scaling import Load
 # so a setting added without deciding (or a decision changed by accident) fails this file.
 POLICY = {
     APPLY: {
+        "cron",  # the scheduler process restarts with it (herder.supervisor.scheduler.settings_of)
         "workers",
         "min_workers",
         "max_workers",
@@ -194,10 +195,10 @@ def test_reload_applies_each_changed_key_and_status_shows_it_in_force(herder, tm
         conf.write_text(toml(settings))
         reply = reload(h)
         assert (reply["applied"], reply["restart_workers"]) == ([key], []), key
-        assert h.status()["settings"][key] == value, key  # read back from the part that uses it
-    st = h.status()
+        assert h.snapshot()["settings"][key] == value, key  # read back from the part that uses it
+    st = h.snapshot()
     assert st["desired"] == 3 and st["workers_limit"] == 30
-    wait_for(lambda: len(h.workers()) == 3, 20, what="3 workers")
+    h.wait_workers(3)
     assert first <= {p.pid for p in h.workers()}  # none of those restarted a worker
 
     other_jobs = tmp_path / "jobs"
@@ -214,14 +215,10 @@ def test_reload_applies_each_changed_key_and_status_shows_it_in_force(herder, tm
         reply = reload(h)
         assert (reply["applied"], reply["restart_workers"]) == ([], [key]), key
         assert reply["replacing"] >= 1
-        assert h.status()["settings"][key] == value, key
-    wait_for(
-        lambda: len(h.workers()) == 3 and not first & {p.pid for p in h.workers()},
-        30,
-        what="3 new workers",
-    )
-    wait_for(lambda: h.status()["running"], 20, what="the fleet running")
-    assert {q["name"] for q in h.status()["queues"]} == {"default", "extra"}
+        assert h.snapshot()["settings"][key] == value, key
+    h.wait_workers(3, timeout=30, without=first)  # 3 new workers
+    st = h.wait_status(lambda s: s["running"], 20, what="the fleet running")
+    assert {q["name"] for q in st["queues"]} == {"default", "extra"}
     h.stop_and_check()
 
 
@@ -233,18 +230,18 @@ def test_reload_turns_autoscaling_on_changes_its_bounds_and_turns_it_off(herder,
     conf.write_text(toml({"workers": 2, "workers_limit": 8, "min_workers": 3, "max_workers": 4}))
     reply = reload(h)
     assert sorted(reply["applied"]) == ["max_workers", "min_workers"] and not reply["restart_workers"]
-    st = h.status()
+    st = h.snapshot()
     assert (st["autoscale"], st["min"], st["max"], st["desired"]) == (True, 3, 4, 3)
-    wait_for(lambda: h.status()["actual"] == 3, 20, what="3 workers: the new minimum")
+    h.wait_status(lambda s: s["actual"] == 3, 20, what="3 workers: the new minimum")
     conf.write_text(toml({"workers": 2, "workers_limit": 8, "min_workers": 1, "max_workers": 9}))
     assert "'max_workers'" in (err := refused(h)) and "workers limit of 8" in err
-    assert (h.status()["min"], h.status()["max"]) == (3, 4)  # a refused reload changes nothing
+    assert (h.snapshot()["min"], h.snapshot()["max"]) == (3, 4)  # a refused reload changes nothing
     conf.write_text(toml({"workers": 1, "workers_limit": 8}))
     reply = reload(h)
     assert sorted(reply["applied"]) == ["max_workers", "min_workers", "workers"]
-    st = h.status()
+    st = h.snapshot()
     assert (st["autoscale"], st["min"], st["max"], st["desired"]) == (False, 1, 1, 1)
-    wait_for(lambda: len(h.workers()) == 1, 20, what="1 worker: autoscaling off")
+    h.wait_workers(1)  # autoscaling off
     h.stop_and_check()
 
 
@@ -261,7 +258,7 @@ def test_a_reload_with_a_key_only_a_restart_applies_changes_nothing(
     h = herder(config=str(conf), workers=None, redis_url=None, state_dir=None, **NO_FAST_FLAGS)
     h.state_dir = str(state)
     pids = {p.pid for p in h.wait_workers(2)}
-    before = h.status()
+    before = h.snapshot()
     for key, value in [
         ("redis_url", redis_url.rsplit("/", 1)[0] + "/1"),
         ("state_dir", str(tmp_path / "elsewhere")),
@@ -279,7 +276,7 @@ def test_a_reload_with_a_key_only_a_restart_applies_changes_nothing(
         conf.write_text(toml(changed))
         err = refused(h)
         assert f"'{key}'" in err and "only a restart of herder applies it" in err, err
-        after = h.status()
+        after = h.snapshot()
         assert after["settings"] == before["settings"] and after["desired"] == 2, key
         assert {p.pid for p in h.workers()} == pids, key  # and no worker restarted
     conf.write_text(toml({**base, "workers": 3}))
@@ -293,16 +290,16 @@ def test_reload_changes_the_cluster_cap_but_refuses_to_drop_it(herder, tmp_path:
     conf.write_text(toml(capped))
     h = herder(config=str(conf), workers=None)
     h.wait_workers(1)
-    wait_for(lambda: h.status()["cluster_grant"] is not None, 20, what="a first cluster grant")
+    h.wait_status(lambda s: s["cluster_grant"] is not None, 20, what="a first cluster grant")
     conf.write_text(toml({**capped, "cluster_max_workers": 6, "host_ttl": 12.0}))
     reply = reload(h)
     assert reply["applied"] == ["cluster_max_workers", "host_ttl"]
-    st = h.status()
+    st = h.snapshot()
     assert st["cluster_max"] == 6
     assert (st["settings"]["cluster_max_workers"], st["settings"]["host_ttl"]) == (6, 12.0)
     conf.write_text(toml({"min_workers": 1, "max_workers": 2}))
     assert "'cluster_max_workers'" in (err := refused(h)) and "on or off" in err
-    assert h.status()["cluster_max"] == 6
+    assert h.snapshot()["cluster_max"] == 6
     h.stop_and_check()
 
 

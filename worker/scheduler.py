@@ -22,18 +22,20 @@ import os
 import sys
 import time
 import traceback
+from datetime import UTC, datetime
 
 from redis import Redis
 from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq.cron import CronScheduler
 from rq.scheduler import RQScheduler
-from rq.scripts import ACQUIRE_OR_REFRESH_LOCK_SCRIPT
+from rq.scripts import ACQUIRE_OR_REFRESH_LOCK_SCRIPT, RELEASE_LOCK_SCRIPT
 from rq.utils import now
 
 from herder.common.config import Config
 from herder.common.redis_connect import connect
-from herder.common.rq_names import ENV_SCHEDULER_NAME
+from herder.common.rq_names import CRON_LOCK_KEY, ENV_SCHEDULER_NAME
 from herder.worker.channel import Channel
 
 INTERVAL = 1.0  # seconds between ticks: a scheduled job is enqueued at most this late (RQ's default)
@@ -52,9 +54,11 @@ def say(text: str) -> None:
 
 
 class HerderScheduler(RQScheduler):
+    """RQ's scheduler for the queues (with `scheduler` on), and RQ's cron (with `cron` set)."""
+
     def __init__(self, cfg: Config, connection: Redis, name: str) -> None:
         super().__init__(
-            cfg.queues,
+            cfg.queues if cfg.scheduler else [],
             connection=connection,
             interval=INTERVAL,
             logging_level=cfg.log_level.upper(),
@@ -66,6 +70,14 @@ class HerderScheduler(RQScheduler):
         self.pid = os.getpid()
         self._lock_script = self.connection.register_script(ACQUIRE_OR_REFRESH_LOCK_SCRIPT)
         self._ticked = False
+        self.cron: CronScheduler | None = None
+        self.cron_held = False
+        if cfg.cron:
+            self.cron = CronScheduler(connection, logging_level=cfg.log_level.upper(), name=name)
+            # A .py file by its absolute path (RQ imports a relative one as a module, and -P
+            # keeps the working directory off sys.path); a module through the job paths.
+            path = os.path.abspath(cfg.cron) if cfg.cron.endswith(".py") else cfg.cron
+            self.cron.load_config_from_file(path)
 
     def to_dict(self) -> dict:
         # herder_host: which herder host holds a lock, for `herder status` on any host.
@@ -83,9 +95,13 @@ class HerderScheduler(RQScheduler):
                 self._lock_script(
                     keys=[self.get_locking_key(q)], args=[self.name, self.lock_ttl], client=pipe
                 )
+            if self.cron is not None:
+                self._lock_script(keys=[CRON_LOCK_KEY], args=[self.name, self.lock_ttl], client=pipe)
             results = pipe.execute()
         # The script answers 1 (acquired), 2 (refreshed) or 0 (another scheduler holds it).
-        held = {q for q, outcome in zip(queues, results[2:], strict=True) if outcome in (1, 2)}
+        held = {q for q, outcome in zip(queues, results[2:], strict=False) if outcome in (1, 2)}
+        if self.cron is not None:
+            self.cron_tick(results[-1] in (1, 2))
         if held != self._acquired_locks or not self._ticked:
             if held - self._acquired_locks:
                 say(f"holds the scheduler lock of {', '.join(sorted(held - self._acquired_locks))}")
@@ -98,6 +114,47 @@ class HerderScheduler(RQScheduler):
             self._ticked = True
         if held:
             self.enqueue_scheduled_jobs()
+
+    def cron_tick(self, held: bool) -> None:
+        """The cron lock's holder enqueues the cron jobs that are due (RQ's own CronScheduler
+        decides which, and records itself in RQ's cron scheduler registry); a standby waits."""
+        assert self.cron is not None
+        if held != self.cron_held:
+            if held:
+                jobs = len(self.cron.get_jobs())
+                say(f"holds the cron lock: runs {jobs} cron jobs from {self.cron.config_file}")
+                self.resume_cron()
+                self.cron.register_birth()
+            else:
+                say("lost the cron lock")
+                self.cron.register_death()
+            self.cron_held = held
+        elif not held and not self._ticked:
+            say("standing by for cron (another host runs it)")
+        if held:
+            if self.cron.enqueue_jobs():
+                self.cron.save()
+            self.cron.heartbeat()
+
+    def resume_cron(self) -> None:
+        """Carry on where the last holder left off: each cron job's latest run is in RQ's own
+        history of the jobs it enqueued, so a hand-over neither repeats a tick nor skips one
+        (a new CronScheduler would run every interval job at once)."""
+        assert self.cron is not None
+        with self.connection.pipeline() as pipe:
+            for job in self.cron.get_jobs():
+                pipe.zrange(job.job_history_key, -1, -1, withscores=True)
+            latest = pipe.execute()
+        for job, last in zip(self.cron.get_jobs(), latest, strict=True):
+            if last:
+                job.set_enqueue_time(datetime.fromtimestamp(last[0][1], tz=UTC))
+
+    def stop(self) -> None:
+        if self.cron is not None and self.cron_held:
+            self.connection.register_script(RELEASE_LOCK_SCRIPT)(keys=[CRON_LOCK_KEY], args=[self.name])
+            self.cron.register_death()
+            self.cron_held = False
+        super().stop()
 
 
 def run(sched: HerderScheduler, channel: Channel) -> None:
@@ -141,8 +198,12 @@ def main() -> int:
     # A socket timeout keeps a hung Redis from freezing the loop: ticks fail, heartbeats go on.
     timeout = max(0.5, cfg.heartbeat_timeout / 3)
     connection = connect(cfg.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    for path in reversed(cfg.paths):  # the cron config imports the user's job functions
+        sys.path.insert(0, os.path.abspath(path))
     sched = HerderScheduler(cfg, connection, name)
-    say(f"{name} started for {', '.join(cfg.queues)} (locks live {sched.lock_ttl} s)")
+    what = [f"queues {', '.join(cfg.queues)}"] if cfg.scheduler else []
+    what += [f"cron from {cfg.cron}"] if cfg.cron else []
+    say(f"{name} started for {' and '.join(what)} (locks live {sched.lock_ttl} s)")
     try:
         run(sched, channel)
     finally:

@@ -184,6 +184,13 @@ class Config:
         "Run RQ's scheduler (off: it runs elsewhere, e.g. rq worker --with-scheduler).",
         reload=APPLY,
     )
+    # RQ's cron (rq cron): run in the scheduler process, in one place per Redis (docs/design.md).
+    cron: str = setting(
+        "",
+        "RQ cron config (as `rq cron` takes it): a module or .py file whose rq.cron.register calls "
+        "define the jobs; one host on this Redis runs them, another takes over if it dies.",
+        reload=APPLY,
+    )
     # Warm workers: forked from a template that imported herder, rq and redis (docs/design.md).
     fork_server: bool = setting(
         True, "Fork workers from a warm template (off: each worker is a new interpreter).", reload=WORKERS

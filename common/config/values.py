@@ -5,6 +5,7 @@ with one message a person can act on. Standard library only."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import typing
@@ -212,6 +213,10 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
     for handler in cfg.exception_handlers:
         if not is_dotted(handler):
             raise bad("exception_handlers", f"must be dotted names like app.errors.report, got {handler!r}")
+    if cfg.cron and cfg.cron.endswith(".py") and not os.path.isfile(cfg.cron):
+        raise bad("cron", f"no such file: {cfg.cron}")
+    if cfg.cron and not cfg.cron.endswith(".py") and not is_dotted(cfg.cron):
+        raise bad("cron", f"must be a module like app.cron_config or a .py file, got {cfg.cron!r}")
     if cfg.worker_init and not is_dotted(cfg.worker_init.replace(":", ".", 1)):
         raise bad("worker_init", f"must be module:function like app.hooks.init, got {cfg.worker_init!r}")
     if cfg.django_settings and not is_dotted(cfg.django_settings):

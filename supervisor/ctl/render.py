@@ -72,8 +72,10 @@ def render(status: dict[str, Any]) -> str:
 
 def render_scheduler(s: dict[str, Any]) -> str:
     """Where RQ's scheduler runs: this host's process, and who holds each queue's lock."""
-    if s["enabled"]:
-        here = f"pid {s['pid']} ({s['state']})" if s["pid"] else s["state"]
+    if s["pid"]:
+        here = f"pid {s['pid']} ({s['state']})"
+    elif s["enabled"] or (s.get("cron") or {}).get("enabled"):
+        here = s["state"]
     else:
         here = "off on this host (--no-scheduler)"
     parts = [f"holds {', '.join(s['holds'])}"] if s["holds"] else []
@@ -86,6 +88,18 @@ def render_scheduler(s: dict[str, Any]) -> str:
         elif not h["here"]:
             where = f"host {h['host_id']}" if h["host_id"] else f"{h['hostname']} (not herder's)"
             parts.append(f"{q['name']} scheduled by pid {h['pid']} on {where}")
+    cron = s.get("cron") or {}
+    if cron.get("enabled"):
+        h = cron["holder"]
+        if s["read_age"] is None:
+            parts.append("cron: holder not read yet")
+        elif h is None:
+            parts.append("cron: NO scheduler holds its lock (cron jobs wait)")
+        elif h["here"]:
+            parts.append(f"runs cron from {cron['config']}")
+        else:
+            where = f"host {h['host_id']}" if h["host_id"] else h["hostname"]
+            parts.append(f"cron runs in pid {h['pid']} on {where}")
     return f"scheduler: {here}" + (f"; {'; '.join(parts)}" if parts else "")
 
 

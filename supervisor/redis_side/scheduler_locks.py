@@ -5,7 +5,8 @@ A thread, so the reconcile loop never waits on Redis. It
   owner-checked Lua script: only what that process still held, never another's), so its
   replacement or another host's standby takes over within a tick instead of a lock TTL;
 - reads, every INTERVAL, which scheduler holds each queue's lock (rq:scheduler-lock:<queue>)
-  and that scheduler's record (rq:scheduler:<name>: host, pid), for `herder status`.
+  and the cron lock (herder:cron-lock), and that scheduler's record (rq:scheduler:<name>:
+  host, pid), for `herder status`.
 
 A release waits and retries while Redis is unreachable; it is never dropped for that (the
 lock's TTL is the backstop if the master exits first).
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from redis import Redis
 from rq.scheduler import SCHEDULER_KEY_TEMPLATE, RQScheduler
 from rq.scripts import RELEASE_LOCK_SCRIPT
+
+from herder.common.rq_names import CRON_LOCK_KEY
 
 log = logging.getLogger("herder")
 
@@ -40,6 +43,7 @@ class Holder:
 class LockReading:
     holders: dict[str, Holder | None]  # queue -> who holds its lock (None: nobody)
     at: float  # monotonic
+    cron: Holder | None = None  # who holds the cron lock (herder.common.rq_names.CRON_LOCK_KEY)
 
 
 def _text(raw: bytes | None) -> str:
@@ -126,27 +130,30 @@ class SchedulerLocks:
         pipe = self.connection.pipeline(transaction=False)
         for q in queues:
             self._release(keys=[RQScheduler.get_locking_key(q)], args=[name], client=pipe)
+        self._release(keys=[CRON_LOCK_KEY], args=[name], client=pipe)  # owner-checked: only its own
         pipe.delete(SCHEDULER_KEY_TEMPLATE % name)
-        freed = [q for q, n in zip(queues, pipe.execute()[: len(queues)], strict=True) if n]
+        replies = pipe.execute()
+        freed = [q for q, n in zip(queues, replies[: len(queues)], strict=True) if n]
+        freed += ["cron"] if replies[len(queues)] else []
         if freed:
             log.info("released scheduler %s's lock of %s", name, ", ".join(freed))
 
     def _read(self) -> LockReading:
         with self._cond:
             queues = list(self._queues)
-        names = [
-            _text(n) or None for n in self.connection.mget([RQScheduler.get_locking_key(q) for q in queues])
-        ]
-        known = sorted({n for n in names if n})
+        keys = [RQScheduler.get_locking_key(q) for q in queues] + [CRON_LOCK_KEY]
+        *names, cron_name = [_text(n) or None for n in self.connection.mget(keys)]
+        known = sorted({n for n in [*names, cron_name] if n})
         pipe = self.connection.pipeline(transaction=False)
         for n in known:
             pipe.hmget(SCHEDULER_KEY_TEMPLATE % n, ["herder_host", "hostname", "pid"])
         records = dict(zip(known, pipe.execute(), strict=True)) if known else {}
-        holders: dict[str, Holder | None] = {}
-        for q, n in zip(queues, names, strict=True):
+
+        def holder(n: str | None) -> Holder | None:
             if n is None:
-                holders[q] = None
-                continue
+                return None
             host, hostname, pid = (_text(x) for x in records[n])
-            holders[q] = Holder(n, host, hostname, int(pid) if pid.isdigit() else None)
-        return LockReading(holders, time.monotonic())
+            return Holder(n, host, hostname, int(pid) if pid.isdigit() else None)
+
+        holders = {q: holder(n) for q, n in zip(queues, names, strict=True)}
+        return LockReading(holders, time.monotonic(), holder(cron_name))
