@@ -40,3 +40,15 @@ def rq_scheduler_name(host_id: str, token: str) -> str:
 # scheduler processes take this one, with RQ's owner-checked lock scripts, under the same name
 # as their queue locks; only the holder enqueues cron jobs.
 CRON_LOCK_KEY = "herder:cron-lock"
+
+
+# Jobs herder gave up on (past max_requeues) wait here for their ending, which a worker runs
+# as RQ ends an abandoned job (herder.worker.abandoned): job id -> JSON {why, cause, limit}.
+# A worker claims one (ENDING_CLAIM_PREFIX + job id, its RQ name) while it runs the ending;
+# a claim whose worker's lease is gone may be taken over.
+ENDINGS_KEY = "herder:endings"
+ENDING_CLAIM_PREFIX = "herder:ending:"
+
+
+def ending_claim_key(job_id: str) -> str:
+    return ENDING_CLAIM_PREFIX + job_id

@@ -1,9 +1,11 @@
-"""The worker <-> master channel, version 3 (docs/protocol.md): both ends import this.
+"""The worker <-> master channel, version 4 (docs/protocol.md): both ends import this.
 
 worker -> master, on the worker's private stdout: one line per message, built by the
 `*_line` functions, read by `parse_line`. master -> worker, on the worker's stdin:
-`STOP`, `PAUSE`, `RESUME`. A program given as --worker-command learns what it needs from the environment
-variables named here. Pure code, standard library only, unit-tested directly.
+`STOP`, `PAUSE`, `RESUME`, and `end <job-id>` (`end_request`), read by `master_request`.
+A program given as --worker-command learns what it needs from the environment variables
+named here (it may ignore `end`: herder sends it only to its own RQ workers). Pure code,
+standard library only, unit-tested directly.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # bookkeeping (version 1 workers may send it later; the master accepts both).
 # Version 3: `idle` may say why the worker takes no jobs (PAUSE_REASONS), and the master
 # may send `pause` and `resume`.
-VERSION = 3
-SUPPORTED_VERSIONS = ("1", "2", "3")
+# Version 4: the master may send `end <job-id>`: end a job herder gave up on as RQ ends an
+# abandoned job (docs/design.md, "When herder gives up on a job"); the worker frames that
+# work as `busy <job-id> ...` then `done <job-id> <ts> ended`, which counts as no job.
+VERSION = 4
+SUPPORTED_VERSIONS = ("1", "2", "3", "4")
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
 # Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one).
 PAUSE_REASONS = ("suspended", "paused")
@@ -27,6 +32,8 @@ PAUSE_REASONS = ("suspended", "paused")
 STOP = b"stop\n"  # master -> worker: finish the current job, then exit
 PAUSE = b"pause\n"  # master -> worker: finish the current job, then take no new one
 RESUME = b"resume\n"  # master -> worker: take jobs again
+END = "end"  # master -> worker: `end <job-id>`, run the given-up job's ending (RQ's callbacks...)
+OUTCOMES = ("ok", "failed", "ended")  # `done`: the job's own outcome, or an ending's
 
 # The environment a worker starts with: the interface of any --worker-command program.
 ENV_REDIS_URL = "HERDER_REDIS_URL"  # never on argv, where `ps` would show a password
@@ -47,7 +54,7 @@ class Message:
     verb: str
     ts: float
     job_id: str | None = None
-    ok: bool | None = None
+    ok: bool | None = None  # `done`: True ok, False failed, None an ending (no job of its own)
     # Seconds the job may run (RQ's job.timeout); None when the worker did not say,
     # -1 for a job that may run forever.
     timeout: float | None = None
@@ -74,8 +81,10 @@ def beat_line(job_id: str, ts: float) -> bytes:
     return f"beat {job_id} {ts:.6f}\n".encode()
 
 
-def done_line(job_id: str, ts: float, ok: bool) -> bytes:
-    return f"done {job_id} {ts:.6f} {'ok' if ok else 'failed'}\n".encode()
+def done_line(job_id: str, ts: float, ok: bool | None) -> bytes:
+    """ok True/False: the job's outcome; None: an ending the master asked for (`end`)."""
+    outcome = "ended" if ok is None else "ok" if ok else "failed"
+    return f"done {job_id} {ts:.6f} {outcome}\n".encode()
 
 
 def stop_line(ts: float) -> bytes:
@@ -129,10 +138,11 @@ def parse_line(raw: bytes) -> Message:
             # beat <job-id> <ts>: the process is alive while a job runs
             return Message("beat", _ts(args[1]), job_id=_job_id(args[0]))
         case "done", 3:
-            # done <job-id> <ts> ok|failed
-            if args[2] not in ("ok", "failed"):
+            # done <job-id> <ts> ok|failed|ended
+            if args[2] not in OUTCOMES:
                 raise ProtocolError(f"bad outcome {args[2][:20]!r}")
-            return Message("done", _ts(args[1]), job_id=_job_id(args[0]), ok=args[2] == "ok")
+            ok = None if args[2] == "ended" else args[2] == "ok"
+            return Message("done", _ts(args[1]), job_id=_job_id(args[0]), ok=ok)
         case "idle", 1 | 2:
             # idle <ts> [suspended|paused]
             if len(args) == 2 and args[1] not in PAUSE_REASONS:
@@ -146,7 +156,20 @@ def parse_line(raw: bytes) -> Message:
             raise ProtocolError(f"unknown verb {verb[:40]!r}")
 
 
-def master_request(line: bytes) -> str | None:
-    """Worker side: "stop", "pause" or "resume" for the master's stdin lines, else None."""
-    word = line.strip()
-    return next((r.strip().decode() for r in (STOP, PAUSE, RESUME) if word == r.strip()), None)
+def end_request(job_id: str) -> bytes:
+    """Master side: ask an idle worker to end a job herder gave up on."""
+    return f"{END} {_job_id(job_id)}\n".encode()
+
+
+def master_request(line: bytes) -> tuple[str, str | None] | None:
+    """Worker side: ("stop" | "pause" | "resume", None) or ("end", job id) for a line from
+    the master's stdin; None for anything else (ignored)."""
+    fields = line.decode("utf-8", "replace").split()
+    if len(fields) == 1 and fields[0] in ("stop", "pause", "resume"):
+        return fields[0], None
+    if len(fields) == 2 and fields[0] == END:
+        try:
+            return END, _job_id(fields[1])
+        except ProtocolError:
+            return None
+    return None

@@ -41,6 +41,8 @@ class ProcessHandle(Protocol):
 
     def send_pause(self, paused: bool) -> None: ...
 
+    def send_end(self, job_id: str) -> None: ...
+
     def signal_group(self, sig: int) -> None: ...
 
     def has_exited(self) -> bool: ...
@@ -58,6 +60,7 @@ class Worker:
     stop_sent_at: float | None = None
     kill_started_at: float | None = None
     kill_reason: str = ""
+    kill_kind: str = ""  # the kill reason's class (liveness's kinds): why, for a given-up job's ending
     sigkilled: bool = False
     spared: bool = False  # judged hung, but the kill budget was spent
     # Retirement (herder.supervisor.retirement): replaced first, then sent `stop`.

@@ -24,6 +24,7 @@ from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
+from herder.supervisor.endings import Endings
 from herder.supervisor.events import Events
 from herder.supervisor.fleet import Slot, Worker, died_young
 from herder.supervisor.guard import KillGuard
@@ -74,6 +75,7 @@ class Master:
         self.sched = sched or SchedulerKeeper(None, clock, self.host_id)  # RQ's scheduler: scheduler.py
         self.guard = KillGuard(cfg, recovery)
         self.retirement = Retirement(cfg, recovery)
+        self.endings = Endings()  # given-up jobs: which worker ends each (endings.py)
         self.stopping = self.paused = False  # paused: `herder pause`, no new jobs on this host
         self.spawns_pending = False  # pacing left spawns for the next pass: it comes soon
         self.generation = 0  # bumped by a rolling restart
@@ -139,6 +141,7 @@ class Master:
         self.scale()
         self.manage()
         self.sched.step(self.cfg, self.stopping, self.events.wake)
+        self.end_given_up()
         self.commands.handle_requests()
         self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
         self.heartbeat()
@@ -237,7 +240,7 @@ class Master:
             if obs.job_id is not None:
                 cause = f"killed by herder: {w.kill_reason}" if w.kill_reason else f"worker died ({how})"
                 label = "killed" if w.kill_reason else "died"  # the metrics' reason
-                self.requeue(obs.job_id, f"{cause} while running the job", label)
+                self.requeue(obs.job_id, f"{cause} while running the job", label, w.kill_kind or "died")
             slot = self.slots.get(w.slot)
             if slot is None or self.stopping:
                 continue
@@ -250,10 +253,16 @@ class Master:
                         delay)  # fmt: skip
         self.launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
 
-    def requeue(self, job_id: str, reason: str, label: str) -> None:
+    def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
         if self.recovery is None:  # no Redis: nothing to put it back on
             return log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
-        self.recovery.requeue(job_id, reason, label)
+        self.recovery.requeue(job_id, reason, label, cause)
+
+    def end_given_up(self) -> None:
+        """Jobs given up past max_requeues end in a worker, as RQ ends them (endings.py)."""
+        if self.recovery is not None and not self.stopping and self.cfg.worker_command is None:
+            now = self.clock.monotonic()
+            self.endings.dispatch(self.recovery.endings(), self.live_workers(), self.generation, now)
 
     def rq_name(self, w: Worker) -> str:  # as the worker registers with RQ
         return rq_worker_name(self.hostname, w.slot, w.pid)
@@ -282,7 +291,7 @@ class Master:
     def kill(self, w: Worker, reason: str, kind: str) -> None:
         """SIGTERM now (SIGKILL after kill_timeout, in murder); `kind` is the reason's class."""
         change_state(w, WorkerState.KILLING, f"SIGTERM to its process group: {reason}", logging.WARNING)
-        w.kill_reason = reason
+        w.kill_reason, w.kill_kind = reason, kind
         w.kill_started_at = self.clock.monotonic()
         self.counters.totals.killed += 1
         self.counters.totals.killed_by[kind] += 1

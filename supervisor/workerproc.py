@@ -26,6 +26,7 @@ from herder.common.worker_protocol import (
     STOP,
     LineSplitter,
     ProtocolError,
+    end_request,
     parse_line,
 )
 from herder.supervisor import logs
@@ -80,6 +81,7 @@ class Observations:
     stderr_dropped: int = 0
     last_error: str = ""
     paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended or paused
+    endings: int = 0  # given-up jobs this worker ended (`end`), which count as no job
 
 
 class Child(Protocol):
@@ -239,6 +241,10 @@ class WorkerProcess:
                 case "busy":
                     o.job_id, o.job_started, o.job_timeout = msg.job_id, now, msg.timeout
                     o.paused = None
+                case "done" if msg.ok is None:  # an ending (`end`) is over: no job of its own
+                    o.endings += 1
+                    if o.job_id == msg.job_id:
+                        o.job_id = None
                 case "done":
                     if o.job_id == msg.job_id:
                         o.busy_seconds += now - o.job_started
@@ -290,6 +296,9 @@ class WorkerProcess:
 
     def send_pause(self, paused: bool) -> None:
         self._tell(PAUSE if paused else RESUME)  # a --worker-command program may ignore it
+
+    def send_end(self, job_id: str) -> None:
+        self._tell(end_request(job_id))
 
     def _tell(self, line: bytes) -> None:
         assert self.popen.stdin

@@ -47,6 +47,7 @@ class FakeProc:
         self.signals: list[int] = []
         self.stops = 0
         self.pauses: list[bool] = []
+        self.ends: list[str] = []
         self.obeys_term = True
 
     # the ProcessHandle
@@ -58,6 +59,9 @@ class FakeProc:
 
     def send_pause(self, paused: bool) -> None:
         self.pauses.append(paused)
+
+    def send_end(self, job_id: str) -> None:
+        self.ends.append(job_id)
 
     def signal_group(self, sig: int) -> None:
         self.signals.append(sig)
@@ -112,6 +116,8 @@ class FakeLauncher(SubprocessLauncher):  # its tend, renew and close do nothing
 class FakeRecovery:
     def __init__(self) -> None:
         self.requeues: list[tuple[str, str]] = []
+        self.causes: list[str] = []
+        self.waiting_endings: dict[str, int] = {}
         self.forgotten: list[str] = []
         self.told: tuple[list[str], list[str]] = ([], [])
         self.asked: list[int] = []
@@ -132,8 +138,12 @@ class FakeRecovery:
         out, self.pending_answers = self.pending_answers, {}
         return out
 
-    def requeue(self, job_id: str, reason: str, label: str) -> None:
+    def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
         self.requeues.append((job_id, reason))
+        self.causes.append(cause)
+
+    def endings(self) -> dict[str, int]:
+        return self.waiting_endings
 
     def forget(self, name: str) -> None:
         self.forgotten.append(name)
@@ -620,3 +630,56 @@ def test_each_event_of_a_worker_is_logged_once_with_its_reason(
         f"slot 0 pid {proc.pid}: killing -> exited (killed by SIGKILL; silent for 3.5 s (heartbeat "
         "timeout 3 s); lived 4.5 s, 0 jobs ok, 0 failed)",
     ], lines
+
+
+def test_given_up_jobs_are_offered_to_idle_workers_once_each_never_run_in_the_master(
+    clock: FakeClock,
+) -> None:
+    m, launcher, recovery = make(clock, workers=3)
+    m.step()
+    all_ready(m)
+    busy = live(m)[0]
+    busy.busy("job-running")
+    recovery.waiting_endings = {"gone-1": 1, "gone-2": 2, "gone-3": 3}
+    m.step()
+    offered = {job for p in live(m).values() for job in p.ends}
+    assert busy.ends == [] and offered == {"gone-1", "gone-2"}  # two idle workers, one each
+    m.step()
+    assert sorted(j for p in live(m).values() for j in p.ends) == ["gone-1", "gone-2"]  # not again
+    recovery.waiting_endings = {"gone-3": 3}  # the first two were ended
+    m.step()
+    assert sorted(j for p in live(m).values() for j in p.ends) == ["gone-1", "gone-2", "gone-3"]
+    clock.advance(31)  # still waiting long after its offer (another host's worker has it?)
+    for p in live(m).values():
+        p.beat()
+    m.step()
+    assert sum(j == "gone-3" for p in live(m).values() for j in p.ends) == 2
+
+
+def test_a_killed_workers_job_is_requeued_with_the_kill_kind_as_its_cause(clock: FakeClock) -> None:
+    m, _, recovery = make(clock, workers=1)
+    m.step()
+    proc = live(m)[0]
+    proc.ready()
+    proc.busy("job-1")
+    m.step()
+    clock.advance(3.5)
+    m.step()
+    m.step()
+    assert recovery.causes == ["silent"]  # the ending's exception says: hung past its heartbeat
+
+
+def test_an_ending_done_is_not_offered_again_until_the_job_is_given_up_again(clock: FakeClock) -> None:
+    m, _, recovery = make(clock, workers=1)
+    m.step()
+    all_ready(m)
+    proc = live(m)[0]
+    recovery.waiting_endings = {"gone-1": 1}
+    m.step()
+    assert proc.ends == ["gone-1"]
+    proc.obs.endings += 1  # the worker said `done gone-1 ... ended`
+    m.step()  # the recovery thread has not swept since: it still lists give-up 1
+    assert proc.ends == ["gone-1"]
+    recovery.waiting_endings = {"gone-1": 2}  # retried by RQ, died again: a new give-up
+    m.step()
+    assert proc.ends == ["gone-1", "gone-1"]

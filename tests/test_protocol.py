@@ -43,7 +43,7 @@ def test_parses_every_verb(line: bytes, expected: Message) -> None:
         (b"idle -5", "bad timestamp"),
         (b"done j 1.0 maybe", "bad outcome"),
         (b"ready x 1.0", "bad pid"),
-        (b"ready 1 1.0 4", "unsupported protocol version"),
+        (b"ready 1 1.0 5", "unsupported protocol version"),
         (b"\xff\xfe", "not UTF-8"),
         (b"busy " + b"j" * 300 + b" 1.0", "bad job id"),
     ],
@@ -123,9 +123,12 @@ def test_what_the_worker_writes_the_master_reads(
     busy = parse_line(wp.busy_line(job, ts, timeout)[:-1])
     assert busy.timeout == (None if timeout is None else pytest.approx(timeout, rel=1e-9))
     assert parse_line(wp.done_line(job, ts, ok)[:-1]).ok is ok
-    assert [wp.master_request(x) for x in (wp.STOP, wp.PAUSE, wp.RESUME, b"stopp\n")] == [
-        "stop", "pause", "resume", None
+    lines = (wp.STOP, wp.PAUSE, wp.RESUME, b"stopp\n", wp.end_request(job), b"end\n", b"end a b\n")
+    assert [wp.master_request(x) for x in lines] == [
+        ("stop", None), ("pause", None), ("resume", None), None, ("end", job), None, None
     ]  # fmt: skip
+    ended = parse_line(wp.done_line(job, ts, None)[:-1])
+    assert ended.verb == "done" and ended.ok is None  # an ending: neither ok nor failed
     for paused in wp.PAUSE_REASONS:
         assert parse_line(wp.idle_line(ts, paused)[:-1]).paused == paused
     assert parse_line(wp.idle_line(ts)[:-1]).paused is None

@@ -18,6 +18,7 @@ import select
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from herder.common import worker_protocol as wp
@@ -41,7 +42,8 @@ class Channel:
         self._last_idle = 0.0
         self._last_paused: str | None = None
         self.paused = False  # `herder pause`: take no new job until `resume`
-        self.requests = threading.Event()  # set on each request from the master (stop, pause, resume)
+        self.requests = threading.Event()  # set on each request from the master (stop, pause, resume, end)
+        self.endings: deque[str] = deque()  # jobs herder gave up on, to end as RQ would (`end`)
         self.on_beat: Callable[[], None] | None = None  # also called while a job runs
         self._sentinel = threading.Thread(target=self._watch_master, name="herder-sentinel", daemon=True)
 
@@ -76,7 +78,8 @@ class Channel:
             self._job_id = job_id
         self._send(wp.busy_line(job_id, time.time(), timeout))
 
-    def done(self, job_id: str, ok: bool) -> None:
+    def done(self, job_id: str, ok: bool | None) -> None:
+        """ok: the job's outcome; None: an ending (`end`) is over."""
         with self._lock:
             self._job_id = None
         self._send(wp.done_line(job_id, time.time(), ok))
@@ -96,11 +99,16 @@ class Channel:
             self.requests.set()
             print(f"herder worker: stopping after the current job ({reason})", file=sys.stderr, flush=True)
 
-    def _on_request(self, request: str | None) -> None:
-        if request == "stop":
-            self.request_stop("stop from the master")
-        elif request in ("pause", "resume"):
-            self.paused = request == "pause"
+    def _on_request(self, request: tuple[str, str | None] | None) -> None:
+        if request is None:
+            return
+        match request:
+            case ("stop", _):
+                self.request_stop("stop from the master")
+            case ("pause" | "resume" as verb, _):
+                self.paused = verb == "pause"
+            case ("end", job_id) if job_id:
+                self.endings.append(job_id)
         self.requests.set()
 
     def _master_gone(self, reason: str) -> None:

@@ -41,6 +41,7 @@ from rq.worker import BaseWorker, SimpleWorker, WorkerStatus
 
 from herder.common.config import Config
 from herder.common.rq_names import lease_key
+from herder.worker.abandoned import end_abandoned
 from herder.worker.channel import Channel
 
 # One blocking dequeue's wait: an idle worker looks for `stop` (and RQ's suspension) this often.
@@ -171,11 +172,27 @@ class HerderMixin(BaseWorker):
             if not first:  # work() checked just before the first slice
                 self.check_for_suspension(burst=False)
             first = False
+            self.run_endings()
             result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
             if result is not None:
                 return self._took(result)
             if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                 return None
+
+    def run_endings(self) -> None:
+        """Jobs herder gave up on, which the master asked this worker to end (`end`): each
+        ends as RQ ends an abandoned job (herder.worker.abandoned), framed as busy ... done
+        `ended`, so the master watches it like a job and counts no job for it."""
+        while self.channel.endings:
+            job_id = self.channel.endings.popleft()
+            self.channel.busy(job_id, None)
+            try:
+                outcome = end_abandoned(self, job_id)
+                self.log.warning("Worker %s: job %s given up by herder: %s", self.name, job_id, outcome)
+            except RedisError as exc:  # the ending stays waiting: the master asks again
+                self.log.warning("Worker %s: ending of job %s not done (%s)", self.name, job_id, exc)
+            finally:
+                self.channel.done(job_id, None)
 
     def dequeue_slice(self) -> float:
         """How long one blocking dequeue waits: a `stop` reaches an idle worker within it.

@@ -12,8 +12,11 @@ Jobs are herder's responsibility until they finish. This thread:
 Every move of a job is one Lua script (MOVE): it re-checks, inside Redis, that the job is
 still where the sweep saw it and that its holder is still gone, then puts it at the front
 of its queue, counted against max_requeues; past the limit it goes to RQ's
-FailedJobRegistry instead, with a reason a person can read. Two masters racing for one
-job: one moves it, the other finds it gone. So every job runs at least once.
+FailedJobRegistry instead, with a reason a person can read: for herder's RQ workers by way of an
+ending, which a worker runs as RQ ends an abandoned job (callbacks, exception handlers,
+Retry, webhooks, rate limits: herder.worker.abandoned); the master only dispatches it. Two
+masters racing for one job: one moves it, the other finds it gone. So every job runs at
+least once.
 
 A task that fails is retried with backoff, on its own: while Redis is unreachable every
 task waits (a requeue is never dropped for want of Redis); a task that fails for any other
@@ -22,6 +25,7 @@ reason is given up after MAX_ATTEMPTS, loudly, and never blocks the tasks behind
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -41,7 +45,7 @@ from rq.worker import Worker
 from rq.worker_registration import unregister
 
 from herder.common.config import Config
-from herder.common.rq_names import lease_key
+from herder.common.rq_names import ENDINGS_KEY, lease_key
 from herder.supervisor.redis_side.budget import CULL_TAKE, cull_keys
 from herder.supervisor.redis_side.sweep import Fleet, Popped, Recover, Started, plan
 
@@ -53,9 +57,12 @@ SCAN_LIMIT = 1000  # entries read per list per sweep: a huge backlog of orphans 
 COUNT_FIELD = "herder_requeues"  # in the job's hash: requeues so far, counted atomically
 
 # KEYS: 1 the StartedJobRegistry, 2 the intermediate list, 3 the queue, 4 the job's hash,
-#       5 the holder's lease (any key when there is none), 6 the FailedJobRegistry
+#       5 the holder's lease (any key when there is none), 6 the FailedJobRegistry,
+#       7 the endings hash (herder.common.rq_names.ENDINGS_KEY)
 # ARGV: 1 "wip" or "intermediate" (where the job was seen), 2 the wip member, 3 job id,
-#       4 max requeues, 5 "1" to re-check the holder's lease, 6 failure TTL, 7 count field
+#       4 max requeues, 5 "1" to re-check the holder's lease, 6 failure TTL, 7 count field,
+#       8 "1" to leave a job past the limit to a worker's ending (herder's RQ workers), else
+#       fail it here (a --worker-command fleet), 9 the ending's record (JSON)
 MOVE = """
 if ARGV[5] == '1' and redis.call('EXISTS', KEYS[5]) == 1 then return {'held', 0} end
 local status = redis.call('HGET', KEYS[4], 'status') or ''
@@ -71,6 +78,10 @@ if removed == 0 then return {'gone', 0} end
 if status ~= 'started' and status ~= 'queued' then return {'litter', 0} end
 local n = redis.call('HINCRBY', KEYS[4], ARGV[7], 1)
 if n > tonumber(ARGV[4]) then
+  if ARGV[8] == '1' then
+    redis.call('HSET', KEYS[7], ARGV[3], ARGV[9])
+    return {'over', n}
+  end
   local t = redis.call('TIME')
   redis.call('ZADD', KEYS[6], tonumber(t[1]) + tonumber(ARGV[6]), ARGV[3])
   redis.call('HSET', KEYS[4], 'status', 'failed')
@@ -88,6 +99,7 @@ class Task:
     subject: str  # job id, RQ worker name, or counter key
     detail: str = ""  # the reason, or the window
     label: str = ""  # a requeue's class, for the metrics: "killed" or "died"
+    cause: str = ""  # a requeue's cause for an ending: a kill's kind, or "died"
     attempts: int = 0
     due: float = 0.0
 
@@ -124,6 +136,8 @@ class Recovery:
         self._cond = threading.Condition()
         self._tasks: list[Task] = []
         self._state = _State()
+        self._endings: dict[str, int] = {}  # job id -> its give-up's number
+        self._give_ups = 0
         self._first_seen: dict[tuple[str, str, str], float] = {}
         self._next_sweep = 0.0
         self._trust_leases_at = time.monotonic() + cfg.lease_seconds  # others renew meanwhile
@@ -142,9 +156,17 @@ class Recovery:
         task and sweep on."""
         self.cfg = cfg
 
-    def requeue(self, job_id: str, reason: str, label: str) -> None:
-        """Put back the job a reaped worker held; `label` classes the reason ("killed", "died")."""
-        self._submit(Task("requeue", job_id, reason, label=label))
+    def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
+        """Put back the job a reaped worker held; `label` classes the reason ("killed", "died"),
+        `cause` names it for a given-up job's ending (a kill's kind, or "died")."""
+        self._submit(Task("requeue", job_id, reason, label=label, cause=cause or label))
+
+    def endings(self) -> dict[str, int]:
+        """Jobs given up on whose ending no worker has finished yet (as of the last sweep, plus
+        those given up since), each with the number of its give-up (a job retried by RQ and
+        given up again is a new ending): the master asks idle workers to end them."""
+        with self._cond:
+            return dict(self._endings)
 
     def forget(self, worker_name: str) -> None:
         """A worker died: unregister it, drop its lease, and sweep for what it held."""
@@ -288,7 +310,7 @@ class Recovery:
                 pipe.expire(task.subject, int(float(task.detail) * 2) + 1)
                 pipe.execute()
         else:
-            self._requeue_held(task.subject, task.detail, task.label)
+            self._requeue_held(task.subject, task.detail, task.label, task.cause)
 
     def _take_cull_token(self, wall: float) -> bool:
         current, previous, elapsed = cull_keys(wall, self.cfg.cull_window)
@@ -309,7 +331,7 @@ class Recovery:
             pipe.delete(lease_key(name))
             pipe.execute()
 
-    def _requeue_held(self, job_id: str, reason: str, label: str) -> None:
+    def _requeue_held(self, job_id: str, reason: str, label: str, cause: str) -> None:
         """The job a reaped worker held: wherever RQ has it (started, or only popped), move it."""
         origin = self.connection.hget(Job.key_for(job_id), "origin")
         if origin is None:
@@ -318,10 +340,11 @@ class Recovery:
         queue = origin.decode()
         wip = StartedJobRegistry(queue, connection=self.connection).key
         members = [m.decode() for m, _ in self.connection.zscan_iter(wip, match=f"{job_id}:*")]
-        moves = [Recover("wip", queue, m, job_id, "", reason, label) for m in members]
+        moves = [Recover("wip", queue, m, job_id, "", reason, label, cause) for m in members]
         outcomes = [self._move_one(r) for r in moves]
         if not members:  # popped, never started
-            outcomes.append(self._move_one(Recover("intermediate", queue, job_id, job_id, "", reason, label)))
+            popped = Recover("intermediate", queue, job_id, job_id, "", reason, label, cause)
+            outcomes.append(self._move_one(popped))
         if not any(o in ("requeued", "over") for o in outcomes):
             status = self.connection.hget(Job.key_for(job_id), "status")
             log.info("job %s: not requeued (it is %s)", job_id, (status or b"gone").decode())
@@ -384,7 +407,15 @@ class Recovery:
             for q in queues:
                 pipe.lrange(Queue(q, connection=c).intermediate_queue_key, 0, SCAN_LIMIT - 1)
                 pipe.zrange(StartedJobRegistry(q, connection=c).key, 0, SCAN_LIMIT - 1)
-            replies = pipe.execute()
+            pipe.hkeys(ENDINGS_KEY)  # given up, ending not done yet (any host's: a master died?)
+            *replies, endings = pipe.execute()
+        with self._cond:  # what Redis says waits; a give-up keeps its number, one found anew gets one
+            known = self._endings
+            self._endings = {}
+            for job_id in (e.decode() for e in endings):
+                if job_id not in known:
+                    self._give_ups += 1
+                self._endings[job_id] = known.get(job_id, self._give_ups)
         popped_ids = [(q, [x.decode() for x in replies[2 * i]]) for i, q in enumerate(queues)]
         members = [(q, [x.decode() for x in replies[2 * i + 1]]) for i, q in enumerate(queues)]
         with c.pipeline(transaction=False) as pipe:
@@ -410,8 +441,11 @@ class Recovery:
         wip = StartedJobRegistry(r.queue, connection=c).key
         keys = [wip, queue.intermediate_queue_key, queue.key, Job.key_for(r.job_id)]
         keys += [lease_key(r.holder) if r.holder else wip, FailedJobRegistry(r.queue, connection=c).key]
+        keys.append(ENDINGS_KEY)
         check = "1" if r.holder else "0"
         args = [r.source, r.member, r.job_id, self.cfg.max_requeues, check, DEFAULT_FAILURE_TTL, COUNT_FIELD]
+        ending = {"why": r.why, "cause": r.cause, "limit": self.cfg.max_requeues}
+        args += ["1" if self.sweeping else "0", json.dumps(ending)]
         outcome, count = self._move(keys=keys, args=args)
         outcome, count = outcome.decode(), int(count)
         if outcome == "requeued":
@@ -425,6 +459,19 @@ class Recovery:
                 r.why,
             )
             self._note(r.job_id, count, r.why)
+        elif outcome == "over" and self.sweeping:  # herder's RQ workers: a worker ends it
+            self.counts.failed += 1
+            with self._cond:
+                self._give_ups += 1
+                self._endings[r.job_id] = self._give_ups
+            log.error(
+                "job %s: given up: %s; requeued %d times already (limit %d): a worker ends it as RQ "
+                "ends an abandoned job (failure callback, exception handlers, Retry, webhooks)",
+                r.job_id,
+                r.why,
+                count - 1,
+                self.cfg.max_requeues,
+            )
         elif outcome == "over":
             message = (
                 f"{r.why}; requeued {count - 1} times already (limit {self.cfg.max_requeues}), so failed"

@@ -69,6 +69,7 @@ class Recover:
     holder: str  # the worker whose lease the move re-checks, or "" for none
     why: str
     label: str = "swept"  # the requeue's class, for the metrics: swept (found by a sweep), killed, died
+    cause: str = "swept"  # why, for a given-up job's ending: a kill's kind, "died" or "swept"
 
 
 def plan(
