@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
 
-from herder.common.config import Config, redact_url
+from herder.common.config import KEYS, SECRET_KEYS, Config, redact_url
 from herder.supervisor.fleet import Worker
 from herder.supervisor.states import WORKING
 from herder.supervisor.workerproc import Observations
@@ -153,7 +153,7 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
     """What the control socket answers while the master is still starting (imports, Redis
     clients, its first loop pass): the same shape as build_status, state `starting`, no
     workers yet, so `herder status` is useful from the first moment."""
-    watchdog_pid = os.getppid()
+    watchdog_pid, settings = os.getppid(), asdict(cfg)
     return {
         "ok": True,
         "state": "starting",
@@ -176,8 +176,15 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "slots_in_backoff": [],
         "queues": [{"name": q, "backlog": None, "running": None, "growth": None} for q in cfg.queues],
         "workers": [],
-        "totals": {},
-        "settings": {},
+        "totals": {
+            "spawned": 0,
+            "killed": 0,
+            "requeued": 0,
+            "recovered_by_sweep": 0,
+            "failed_by_herder": 0,
+            "recycled": {},
+        },  # fmt: skip
+        "settings": {k: redact_url(v) if k in SECRET_KEYS else v for k, v in settings.items() if k in KEYS},
         "scheduler": None,
         "jobs": {"ok": 0, "failed": 0},
         "killed_by": {},

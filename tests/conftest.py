@@ -5,7 +5,12 @@
 - The pytest process is a child subreaper, so workers orphaned by a killed master
   come back to it and are reaped here: a zombie left behind is a finding, not noise.
 - Every process a test starts carries HERDER_TEST_TAG in its environment; after the
-  test, any process still carrying it is a leftover: the test fails and it is killed.
+  test, any process still carrying it is a leftover: the test fails and it is killed
+  (a test that failed already is not failed again for what its failure left running).
+- Tests wait for the state a user would see: the status from the control socket
+  (Herder.snapshot, wait_status, wait_workers), Redis, the process table. A fixed sleep
+  only measures an absence over a span of time, and says so; a log line is checked as
+  output in its own right, after the state change that writes it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +42,26 @@ TAG_VAR = "HERDER_TEST_TAG"
 SCHEDULER_MODULE = "herder.worker.scheduler"  # the master's children that are not workers
 TEMPLATE_NAME = "herder-forksrv"  # herder.worker.template's TEMPLATE_NAME
 GRACEFUL_STOP = signal.SIGTERM
+READY_STATES = ("idle", "busy")  # a worker's state in the status once it has said `ready`
 # The master's last words: its counters, the only record of them once herder has exited.
 MASTER_SUMMARY = re.compile(
     r"master (?P<pid>\d+) stopped: spawned (?P<spawned>\d+), exited (?P<exited>\d+), "
     r"killed (?P<killed>\d+), jobs ok (?P<jobs_ok>\d+) failed (?P<jobs_failed>\d+), "
     r"requeued (?P<requeued>\d+), failed by herder (?P<failed_by_herder>\d+)"
+)
+# A worker's end, logged once as it is reaped (herder.supervisor.master.reap):
+#   slot 0 pid 123: busy -> exited (killed by SIGKILL; <kill reason>; lived 3.2 s, 5 jobs ok, 0 failed)
+#   slot 0 pid 123: stopping -> exited (exit code 0; stopped as asked; lived 10.0 s, 5 jobs ok, 0 failed)
+EXIT_LINE = re.compile(
+    r"slot (?P<slot>\d+) pid (?P<pid>\d+): (?P<was>\w+) -> exited \((?P<how>[^;]+); (?P<why>.*?); "
+    r"lived (?P<lived>[\d.]+) s, (?P<jobs_ok>\d+) jobs ok, (?P<jobs_failed>\d+) failed\)$",
+    re.M,
+)
+# A kill, logged once: slot 0 pid 123: busy -> killing (SIGTERM to its process group: <reason>)
+KILL_LINE = re.compile(
+    r"slot (?P<slot>\d+) pid (?P<pid>\d+): (?P<was>\w+) -> killing \(SIGTERM to its process group: "
+    r"(?P<why>.*)\)$",
+    re.M,
 )
 
 # Short timeouts keep the suite fast; each test may override.
@@ -72,6 +92,11 @@ def is_template(p: psutil.Process) -> bool:
         return p.name() == TEMPLATE_NAME
     except psutil.NoSuchProcess:
         return False
+
+
+def ready_pids(status: dict[str, Any]) -> list[int]:
+    """The pids of the workers a status shows ready (idle or busy)."""
+    return [w["pid"] for w in status["workers"] if w["state"] in READY_STATES]
 
 
 def free_port() -> int:
@@ -269,6 +294,19 @@ class Herder:
 
         return wait_for(found, timeout, what=f"{count}x /{pattern}/ in the herder log")  # type: ignore[return-value]
 
+    def exits(self, pid: int | None = None) -> list[dict[str, str]]:
+        """Every worker exit the log records (EXIT_LINE's fields), oldest first; or only pid's."""
+        found = [m.groupdict() for m in EXIT_LINE.finditer(self.log())]
+        return [e for e in found if pid is None or int(e["pid"]) == pid]
+
+    def graceful_exits(self) -> list[dict[str, str]]:
+        """The exits of workers that stopped as asked (exit code 0 after `stop`)."""
+        return [e for e in self.exits() if e["how"] == "exit code 0" and e["why"] == "stopped as asked"]
+
+    def kills(self) -> list[dict[str, str]]:
+        """Every worker kill the log records (KILL_LINE's fields), oldest first."""
+        return [m.groupdict() for m in KILL_LINE.finditer(self.log())]
+
     def master(self) -> psutil.Process | None:
         try:
             kids = psutil.Process(self.pid).children()
@@ -327,17 +365,81 @@ class Herder:
             pass
         return None
 
-    def wait_workers(self, n: int, timeout: float = 20) -> list[psutil.Process]:
-        def ready() -> list[psutil.Process] | None:
-            m = self.master()
-            if m is None:
-                return None
-            ws = self.workers(m)
-            ready_pids = {int(x) for x in re.findall(r"pid (\d+): starting -> idle", self.log())}
-            live_ready = [w for w in ws if w.pid in ready_pids]
-            return live_ready if len(live_ready) == n and len(ws) == n else None
+    def snapshot(self) -> dict[str, Any]:
+        """The status (the dict `herder status --json` prints) straight from the control
+        socket, without starting a CLI process: for polling. Raises OSError while nobody
+        answers, AssertionError if the master answers with an error."""
+        from herder.supervisor.ctl import client
 
-        return wait_for(ready, timeout, what=f"{n} ready workers")  # type: ignore[return-value]
+        reply = client.call(self.state_dir, {"cmd": "status"}, timeout=10)
+        assert reply.get("ok"), f"the master refused `status`: {reply}"
+        return reply
+
+    def try_snapshot(self) -> dict[str, Any] | None:
+        """snapshot(), or None while nobody answers the control socket."""
+        try:
+            return self.snapshot()
+        except (OSError, ValueError):
+            return None
+
+    def wait_status(
+        self,
+        predicate: Callable[[dict[str, Any]], object],
+        timeout: float = 20,
+        what: str = "",
+        interval: float = 0.1,
+    ) -> dict[str, Any]:
+        """Poll the status until `predicate(status)` holds; return that status. A predicate
+        that looks up what a status does not carry yet (the master answers `starting`, with
+        no totals or settings, while it loads) counts as not yet."""
+        last: list[object] = [None]
+
+        def check() -> dict[str, Any] | None:
+            st = last[0] = self.try_snapshot()
+            try:
+                return st if st is not None and predicate(st) else None
+            except (KeyError, IndexError, TypeError) as exc:
+                last[0] = f"{exc!r} in {st}"
+                return None
+
+        try:
+            return wait_for(check, timeout, interval, what=what or "a status that satisfies the test")  # type: ignore[return-value]
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the last status: {str(last[0])[:3000]}") from None
+
+    def wait_workers(
+        self, n: int, timeout: float = 20, without: Collection[int] = ()
+    ) -> list[psutil.Process]:
+        """Wait until the status lists exactly n workers, every one ready (idle or busy), and
+        they are exactly the master's live worker children; return them as processes (slot
+        order). `without`: pids that must not be among them (the workers they replace)."""
+        found: list[psutil.Process] = []
+        gone = set(without)
+        seen: list[object] = ["no status yet"]
+
+        def ready() -> bool:
+            st = self.try_snapshot()
+            m = self.master()
+            if st is None or m is None or st["master"]["pid"] != m.pid:
+                return False
+            listed = st["workers"]
+            seen[0] = [(w["pid"], w["state"]) for w in listed]
+            if len(listed) != n or any(w["state"] not in READY_STATES or w["pid"] in gone for w in listed):
+                return False
+            live = {p.pid: p for p in self.workers(m)}
+            if set(live) != {w["pid"] for w in listed}:
+                return False
+            found[:] = [live[w["pid"]] for w in listed]
+            return True
+
+        others = f", none of {sorted(gone)}" if gone else ""
+        try:
+            wait_for(
+                ready, timeout, interval=0.1, what=f"{n} ready workers (and no other{others}) in the status"
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the status's workers last: {seen[0]}") from None
+        return found
 
     def worker_for_job(self, conn: Redis, job_id: str, timeout: float = 10) -> int:
         """The pid of the worker running a job, from RQ's own record of it."""
@@ -362,7 +464,7 @@ class Herder:
 
     def totals(self) -> dict[str, int]:
         """The live master's counters: spawned, killed, requeued, failed_by_herder."""
-        return self.status()["totals"]
+        return self.snapshot()["totals"]
 
     def master_summaries(self) -> list[dict[str, int]]:
         """Every master's final counters (pid, spawned, exited, killed, jobs_ok, jobs_failed,
@@ -415,7 +517,10 @@ class Herder:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        time.sleep(0.05)
+        try:  # SIGKILL is not instant: wait for them to be gone before reaping
+            wait_for(lambda: not tagged(self.tag), 5, what="the killed leftovers to exit")
+        except AssertionError:
+            leftovers.append("(some survived SIGKILL for 5 s)")
         reap_adopted()
         self._log.close()
         return leftovers
@@ -428,12 +533,15 @@ class Herder:
 
 
 HERDERS = pytest.StashKey[list[Herder]]()
+REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()  # "setup", "call": that phase's report
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A failed test's report carries the end of each herder's log: a CI failure explains itself."""
+    """A failed test's report carries the end of each herder's log: a CI failure explains itself.
+    Each phase's report is kept on the item, for the herder fixture's teardown to read."""
     report = yield
+    item.stash.setdefault(REPORTS, {})[report.when] = report
     if report.failed and report.when == "call":
         for n, h in enumerate(item.stash.get(HERDERS, [])):
             report.sections.append((f"herder {n} log (last 6000 characters)", h.log()[-6000:]))
@@ -458,8 +566,12 @@ def herder(redis_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> It
     yield make
     problems = []
     for h in started:
-        problems += h.cleanup()
-    if problems:
+        problems += h.cleanup()  # kills what is left, whatever the outcome
+    reports = request.node.stash.get(REPORTS, {})
+    already_failed = any(r.failed for r in reports.values())
+    # A test that failed midway leaves its herder running: that is the failure's echo, not a
+    # second finding. Only a test that passed is failed for what it left behind.
+    if problems and not already_failed:
         pytest.fail("processes left behind: " + "; ".join(problems))
 
 
@@ -508,6 +620,6 @@ def run_jobs_killing_one_holder(h: Herder, conn: Redis, tag: str) -> dict[str, A
         20,
         what="every job to finish, the killed one requeued",
     )
-    status = h.status()
+    status = h.snapshot()
     assert status["totals"]["requeued"] == 1 and status["scheduler"]["holds"] == ["default"]
     return status

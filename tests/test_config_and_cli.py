@@ -169,7 +169,8 @@ def test_redis_password_never_appears_in_logs(herder, password_redis: int, tmp_p
     # And with a wrong password: every error path logs, none shows the secret.
     bad = f"redis://:wrong-hunter2-s3cret@127.0.0.1:{password_redis}/0"
     h2 = herder(redis_url=bad, workers="1")
-    h2.wait_log(r"exited", timeout=20)
+    # Its worker cannot log in, dies and is spawned again: every error path has run once.
+    h2.wait_status(lambda s: s["totals"]["spawned"] >= 2, 20, what="a worker to die and be respawned")
     h2.stop_and_check()
     for log in (h.log(), h2.log()):
         assert "hunter2-s3cret" not in log

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HERDER, wait_for
+from conftest import HERDER, ready_pids, wait_for
 
 
 def cli(h, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -37,16 +39,15 @@ def test_status_matches_the_real_process_tree(herder, jobs):
     h.wait_workers(3)
     job = jobs.enqueue("record", "s", 3)
     wait_for(lambda: jobs.started("s"), 10, what="a job to start")
-    # The queue numbers come from the observer's once-a-second reading: wait for one.
-    st = wait_for(
-        lambda: (
-            (s := status_json(h))
-            and any(w["job"] for w in s["workers"])
-            and s["queues"][0]["running"] == 1
-            and s
-        ),
+    # The queue numbers come from the observer's once-a-second reading: wait for one, then
+    # read it as an operator does, through the CLI.
+    h.wait_status(
+        lambda s: any(w["job"] for w in s["workers"]) and s["queues"][0]["running"] == 1,
         5,
+        what="the running job in the workers and in the queue reading",
     )
+    st = status_json(h)
+    assert any(w["job"] for w in st["workers"]) and st["queues"][0]["running"] == 1
     master = h.master()
     assert st["master"]["pid"] == master.pid
     assert st["watchdog"]["pid"] == h.pid
@@ -68,12 +69,12 @@ def test_scale_up_and_down_without_interrupting_a_job(herder, jobs):
     h = herder(workers="2")
     h.wait_workers(2)
     assert cli(h, "scale", "4").returncode == 0
-    wait_for(lambda: len(h.workers()) == 4, 10, what="4 workers")
+    h.wait_workers(4, timeout=10)
     job = jobs.enqueue("record", "d", 2)
     busy_pid = h.worker_for_job(jobs.conn, job.id)
     # The master must know the worker is busy before the scale-down, or it may pick it.
-    wait_for(
-        lambda: any(w["job"] == job.id and w["state"] == "busy" for w in status_json(h)["workers"]),
+    h.wait_status(
+        lambda s: any(w["job"] == job.id and w["state"] == "busy" for w in s["workers"]),
         5,
         what="the master to see the job running",
     )
@@ -82,10 +83,9 @@ def test_scale_up_and_down_without_interrupting_a_job(herder, jobs):
     # The idle ones go first; the busy one finishes its job.
     wait_for(lambda: jobs.finished("d") == [job.id], 10, what="the running job to finish")
     assert jobs.started("d") == [job.id]
-    wait_for(lambda: len(h.workers()) == 1, 10, what="1 worker")
-    st = wait_for(  # the job records its finish just before the worker reports it done
-        lambda: (s := status_json(h)) and len(s["workers"]) == 1 and s["workers"][0]["job"] is None and s,
-        5,
+    st = h.wait_status(  # the job records its finish just before the worker reports it done
+        lambda s: len(s["workers"]) == 1 and s["workers"][0]["job"] is None,
+        10,
         what="1 worker, done with its job, in status",
     )
     assert st["desired"] == st["actual"] == 1
@@ -103,7 +103,7 @@ def test_herder_stop_drains_and_exits(herder, jobs):
     h.wait_workers(2)
     job = jobs.enqueue("record", "x", 2)
     wait_for(lambda: jobs.started("x"), 10, what="the job to start")
-    master_pid = status_json(h)["master"]["pid"]
+    master_pid = h.snapshot()["master"]["pid"]
     r = cli(h, "stop")
     assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["stopping 2 workers", "stopped"]
     assert jobs.finished("x") == [job.id]
@@ -181,21 +181,19 @@ def test_rolling_restart_under_load_keeps_capacity_and_interrupts_nothing(herder
     done = threading.Event()
 
     def sample() -> None:  # over the control socket, as `herder status` asks: no CLI start-up each time
-        from herder.supervisor.ctl.client import call
-
         while not done.is_set():
-            capacity.append(call(h.state_dir, {"cmd": "status"})["actual"])
-            time.sleep(0.05)
+            capacity.append(h.snapshot()["actual"])
+            time.sleep(0.05)  # a sampling interval, not a wait for a state
 
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
         r = cli(h, "restart")
         assert r.returncode == 0 and "replacing 4 workers" in r.stdout
-        wait_for(
-            lambda: {p.pid for p in h.workers()}.isdisjoint(old) and len(h.workers()) == 4,
+        h.wait_status(
+            lambda s: len(s["workers"]) == len(ready := ready_pids(s)) == 4 and old.isdisjoint(ready),
             30,
-            what="every worker replaced",
+            what="every worker replaced: 4 new ones ready, no old one left",
         )
         wait_for(lambda: len(jobs.finished("r")) == 300, 60, what="all jobs")
     finally:
@@ -206,7 +204,7 @@ def test_rolling_restart_under_load_keeps_capacity_and_interrupts_nothing(herder
     assert collections.Counter(jobs.started("r")) == collections.Counter(ids)  # each started once
     assert sorted(jobs.finished("r")) == sorted(ids)
     # Each of the 4 replaced once, by stop and not by kill.
-    totals = status_json(h)["totals"]
+    totals = h.totals()
     assert (totals["spawned"], totals["killed"]) == (8, 0)
     h.stop_and_check()
 
@@ -217,28 +215,41 @@ def test_reload_rereads_the_file_but_keeps_flags(herder, jobs, tmp_path):
     h = herder(workers=None, config=str(conf), stop_timeout="7")
     first = {p.pid for p in h.wait_workers(2)}
     conf.write_text("[herder]\nworkers = 3\nqueues = ['default', 'extra']\nstop_timeout = 99\n")
-    h.signal(1)  # SIGHUP to the watchdog, which forwards it
-    h.wait_log(r"SIGHUP: config re-read from .*; changed: queues, workers")
-    h.wait_log(r"rolling restart of \d workers")
-    wait_for(
-        lambda: len(h.workers()) == 3 and {p.pid for p in h.workers()}.isdisjoint(first),
+    h.signal(signal.SIGHUP)  # to the watchdog, which forwards it
+    # The new settings in force, and a fleet of 3 new workers: the rolling restart for the
+    # new queues done, the old workers gone.
+    st = h.wait_status(
+        lambda s: (
+            s["settings"]["queues"] == ["default", "extra"]
+            and s["desired"] == 3
+            and len(s["workers"]) == len(ready := ready_pids(s)) == 3
+            and first.isdisjoint(ready)
+        ),
         30,
-        what="3 new workers",
+        what="the new queues, 3 desired, 3 new ready workers and no old one left",
     )
+    # stop_timeout came from a flag: the file's 99 must not override it.
+    assert st["settings"]["stop_timeout"] == 7
+    assert re.search(r"SIGHUP: config re-read from .*; changed: queues, workers\n", h.log())
     from rq import Queue
 
     job = Queue("extra", connection=jobs.conn).enqueue("herder_testjobs.record", "extra")
     wait_for(lambda: jobs.finished("extra") == [job.id], 15, what="a job on the new queue")
-    st = status_json(h)
-    assert {q["name"] for q in st["queues"]} == {"default", "extra"}
-    # stop_timeout came from a flag: the file's 99 must not override it.
-    assert "stop_timeout" not in h.log().split("changed:")[-1].splitlines()[0]
+    st = h.snapshot()
+    assert [q["name"] for q in st["queues"]] == ["default", "extra"]
     bad = cli(h, "reload")
     assert bad.returncode == 0
     conf.write_text("[herder]\nworkers = 'lots'\n")
     r = cli(h, "reload")
     assert r.returncode == 1 and "must be an integer" in r.stderr
-    assert len(h.workers()) == 3  # a bad file changes nothing
+    # A bad file changes nothing.
+    st = h.snapshot()
+    assert (st["desired"], st["settings"]["queues"], st["settings"]["stop_timeout"]) == (
+        3,
+        ["default", "extra"],
+        7,
+    )
+    assert len(h.workers()) == 3
     h.stop_and_check()
 
 

@@ -8,13 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import wait_for
+from conftest import FAST, wait_for
 
 WORKER_NAME = "herder-worker"  # herder.worker.template's WORKER_NAME
 
@@ -42,9 +41,8 @@ def test_workers_are_forked_from_the_template_and_are_the_masters_children(herde
     # A forked worker's crash is a crash like any: reaped by the master, replaced by a fork.
     victim = ws[0].pid
     os.kill(victim, signal.SIGKILL)
-    h.wait_log(rf"pid {victim}: .*exited \(killed by SIGKILL")
-    again = h.wait_workers(3)
-    assert victim not in {w.pid for w in again}
+    again = h.wait_workers(3, without={victim})
+    assert [(e["how"], e["why"]) for e in h.exits(victim)] == [("killed by SIGKILL", "unexpected")]
     assert names(again) == [WORKER_NAME] * 3
     h.stop_and_check()
 
@@ -57,21 +55,29 @@ def test_a_dead_fork_server_is_restarted_and_workers_keep_starting_meanwhile(her
     template = h.fork_server()
     assert template is not None
     template.kill()
-    h.wait_log(rf"fork server pid {template.pid}: exited")
+    # Reaped (not a zombie any more): the master has seen its fork server die.
+    wait_for(lambda: not psutil.pid_exists(template.pid), 10, what="the master to reap its fork server")
     # Until the new one is up (its first restart waits 0.5 s), a replacement is a new interpreter.
     victim = h.workers()[0].pid
     os.kill(victim, signal.SIGKILL)
-    h.wait_log(rf"pid {victim}: .*exited \(killed by SIGKILL")
-    ws = h.wait_workers(2)
+    ws = h.wait_workers(2, without={victim})
     assert "python" in {w.name()[:6] for w in ws}, names(ws)
     renewed = wait_for(lambda: h.fork_server(), 10, what="a new fork server")
     assert renewed.pid != template.pid  # type: ignore[union-attr]
-    h.wait_log(r"fork server pid \d+: starting", count=2)
-    victim = next(w.pid for w in ws if w.name() != WORKER_NAME)
-    time.sleep(1.0)  # past --min-uptime, or the slot would back off
-    os.kill(victim, signal.SIGKILL)
-    h.wait_log(rf"pid {victim}: .*exited \(killed by SIGKILL")
-    wait_for(lambda: names(h.wait_workers(2)) == [WORKER_NAME] * 2, 10, what="forked workers again")
+    plain = next(w.pid for w in ws if w.name() != WORKER_NAME)
+    # Past --min-uptime, or its death would count as dying young and the slot would back off.
+    min_uptime = float(FAST["--min-uptime"])
+    h.wait_status(
+        lambda s: any(w["pid"] == plain and w["uptime"] > min_uptime for w in s["workers"]),
+        10,
+        what=f"the plain worker to be older than --min-uptime {min_uptime} s",
+    )
+    os.kill(plain, signal.SIGKILL)
+    wait_for(
+        lambda: names(h.wait_workers(2, without={plain})) == [WORKER_NAME] * 2,
+        10,
+        what="forked workers again",
+    )
     jobs.enqueue("record", "d", 0)
     wait_for(lambda: jobs.finished("d"), 10, what="a job after the restart")
     h.stop_and_check()
@@ -87,15 +93,17 @@ def test_preloaded_job_code_is_new_after_a_rolling_restart(herder, jobs, conn, t
     first = jobs.queue.enqueue("preloaded_jobs.version")
     wait_for(lambda: first.get_status(refresh=True) == "finished", 10, what="the first job")
     assert first.return_value() == 1
-    time.sleep(1.1)  # a new mtime second, so no stale bytecode is taken for the new source
+    old = {p.pid for p in h.workers()}
+    before = module.stat().st_mtime
     module.write_text("def version():\n    return 2\n")
+    # The same size: a later mtime second, so the cached bytecode of version 1 is not taken for it.
+    os.utime(module, (before + 2, before + 2))
     r = subprocess.run(
         [h.argv[0], "restart", "--state-dir", h.state_dir], capture_output=True, text=True, timeout=30
     )
     assert r.returncode == 0, r.stderr
-    h.wait_log(r"rolling restart", count=1)
-    wait_for(lambda: len(h.wait_workers(2)) == 2 and "rolling restart" in h.log(), 20, what="the restart")
-    h.wait_log(r"stopping -> exited \(exit code 0\)", count=2)  # both old workers gone
+    h.wait_workers(2, without=old)  # both old workers gone, two new ones ready
+    assert sorted(int(e["pid"]) for e in h.graceful_exits()) == sorted(old)  # stopped, not killed
     second = jobs.queue.enqueue("preloaded_jobs.version")
     wait_for(lambda: second.get_status(refresh=True) == "finished", 10, what="the second job")
     assert second.return_value() == 2
@@ -117,14 +125,23 @@ def test_the_master_reaps_what_a_job_orphans(herder, jobs):
     """A job's daemonised grandchild is handed to the master (a subreaper): no zombie stays."""
     h = herder(workers="1")
     h.wait_workers(1)
-    jobs.enqueue("orphan_a_child", "o", 0.3)
+    jobs.enqueue("orphan_a_child", "o", 1.0)  # the orphan outlives the job by about a second
     wait_for(lambda: jobs.finished("o"), 10, what="the job that orphans a child")
     master = h.master()
     assert master is not None
 
-    def zombies() -> list[int]:
-        return [c.pid for c in master.children() if c.status() == psutil.STATUS_ZOMBIE]
+    def orphans() -> list[psutil.Process]:
+        found = []
+        for c in master.children():
+            try:
+                if c.name() == "sleep":
+                    found.append(c)
+            except psutil.NoSuchProcess:
+                pass
+        return found
 
-    time.sleep(0.6)  # the orphan sleeps 0.3 s, then exits
-    wait_for(lambda: not zombies(), 5, what="the orphan to be reaped")
+    (orphan,) = wait_for(orphans, 5, what="the orphan handed to the master")  # type: ignore[misc]
+    # Gone from the process table (not a zombie): it exited and the master reaped it.
+    wait_for(lambda: not psutil.pid_exists(orphan.pid), 10, what="the orphan to exit and be reaped")
+    assert not [c.pid for c in master.children() if c.status() == psutil.STATUS_ZOMBIE]
     h.stop_and_check()

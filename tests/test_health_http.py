@@ -64,9 +64,9 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
     ok_ids = [jobs.enqueue("record", "m").id for _ in range(12)]
     for _ in range(3):
         jobs.enqueue("poison", "p")
-    wait_for(lambda: h.status()["jobs"] == {"ok": 12, "failed": 3}, 20, what="the jobs done, as status says")
+    h.wait_status(lambda s: s["jobs"] == {"ok": 12, "failed": 3}, 20, what="the jobs done, as status says")
     os.kill(workers[0].pid, signal.SIGKILL)  # between jobs: herder's kill count stays 0
-    h.wait_workers(2)
+    h.wait_workers(2, without={workers[0].pid})
 
     def settled() -> dict | None:
         m = metrics(base)
@@ -75,7 +75,7 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
         return m if done and respawned else None
 
     m = wait_for(settled, 10, what="metrics to show the jobs and the respawn")
-    status = h.status()
+    status = h.snapshot()
     assert status["jobs"] == {"ok": 12, "failed": 3} and sorted(jobs.finished("m")) == sorted(ok_ids)
     assert sample(m, "herder_jobs_total", outcome="failed") == 3
     assert sample(m, "herder_workers_spawned_total") == status["totals"]["spawned"] == 3
@@ -99,15 +99,12 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
     master = h.master()
     assert master is not None
     os.kill(master.pid, signal.SIGKILL)  # the watchdog restarts it; the new one says so
-    wait_for(
-        lambda: (m := h.master()) is not None and m.pid != master.pid and h.wait_workers(2),
-        20,
-        what="a new master and its workers",
-    )
+    wait_for(lambda: (m := h.master()) is not None and m.pid != master.pid, 20, what="a new master")
+    h.wait_workers(2)  # its own workers, ready
     wait_for(
         lambda: sample(metrics(base), "herder_master_restarts_total") == 1, 20, what="the restart counted"
     )
-    assert h.status()["master_restarts"] == 1
+    assert h.snapshot()["master_restarts"] == 1
     h.stop_and_check()
 
 
@@ -128,11 +125,11 @@ def test_healthz_turns_503_with_the_reason_while_redis_is_down_and_recovers(herd
         m = metrics(base)
         assert sample(m, "herder_healthy") == 0
         assert sample(m, "herder_health_problem", kind="redis_unreachable") == 1
-        status = h.status()
+        status = h.snapshot()
         assert "redis unreachable" in status["health"] and not status["running"]
         proc = redis_on(rport, tmp_path)
         wait_for(lambda: healthz(base)[0] == 200, 20, what="/healthz 200 again")
-        assert h.status()["health"] == "ok"
+        assert h.snapshot()["health"] == "ok"
         h.stop_and_check()
     finally:
         proc.kill()
@@ -161,7 +158,7 @@ def test_slow_and_hostile_clients_never_block_health_or_the_master(herder) -> No
         idle.append(s)
     # The master's loop does not care: status answers at once.
     started = time.monotonic()
-    assert h.status()["actual"] == 1
+    assert h.snapshot()["actual"] == 1
     assert time.monotonic() - started < 5
     # The stuck connections are cut off (IO timeout, then the deadline) and health answers again.
     wait_for(lambda: healthz(base)[0] == 200, 15, interval=0.5, what="/healthz after the slow clients")
@@ -179,9 +176,11 @@ def test_a_taken_port_is_said_once_and_served_as_soon_as_it_is_free(herder) -> N
     squatter.listen()
     h = herder(workers="1", http=str(port))
     h.wait_workers(1)
-    time.sleep(2 * RETRY_BIND + 0.5)  # more than one retry
-    assert h.log().count(f"cannot serve http on {port}") == 1  # said once, not every 5 s
-    assert h.status()["running"]  # the fleet does not care
+    # An absence over time: through more than one retry (herder retries the bind every
+    # RETRY_BIND s), the taken port is said once, not once per retry.
+    time.sleep(2 * RETRY_BIND + 0.5)
+    assert h.log().count(f"cannot serve http on {port}") == 1
+    assert h.snapshot()["running"]  # the fleet does not care
     squatter.close()
     wait_for(lambda: healthz(f"http://127.0.0.1:{port}")[0] == 200, 10, what="/healthz once the port is free")
     h.stop_and_check()

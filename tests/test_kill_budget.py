@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
 
-from conftest import wait_for
 from herder.supervisor.redis_side.budget import ClusterView, KillBudget, sliding_count
 
 
@@ -39,14 +37,22 @@ def test_cluster_view_limits_kills_across_hosts():
 
 
 def test_freezing_every_worker_kills_only_the_budget(herder):
-    h = herder(workers="4", heartbeat_timeout="3", kill_budget="0.5")
+    heartbeat_timeout = 3
+    h = herder(workers="4", heartbeat_timeout=str(heartbeat_timeout), kill_budget="0.5")
     workers = h.wait_workers(4)
     for w in workers:
         os.kill(w.pid, signal.SIGSTOP)  # a widespread fault: everything goes silent at once
     frozen = {w.pid for w in workers}
-    h.wait_log(r"would kill it \(silent for", timeout=10)
-    time.sleep(2)
-    killed = {int(p) for p in re.findall(r"pid (\d+): SIGTERM to its process group: silent", h.log())}
+    h.wait_status(
+        lambda s: s["totals"]["killed"] == 2 and s["health"].startswith("degraded: kill budget spent"),
+        heartbeat_timeout + 7,
+        what="two kills, then the kill budget spent",
+    )
+    # An absence over time: another heartbeat timeout, in which the two frozen workers left
+    # are overdue on every pass of the loop, and still not killed.
+    time.sleep(heartbeat_timeout)
+    assert h.totals()["killed"] == 2
+    killed = {int(k["pid"]) for k in h.kills() if k["why"].startswith("silent for")}
     assert len(killed) == 2 and killed <= frozen  # half the fleet, not all of it
     out = subprocess.run(
         [h.argv[0], "status", "--json", "--state-dir", h.state_dir], capture_output=True, text=True
@@ -59,8 +65,9 @@ def test_freezing_every_worker_kills_only_the_budget(herder):
     assert all(os.path.exists(f"/proc/{pid}") for pid in spared)  # left alone
     for pid in spared:
         os.kill(pid, signal.SIGCONT)  # the fault clears
-    h.wait_log(r"health ok again", timeout=10)
-    wait_for(lambda: len(h.workers()) == 4, 10, what="a full fleet")
+    h.wait_status(lambda s: s["health"] == "ok", 10, what="health ok again")
+    h.wait_log(r"health ok again", timeout=5)  # and the operator is told
+    h.wait_workers(4, timeout=10)  # a full fleet
     h.signal(signal.SIGTERM)
     assert h.wait_exit(30) == 0
     h.assert_nothing_left()

@@ -48,7 +48,7 @@ def test_500_jobs_on_4_workers_all_complete_once(herder, jobs):
     assert_exactly_once(jobs, "t", ids)
     # Printing jobs did not disturb the protocol: no malformed lines, no kills, no respawns.
     st = wait_for(  # a job records its finish just before its worker reports it done
-        lambda: (s := h.status()) and not any(w["job"] for w in s["workers"]) and s,
+        lambda: (s := h.snapshot()) and not any(w["job"] for w in s["workers"]) and s,
         5,
         what="every worker to report its last job done",
     )
@@ -72,7 +72,7 @@ def test_sigterm_mid_job_lets_every_running_job_finish(herder, jobs):
     (summary,) = h.master_summaries()
     assert summary["killed"] == 0  # nobody was killed
     assert (summary["exited"], summary["jobs_ok"]) == (4, 4)
-    assert h.log().count("stopped (exit code 0)") == 4
+    assert len(h.graceful_exits()) == 4
 
 
 def test_kill_9_master_watchdog_restarts_it_and_old_workers_finish(herder, jobs):
@@ -88,7 +88,8 @@ def test_kill_9_master_watchdog_restarts_it_and_old_workers_finish(herder, jobs)
     new_master = wait_for(
         lambda: (m := h.master()) and m.pid != old_master.pid and m, 10, what="a new master"
     )
-    wait_for(lambda: len(h.workers(new_master)) == 4, 20, what="4 new workers")
+    new_workers = h.wait_workers(4)  # the new master's own, ready
+    assert {w.ppid() for w in new_workers} == {new_master.pid}
     assert any(w.is_running() for w in old_workers), "old workers were killed with their master"
     # The old workers finish their jobs, then exit by themselves.
     wait_for(lambda: len(jobs.finished("t")) == 4, 15, what="the 4 jobs to finish")

@@ -13,7 +13,7 @@ from pathlib import Path
 from redis import Redis
 from rq.job import Job
 
-from conftest import wait_for
+from conftest import FAST, wait_for
 
 RQ = str(Path(sys.executable).with_name("rq"))
 
@@ -27,7 +27,7 @@ def cli(h, *args: str) -> str:  # noqa: ANN001 - conftest's Herder
 
 
 def paused(h) -> list[str | None]:  # noqa: ANN001
-    return [w["paused"] for w in h.status()["workers"]]
+    return [w["paused"] for w in h.snapshot()["workers"]]
 
 
 def ran_on(conn: Redis, ids: list[str]) -> set[int]:
@@ -40,8 +40,10 @@ def test_rq_suspend_starts_no_job_kills_no_worker_and_rq_resume_drains(herder, c
     subprocess.run([RQ, "suspend", "--url", h.redis_url], check=True, capture_output=True)
     wait_for(lambda: paused(h) == ["suspended"] * 2, 10, what="both workers to say suspended")
     ids = [jobs.enqueue("record", "s").id for _ in range(5)]
-    time.sleep(8)  # more than two heartbeat timeouts
-    status = h.status()
+    # An absence over time: through more than two heartbeat timeouts, no job starts and no
+    # suspended worker is taken for a silent one and killed.
+    time.sleep(2 * float(FAST["--heartbeat-timeout"]) + 2)
+    status = h.snapshot()
     assert jobs.started("s") == []
     assert {p.pid for p in h.workers()} == first and status["totals"]["killed"] == 0
     assert status["health"] == "ok" and status["suspended"] == 2
@@ -49,12 +51,16 @@ def test_rq_suspend_starts_no_job_kills_no_worker_and_rq_resume_drains(herder, c
     cli(h, "scale", "3")
     wait_for(lambda: paused(h) == ["suspended"] * 3, 20, what="the third worker, suspended")
     cli(h, "restart")
-    wait_for(
-        lambda: not first & {p.pid for p in h.workers()} and paused(h) == ["suspended"] * 3,
+    h.wait_status(
+        lambda s: (
+            [w["paused"] for w in s["workers"]] == ["suspended"] * 3
+            and first.isdisjoint(w["pid"] for w in s["workers"])
+        ),
         30,
         what="every first worker replaced by a suspended one",
     )
-    assert jobs.started("s") == [] and h.status()["totals"]["killed"] == 0
+    assert not first & {p.pid for p in h.workers()}
+    assert jobs.started("s") == [] and h.totals()["killed"] == 0
     subprocess.run([RQ, "resume", "--url", h.redis_url], check=True, capture_output=True)
     wait_for(lambda: sorted(jobs.finished("s")) == sorted(ids), 20, what="the queue to drain")
     wait_for(lambda: paused(h) == [None] * 3, 5, what="every worker to say it takes jobs again")
@@ -71,11 +77,12 @@ def test_herder_pause_quiets_one_host_of_two_and_a_paused_host_still_stops_at_on
     assert "paused: 2 workers" in cli(a, "pause")
     # A worker says `paused` only from inside its pause loop: from then on it pops nothing.
     wait_for(lambda: paused(a) == ["paused"] * 2, 10, what="host a's workers to say paused")
-    assert a.status()["paused"] is True and b.status()["paused"] is False
+    assert a.snapshot()["paused"] is True and b.snapshot()["paused"] is False
     ids = [jobs.enqueue("record", "p", 0.05).id for _ in range(12)]
     wait_for(lambda: len(jobs.finished("p")) == 12, 20, what="host b to run every job")
     assert ran_on(conn, ids) <= b_pids
-    assert a.status()["totals"]["killed"] == 0 and a.status()["health"] == "ok"
+    st = a.snapshot()
+    assert st["totals"]["killed"] == 0 and st["health"] == "ok"
     # The other way round: a resumes, b pauses.
     cli(a, "resume")
     cli(b, "pause")

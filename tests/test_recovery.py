@@ -19,7 +19,9 @@ import psutil
 from redis import Redis
 from rq import Queue
 
-from conftest import redis_on, start_redis, wait_for
+from conftest import FAST, redis_on, start_redis, wait_for
+
+HEARTBEAT_TIMEOUT = float(FAST["--heartbeat-timeout"])
 
 
 def kill_storm(h, kills: int, stop: threading.Event, pause: tuple[float, float] = (0.05, 0.25)) -> list[int]:
@@ -95,7 +97,8 @@ def test_redis_killed_mid_load_and_restarted_from_its_aof_loses_no_job(herder, t
     url = f"redis://127.0.0.1:{port}/0"
     conn = Redis.from_url(url)
     try:
-        h = herder(redis_url=url, workers="4", max_requeues="10")
+        # health_grace 1: the status says Redis is unreachable a second into the outage.
+        h = herder(redis_url=url, workers="4", max_requeues="10", health_grace="1")
         h.wait_workers(4)
         master = h.master()
         q = Queue("default", connection=conn)
@@ -105,11 +108,14 @@ def test_redis_killed_mid_load_and_restarted_from_its_aof_loses_no_job(herder, t
         wait_for(lambda: conn.llen("finished:aof") >= 40, 20, what="the load to be under way")
         proc.kill()  # kill -9, mid-load
         proc.wait(5)
-        time.sleep(3)
+        h.wait_status(lambda s: "redis unreachable" in s["health"], 10, what="herder to see Redis gone")
+        # The fault's length: down for a heartbeat timeout more, long enough for every part of
+        # herder (workers mid-job, the master's reader and recovery) to run into it.
+        time.sleep(HEARTBEAT_TIMEOUT)
         proc = redis_on(port, tmp_path, *AOF)  # from the append-only file
         assert_all_ran(conn, "aof", ids, timeout=60)
         assert h.master() is not None and h.master().pid == master.pid, "the master was restarted"
-        status = h.status()
+        status = h.snapshot()
         # No churn: at most the workers that were mid-job when Redis died were replaced.
         assert status["totals"]["spawned"] <= 8, status["totals"]
         assert status["slots_in_backoff"] == []
@@ -130,7 +136,9 @@ def test_redis_frozen_for_several_heartbeat_timeouts_kills_at_most_the_budget(he
         ids = [q.enqueue("herder_testjobs.record", "frozen", 0.2).id for _ in range(60)]
         wait_for(lambda: conn.llen("finished:frozen") >= 5, 20, what="the load to be under way")
         proc.send_signal(signal.SIGSTOP)
-        time.sleep(8)  # more than twice the 3 s heartbeat timeout
+        # The fault's length, and an absence over it: frozen for more than two heartbeat
+        # timeouts, in which herder kills no more than its budget.
+        time.sleep(2 * HEARTBEAT_TIMEOUT + 2)
         proc.send_signal(signal.SIGCONT)
         assert_all_ran(conn, "frozen", ids, timeout=60)
         totals = h.totals()

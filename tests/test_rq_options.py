@@ -78,7 +78,7 @@ def test_the_same_settings_module_and_options_give_the_same_results(
     assert by_herder == by_rq
     assert by_rq[0] == ("finished", {"sum": 3, "queue": "compat"}, ["RecordingWorker"], True)
     assert by_rq[2][0] == "failed" and by_rq[3] == ["ValueError: bad input"]
-    status = h.status()
+    status = h.snapshot()
     assert status["settings"]["queues"] == ["compat"]
     assert status["settings"]["worker_class"] == OPTIONS["--worker-class"]
     h.stop_and_check()

@@ -47,15 +47,17 @@ def scanners(conn: Redis, seconds: float) -> set[str]:
 
 def holding(h: Herder) -> dict[str, Any]:
     """Status once this host's scheduler holds the default queue's lock."""
-    return wait_for(  # type: ignore[return-value]
-        lambda: (s := h.status()["scheduler"])["holds"] == ["default"] and s,
+    return h.wait_status(
+        lambda s: s["scheduler"]["holds"] == ["default"],
         15,
         what="this host's scheduler to hold the lock of queue default",
-    )
+    )["scheduler"]
 
 
 def holder_of(h: Herder) -> dict[str, Any] | None:
-    return h.status()["scheduler"]["queues"][0]["holder"]
+    s = h.try_snapshot()
+    sched = s and s.get("scheduler")  # None while the master starts
+    return sched["queues"][0]["holder"] if sched else None
 
 
 def status_text(h: Herder) -> str:
@@ -115,11 +117,13 @@ def test_two_hosts_run_each_scheduled_job_exactly_once(herder, jobs, conn: Redis
     retried = jobs.enqueue("fail_times", "retried", 99, retry=Retry(max=2, interval=1))
     wait_for(lambda: len(stamps(conn, "once")) >= 20, 10, what="20 scheduled jobs to run")
     wait_for(lambda: jobs.status(retried.id) == "failed", 15, what="the retried job to fail for good")
-    time.sleep(2)  # room for a second enqueue, had two schedulers moved the same job
+    # An absence over time: two more scheduler ticks (1 s each), in which a second scheduler
+    # that had moved the same jobs would have enqueued them again.
+    time.sleep(2)
     assert sorted(job_id for job_id, _ in stamps(conn, "once")) == sorted(ids)
     assert len(stamps(conn, "retried")) == 3
     # Both hosts agree on the holder; exactly one of them holds it, the other stands by.
-    sa, sb = a.status()["scheduler"], b.status()["scheduler"]
+    sa, sb = a.snapshot()["scheduler"], b.snapshot()["scheduler"]
     ha, hb = sa["queues"][0]["holder"], sb["queues"][0]["holder"]
     assert ha["name"] == hb["name"] and ha["here"] != hb["here"]
     assert sorted([sa["holds"], sb["holds"]]) == [[], ["default"]]
@@ -161,7 +165,7 @@ def test_kill_9_of_the_scheduler_moves_it_within_a_second(herder, jobs, conn: Re
     for h in (a, b):
         now = wait_for(lambda h=h: (x := holder_of(h)) and x["name"] == new and x, 5)
         assert now["pid"] in live and now["pid"] != victim.pid
-    replacement = victim_host.status()["scheduler"]
+    replacement = victim_host.snapshot()["scheduler"]
     assert replacement["pid"] not in (None, victim.pid) and replacement["spawned"] == 2
     assert f"scheduler pid {victim.pid}: exited (killed by SIGKILL, unexpected)" in victim_host.log()
     # The kill was the scheduler's alone: no worker was killed, none respawned.
@@ -192,12 +196,14 @@ def test_scheduler_off_leaves_scheduled_jobs_alone(herder, jobs, conn: Redis) ->
     job = jobs.queue.enqueue_in(timedelta(seconds=1), "herder_testjobs.stamp", "never")
     retried = jobs.enqueue("fail_times", "once", 99, retry=Retry(max=2, interval=1))
     wait_for(lambda: jobs.status(retried.id) == "scheduled", 10, what="the failed job to wait for its retry")
+    # An absence over time: the scheduled job was due after 1 s and the retry after its 1 s
+    # interval; for 3 s nothing moves them, as no scheduler runs.
     time.sleep(3)
     assert h.scheduler() is None
     assert stamps(conn, "never") == [] and len(stamps(conn, "once")) == 1
     assert Job.fetch(job.id, connection=conn).get_status() == "scheduled"
     assert ScheduledJobRegistry("default", connection=conn).count == 2
-    st = h.status()["scheduler"]
+    st = h.snapshot()["scheduler"]
     assert (st["enabled"], st["state"], st["pid"], st["holds"]) == (False, "off", None, [])
     assert st["queues"] == [{"name": "default", "holder": None}] and st["read_age"] is not None
     text = status_text(h)
@@ -222,13 +228,14 @@ def test_reload_restarts_the_scheduler_for_new_queues_and_turns_it_off(
     # New queues: a new scheduler process, for them all.
     cfg.write_text("[herder]\nworkers = 1\nqueue = ['high', 'default']\n")
     h.signal(signal.SIGHUP)
-    st = wait_for(lambda: (s := h.status()["scheduler"])["holds"] == ["high", "default"] and s, 15)
+    st = h.wait_status(lambda s: s["scheduler"]["holds"] == ["high", "default"], 15)["scheduler"]
     assert st["pid"] != first["pid"]
     assert f"scheduler pid {first['pid']}: `stop` (its settings changed)" in h.log()
     # Off: it stops and lets go of its locks.
     cfg.write_text("[herder]\nworkers = 1\nqueue = ['high', 'default']\nscheduler = false\n")
     h.signal(signal.SIGHUP)
-    wait_for(lambda: h.scheduler() is None and h.status()["scheduler"]["state"] == "off", 10)
+    h.wait_status(lambda s: s["scheduler"]["state"] == "off", 10, what="the scheduler off")
+    wait_for(lambda: h.scheduler() is None, 10, what="no scheduler process")
     assert f"scheduler pid {st['pid']}: exited (exit code 0, after `stop`)" in h.log()
     wait_for(lambda: conn.get(LOCK) is None and conn.get("rq:scheduler-lock:high") is None, 5)
     h.stop_and_check()

@@ -10,7 +10,7 @@ import time
 from redis import Redis
 from rq import Queue, Retry
 
-from conftest import wait_for
+from conftest import ready_pids, wait_for
 
 
 def enqueue(conn: Redis, func: str, n: int, *args: object, **kw: object) -> list[str]:
@@ -32,9 +32,9 @@ def test_the_worker_whose_connection_went_bad_is_culled_and_the_others_untouched
     conn.set(f"broken:{bad}", 1)
     ids = enqueue(conn, "flaky_connection", 60, "conn", retry=Retry(max=5))
     wait_for(lambda: set(finished(conn, "conn")) == set(ids), 60, what="every job to finish")
-    wait_for(lambda: bad not in {p.pid for p in h.workers()}, 20, what="the bad worker replaced")
+    h.wait_workers(3, timeout=20, without={bad})  # the bad worker replaced
     assert {p.pid for p in h.workers()} >= set(good)  # the healthy workers untouched
-    status = h.status()
+    status = h.snapshot()
     assert status["totals"]["recycled"] == {"culled": 1}
     assert status["totals"]["killed"] == 0 and status["health"] == "ok"
     failed_on = {int(x) for x in conn.lrange("failed-on:conn", 0, -1)}
@@ -53,15 +53,24 @@ def test_a_widespread_fault_culls_at_most_the_budget_across_two_hosts(herder, co
     b.wait_workers(3)
     conn.set("db_down", 1)
     enqueue(conn, "flaky_connection", 120, "down")
-    wait_for(lambda: "cull budget spent" in a.status()["health"] + b.status()["health"], 30, what="degraded")
-    time.sleep(2)  # more failures keep coming: still no more culls
-    culls = [s["totals"]["recycled"].get("culled", 0) for s in (a.status(), b.status())]
+    wait_for(
+        lambda: any(
+            "cull budget spent" in (s or {}).get("health", "") for s in (a.try_snapshot(), b.try_snapshot())
+        ),
+        30,
+        what="degraded: cull budget spent",
+    )
+    # An absence over time: more failures keep coming for 2 s, and still no more culls.
+    time.sleep(2)
+    statuses = [a.snapshot(), b.snapshot()]
+    culls = [s["totals"]["recycled"].get("culled", 0) for s in statuses]
     assert sum(culls) == 2, culls
-    assert a.status()["actual"] == 3 and b.status()["actual"] == 3  # capacity kept
+    assert [s["actual"] for s in statuses] == [3, 3]  # capacity kept
     conn.delete("db_down")
     conn.delete("rq:queue:default")  # the failing backlog is gone with the fault
-    wait_for(lambda: a.status()["health"] == "ok" and b.status()["health"] == "ok", 20, what="health ok")
-    assert a.status()["running"] and b.status()["running"]
+    for h in (a, b):
+        st = h.wait_status(lambda s: s["health"] == "ok", 20, what="health ok")
+        assert st["running"]
     a.stop_and_check()
     b.stop_and_check()
 
@@ -73,9 +82,12 @@ def test_a_poison_job_retried_by_rq_culls_no_worker(herder, conn: Redis) -> None
     (job_id,) = enqueue(conn, "poison", 1, "poison", retry=Retry(max=3))
     wait_for(lambda: conn.llen("started:poison") == 4, 20, what="the poison job tried 4 times")
     wait_for(lambda: Queue("default", connection=conn).fetch_job(job_id).get_status() == "failed", 10)
-    time.sleep(1)
+    # The master has counted every failure (a cull would follow the count at once)...
+    st = h.wait_status(lambda s: s["jobs"]["failed"] == 4, 10, what="the master to count the 4 failures")
+    # ...and culled nobody.
+    assert st["totals"]["recycled"] == {} and st["health"] == "ok"
+    assert sorted(w["pid"] for w in st["workers"]) == sorted(before)
     assert {p.pid for p in h.workers()} == before
-    assert h.status()["totals"]["recycled"] == {} and h.status()["health"] == "ok"
     h.stop_and_check()
 
 
@@ -89,9 +101,8 @@ def test_max_jobs_with_jitter_recycles_apart_with_ready_workers_never_below_targ
 
     def sample() -> None:
         while not stop.is_set():
-            ready = [w for w in h.status()["workers"] if w["state"] in ("idle", "busy")]
-            samples.append(len(ready))
-            time.sleep(0.05)
+            samples.append(len(ready_pids(h.snapshot())))
+            time.sleep(0.05)  # a sampling interval, not a wait for a state
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -102,16 +113,17 @@ def test_max_jobs_with_jitter_recycles_apart_with_ready_workers_never_below_targ
     while first & {p.pid for p in h.workers()} and time.monotonic() < deadline and len(ids) < 4000:
         if conn.llen("rq:queue:default") < 40:
             ids += enqueue(conn, "record", 40, "recycle", 0.01)
-        time.sleep(0.05)
+        time.sleep(0.05)  # the feeder's pace, not a wait for a state
     wait_for(lambda: len(finished(conn, "recycle")) >= len(ids), 60, what="every job to finish")
     stop.set()
     sampler.join(5)
     assert not first & {p.pid for p in h.workers()}, "a first worker was never recycled"
     assert sorted(finished(conn, "recycle")) == sorted(ids)  # each once: nothing interrupted
     assert min(samples) >= 4, f"ready workers dipped to {min(samples)}"
-    recycled = h.status()["totals"]["recycled"].get("recycled after max jobs", 0)
+    totals = h.totals()
+    recycled = totals["recycled"].get("recycled after max jobs", 0)
     assert recycled >= 4, recycled
-    assert h.status()["totals"]["killed"] == 0
+    assert totals["killed"] == 0
     stops = [
         line for line in h.log().splitlines() if "recycled after max jobs" in line and "-> stopping" in line
     ]
@@ -125,9 +137,7 @@ def test_a_leaking_worker_is_recycled_between_jobs_past_max_memory(herder, conn:
     ids = enqueue(conn, "leak", 6, "leak", 30)  # 30 MB more each job
     wait_for(lambda: len(finished(conn, "leak")) == 6, 60, what="the leaking jobs to finish")
     assert sorted(finished(conn, "leak")) == sorted(ids)  # each ran once, none interrupted
-    wait_for(
-        lambda: "recycled after max memory" in str(h.status()["totals"]["recycled"]), 20, what="a recycle"
-    )
-    wait_for(lambda: first.pid not in {p.pid for p in h.workers()}, 20, what="the leaky worker gone")
-    assert h.status()["totals"]["killed"] == 0
+    h.wait_status(lambda s: "recycled after max memory" in str(s["totals"]["recycled"]), 20, what="a recycle")
+    h.wait_workers(1, timeout=20, without={first.pid})  # the leaky worker gone, its replacement ready
+    assert h.totals()["killed"] == 0
     h.stop_and_check()

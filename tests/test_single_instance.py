@@ -97,6 +97,8 @@ def test_a_master_outliving_its_watchdog_keeps_its_socket_until_it_is_gone(herde
     a.wait_exit(10)
 
     c = herder(workers="1", state_dir=a.state_dir)
+    # Nothing but its log shows that the new master has looked at the socket and left it
+    # alone (it has no socket of its own yet): the line is the behaviour under test.
     c.wait_log(r"control socket \S+ is answered by another herder", timeout=20)
     assert c.status()["master"]["pid"] == old_master.pid  # the old master still answers
     new_master = wait_for(c.master, 10, what="the new master")
@@ -109,7 +111,7 @@ def test_a_master_outliving_its_watchdog_keeps_its_socket_until_it_is_gone(herde
 
 
 def test_control_server_never_unlinks_a_socket_someone_answers_on(tmp_path: Path):
-    from herder.supervisor.control import ControlServer
+    from herder.supervisor.control import RECHECK, ControlServer
 
     path = tmp_path / "herder.sock"
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -119,7 +121,9 @@ def test_control_server_never_unlinks_a_socket_someone_answers_on(tmp_path: Path
     server = ControlServer(str(tmp_path), lambda: None, lambda body: {"ok": True, "pid": os.getpid()})
     try:
         server.start()
-        time.sleep(1.5)  # it looks again every second
+        # An absence over time: it looks again every RECHECK s; through more than one look,
+        # it leaves the path alone while someone answers there.
+        time.sleep(1.5 * RECHECK)
         assert path.stat().st_ino == inode  # still the squatter's
         squatter.close()  # gone, its file left behind: stale
         wait_for(lambda: answering_pid(str(tmp_path)) == os.getpid(), 5, what="the server to take the path")

@@ -78,4 +78,9 @@ def test_the_starting_answer_has_the_shape_of_the_full_status(herder, tmp_path):
     h = herder(workers="1")
     full = wait_state(h.state_dir, "running")
     assert set(early) == set(full), set(early) ^ set(full)
+    assert set(early["totals"]) == set(full["totals"])
+    assert set(early["settings"]) <= set(full["settings"]) and early["settings"]["queues"] == [
+        "high",
+        "default",
+    ]
     h.stop_and_check()

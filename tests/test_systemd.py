@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import FAST, wait_for
 
 
 class FakeSystemd:
@@ -91,9 +91,18 @@ def test_a_hung_master_stops_the_watchdog_pings(herder, systemd):
     master = h.master()
     assert master is not None
     os.kill(master.pid, signal.SIGSTOP)
-    time.sleep(4.0)  # past the ping grace (3 heartbeat intervals)
+    ping_every = 0.5  # WATCHDOG_USEC / 2
+    ping_grace = 3 * float(FAST["--heartbeat-interval"])  # the watchdog's, for a silent master
+    # The pings stop once the master has been silent for the ping grace: no ping for a
+    # while longer than two ping intervals.
+    wait_for(
+        lambda: time.monotonic() - systemd.fields("WATCHDOG=1")[-1][0] > 2 * ping_every,
+        ping_grace + 5,
+        what="the watchdog pings to stop",
+    )
     before = len(systemd.fields("WATCHDOG=1"))
-    time.sleep(3.0)
+    # An absence over time: for another ping grace, not one ping for the hung master.
+    time.sleep(ping_grace)
     assert len(systemd.fields("WATCHDOG=1")) == before, "pinged systemd for a hung master"
     os.kill(master.pid, signal.SIGCONT)
     wait_for(lambda: len(systemd.fields("WATCHDOG=1")) > before, 5, what="pings to resume")
@@ -176,7 +185,9 @@ def test_a_service_manager_that_never_reads_cannot_block_the_stop(herder, jobs, 
         for _ in range(3000):  # short jobs, so the status changes all the time, up to the SIGTERM
             jobs.enqueue("record", "short", 0.01)
         wait_for(lambda: queue_is_full(path), 20, interval=0.2, what="the notify socket's queue to fill")
-        time.sleep(2.0)  # pings and status changes keep coming at the full queue
+        # The fault's length: for 2 s more, pings and status changes keep coming at the full
+        # queue (and must neither block herder nor be logged each time).
+        time.sleep(2.0)
         assert jobs.queue.count > 0, "the stream of jobs ended before the SIGTERM"
         took = h.stop_and_check(timeout=20)
         assert took < 10, f"took {took:.1f} s to stop, past the stop timeout"

@@ -8,6 +8,7 @@ import signal
 import time
 
 from conftest import wait_for
+from herder.supervisor.events import DUPLICATE_SIGNAL_WINDOW
 
 
 def test_hung_master_is_replaced_after_its_heartbeat_deadline(herder, jobs):
@@ -19,7 +20,8 @@ def test_hung_master_is_replaced_after_its_heartbeat_deadline(herder, jobs):
     os.kill(master.pid, signal.SIGSTOP)  # alive, but its loop is silent
     new_master = wait_for(lambda: (m := h.master()) and m.pid != master.pid and m, 10, what="a new master")
     assert re.search(rf"master {master.pid} silent for [\d.]+ s \(deadline 3 s\): SIGKILL", h.log())
-    wait_for(lambda: len(h.workers(new_master)) == 2, 20, what="a new fleet")
+    h.wait_workers(2)  # a new fleet
+    assert {w.pid for w in h.workers(new_master)} == {w.pid for w in h.workers()}
     # The old workers noticed their master died and left by themselves.
     wait_for(
         lambda: not any(w.is_running() and w.status() != "zombie" for w in old_workers),
@@ -35,7 +37,7 @@ def test_watchdog_gives_up_past_the_restart_intensity_cap(herder):
     h = herder(workers="1", max_restarts="2", restart_window="60")
     for _ in range(3):
         master = wait_for(h.master, 10, what="a master")
-        h.wait_log(rf"master {master.pid} ready")
+        h.wait_status(lambda s, m=master: s["master"]["pid"] == m.pid and s["running"], what="it to run")
         master.kill()
         wait_for(
             lambda m=master: (cur := h.master()) is None or cur.pid != m.pid, 10, what="the master to die"
@@ -51,8 +53,10 @@ def test_second_sigint_hurries_and_requeues_the_running_job(herder, jobs):
     job = jobs.enqueue("record", "t", 30)
     wait_for(lambda: jobs.started("t"), 10, what="the long job to start")
     h.signal(signal.SIGINT)
-    h.wait_log(r"SIGINT: stopping 1 workers")
-    time.sleep(1.2)  # a second SIGINT within 1 s would be taken as the same one
+    h.wait_status(lambda s: s["stopping"], 10, what="the master stopping")
+    # The person's pace, not a wait for a state: a second SIGINT within the duplicate window
+    # would be taken as the same Ctrl-C delivered twice.
+    time.sleep(DUPLICATE_SIGNAL_WINDOW + 0.2)
     took = h.stop_and_check(signal.SIGINT, timeout=15)
     assert took < 10  # did not wait for the 30 s job
     assert "second SIGINT: stopping now" in h.log()
@@ -82,8 +86,9 @@ def test_one_ctrl_c_delivered_twice_still_drains_gracefully(herder, jobs):
 def test_sigterm_while_master_is_in_restart_backoff_exits_cleanly(herder):
     h = herder(workers="1")
     master = wait_for(h.master, 10, what="a master")
-    h.wait_log(rf"master {master.pid} ready")
+    h.wait_status(lambda s: s["master"]["pid"] == master.pid and s["running"], what="the master to run")
     master.kill()
+    # The backoff leaves no master and so no status: the watchdog's line is the only sign of it.
     h.wait_log(r"restarting it in")
     assert h.stop_and_check(timeout=20) < 20  # seconds from SIGTERM to a clean exit
 
@@ -98,7 +103,9 @@ def test_master_drains_when_its_watchdog_is_killed(herder, jobs):
     os.kill(h.pid, signal.SIGKILL)
     h.wait_exit(5)
     # No unsupervised fleet: the master notices, lets the job finish, and exits.
-    h.wait_log(r"the watchdog is gone .*: stopping")
+    h.wait_status(lambda s: s["stopping"], 10, what="the master to stop")
+    assert re.search(r"the watchdog is gone .*: stopping", h.log())
     wait_for(lambda: jobs.finished("t") == [job.id], 10, what="the running job to finish")
-    h.wait_log(r"master \d+ stopped:")
     h.assert_nothing_left()
+    (summary,) = h.master_summaries()  # its last words, once its workers were done
+    assert (summary["pid"], summary["killed"], summary["jobs_ok"]) == (master.pid, 0, 1)

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from conftest import FAST, HERDER, wait_for
+from conftest import FAST, HERDER
 from herder.common.config import default_workers_limit, host_cpus
 
 
@@ -24,11 +24,11 @@ def test_scale_past_the_workers_limit_is_refused_and_the_fleet_stays(herder):
     for n in ("100000", "9"):
         r = scale(h, n)
         assert r.returncode == 1 and "workers limit of 8" in r.stderr, r.stderr
-    st = h.status()
+    st = h.snapshot()
     assert (st["desired"], st["workers_limit"], st["totals"]["spawned"]) == (2, 8, 2)
     assert {p.pid for p in h.workers()} == pids
     assert scale(h, "8").returncode == 0  # the limit itself is allowed
-    wait_for(lambda: len(h.workers()) == 8, 20, what="8 workers")
+    h.wait_workers(8)
     h.stop_and_check()
 
 
@@ -36,7 +36,7 @@ def test_the_default_limit_comes_from_the_host_and_is_named_in_the_refusal(herde
     h = herder(workers="1")
     h.wait_workers(1)
     limit = default_workers_limit()[0]
-    assert h.status()["workers_limit"] == limit
+    assert h.snapshot()["workers_limit"] == limit
     r = scale(h, "100000")
     assert r.returncode == 1 and f"workers limit of {limit}" in r.stderr and "CPUs" in r.stderr
     h.stop_and_check()
@@ -48,12 +48,7 @@ def test_a_stop_during_a_big_scale_up_exits_0_within_the_stop_timeout(herder):
     assert scale(h, "40").returncode == 0
     # Stop while workers are still being spawned and loading: the loop must take the
     # signal between two paced batches and every starting worker must go.
-    st = wait_for(
-        lambda: (s := h.status())["totals"]["spawned"] >= 6 and s,
-        20,
-        interval=0.02,
-        what="the scale-up under way",
-    )
+    st = h.wait_status(lambda s: s["totals"]["spawned"] >= 6, 20, "the scale-up under way", interval=0.02)
     assert any(w["state"] == "starting" for w in st["workers"])
     took = h.stop_and_check(signal.SIGTERM, timeout=float(FAST["--stop-timeout"]))
     assert took < float(FAST["--stop-timeout"])
@@ -70,9 +65,9 @@ def test_a_scale_up_past_the_start_window_comes_all_the_way_up(herder):
     assert scale(h, "24").returncode == 0
     most_loading = 0
     deadline = time.monotonic() + 60
-    while not ((st := h.status())["running"] and st["actual"] == 24):  # a hung loop fails status
+    while not ((st := h.snapshot())["running"] and st["actual"] == 24):  # a hung loop fails status
         assert time.monotonic() < deadline, st
         most_loading = max(most_loading, sum(w["state"] == "starting" for w in st["workers"]))
-        time.sleep(0.05)
+        time.sleep(0.05)  # a sampling interval
     assert len(h.workers()) == 24 and most_loading <= 4 * host_cpus()
     h.stop_and_check()
