@@ -44,6 +44,8 @@ class Endings:
     ) -> None:
         """Offer each waiting ending (job id -> its give-up number) to an idle worker that has
         none; never the same give-up twice within OFFER_TTL."""
+        if not waiting and not self.offered and not self.finished:
+            return  # the usual pass: nothing given up
         workers = list(workers)
         by_pid = {w.pid: w for w in workers}
         for job, offer in list(self.offered.items()):

@@ -249,3 +249,24 @@ def test_example_config_file_is_valid_and_round_trips(tmp_path: Path) -> None:
     f.write_text(example.stdout)
     r = herder_config("--config", str(f))
     assert r.returncode == 0, r.stderr
+
+
+def test_django_settings_that_cannot_load_or_name_two_redis_servers_exit_78(tmp_path: Path) -> None:
+    r = run_herder("--state-dir", str(tmp_path), env={"DJANGO_SETTINGS_MODULE": "nosuch.settings"})
+    assert r.returncode == EX_CONFIG
+    assert "'django_settings' from environment (DJANGO_SETTINGS_MODULE)" in r.stderr and "nosuch" in r.stderr
+    pkg = tmp_path / "twodb"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "settings.py").write_text(
+        "RQ_QUEUES = {'a': {'URL': 'redis://127.0.0.1:1/0'},\n"
+        "             'b': {'HOST': 'elsewhere', 'PASSWORD': 's3cret'}}\n"
+    )
+    r = run_herder(
+        "--state-dir", str(tmp_path / "s"), "--path", str(tmp_path), "--django-settings", "twodb.settings"
+    )
+    assert r.returncode == EX_CONFIG
+    assert (
+        "'redis_url' from django settings module twodb.settings" in r.stderr and "2 Redis servers" in r.stderr
+    )
+    assert "s3cret" not in r.stderr

@@ -146,10 +146,16 @@ def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, 
         cfg, sources = settings.resolve(layers)
     # RQ's and django-rq's settings sit just above the defaults (RQ's over Django's); reload keeps them.
     below = []
-    if cfg.django_settings:
-        below.append(settings.django_layer(cfg.django_settings, cfg.paths))
-    if cfg.rq_config:
-        below.append(settings.rq_settings_layer(cfg.rq_config, cfg.paths))
+    try:
+        if cfg.django_settings:
+            below.append(settings.django_layer(cfg.django_settings, cfg.paths))
+        if cfg.rq_config:
+            below.append(settings.rq_settings_layer(cfg.rq_config, cfg.paths))
+    except ConfigError as exc:  # name where the module's name came from
+        if exc.source != "default":
+            raise
+        message = str(exc).split(": ", 1)[1]
+        raise ConfigError(exc.key, message, sources.get(exc.key, "default")) from None
     from_below: list[str] = []
     if below:
         cfg, sources = settings.resolve([*below, *layers])
