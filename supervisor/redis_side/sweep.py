@@ -84,7 +84,8 @@ def plan(
     """The jobs to move back, and the new first-seen times of the candidates.
 
     A candidate is moved only once it has looked orphaned for `grace` seconds (two sweeps):
-    a worker that just popped or just started a job may not have told its master yet.
+    a worker that just popped or just started a job may not have told its master yet. A job
+    whose holder's lease has lapsed (another host's worker, its host dead) moves at once.
     """
     candidates: list[Recover] = []
     for s in started:
@@ -113,6 +114,9 @@ def plan(
     for r in candidates:
         key = (r.source, r.queue, r.member)
         seen[key] = first_seen.get(key, now)
-        if now - seen[key] >= grace:
+        # A lapsed lease is proof enough at once (nobody renewed it for lease_seconds, and
+        # the move re-checks it inside Redis); the grace is for what this master may not
+        # know yet: a job its own worker has just popped or started.
+        if r.holder or now - seen[key] >= grace:
             out.append(r)
     return out, seen
