@@ -38,6 +38,7 @@ OUTCOMES = ("ok", "failed", "ended")  # `done`: the job's own outcome, or an end
 # The environment a worker starts with: the interface of any --worker-command program.
 ENV_REDIS_URL = "HERDER_REDIS_URL"  # never on argv, where `ps` would show a password
 ENV_SLOT = "HERDER_SLOT"
+ENV_POOL = "HERDER_POOL"  # the pool the worker works for ("default" without pools)
 ENV_QUEUES = "HERDER_QUEUES"  # comma-separated, in priority order
 ENV_HEARTBEAT_INTERVAL = "HERDER_HEARTBEAT_INTERVAL"  # seconds between `idle`/`beat` lines
 ENV_PROTOCOL_VERSION = "HERDER_PROTOCOL_VERSION"

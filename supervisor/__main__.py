@@ -56,6 +56,7 @@ def main() -> int:
     # first: it imports rq and redis while this process does the same (~0.4 s each).
     launcher = ForkServerLauncher(cfg)
     launcher.tend(lambda: None)  # the loop hands it the real wake-up on its first pass
+    from herder.common.config import all_queues, pool_configs
     from herder.common.redis_connect import connect
     from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
     from herder.supervisor.launcher import Clock
@@ -73,12 +74,17 @@ def main() -> int:
         def client() -> Redis:  # one per thread: each blocks on its own socket
             return connect(cfg.redis_url or "", socket_timeout=5, socket_connect_timeout=3)
 
-        recovery = Recovery(client(), cfg, sweeping=cfg.worker_command is None)
-        cluster = None
-        if cfg.cluster_max_workers is not None:
-            cluster = ClusterSettings(host_id, cfg.cluster_max_workers, cfg.host_ttl, cfg.kill_budget_window)
-        reader = LoadReader(client(), cfg.queues, cfg.scale_interval, cluster)
-        locks = SchedulerLocks(client(), cfg.queues)  # also read with the setting off: status says who
+        pools = pool_configs(cfg)
+        rq_workers = all(pc.worker_command is None for pc in pools.values())
+        recovery = Recovery(client(), cfg, sweeping=rq_workers)
+        clusters = {
+            name: ClusterSettings(host_id, pc.cluster_max_workers, pc.host_ttl, cfg.kill_budget_window)
+            for name, pc in pools.items()
+            if pc.cluster_max_workers is not None
+        }
+        interval = min(pc.scale_interval for pc in pools.values())
+        reader = LoadReader(client(), all_queues(cfg), interval, clusters=clusters)
+        locks = SchedulerLocks(client(), all_queues(cfg))  # also read with the setting off: status says who
     clock = Clock()
     master = Master(
         cfg,
@@ -92,6 +98,7 @@ def main() -> int:
         restarts=int(os.environ.get(MASTER_RESTARTS_ENV, "0") or 0),
         control=control,
         started_at=started_at,
+        new_launcher=ForkServerLauncher,  # a pool whose imports differ gets a fork server of its own
     )
     return master.run()
 

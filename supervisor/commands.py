@@ -11,15 +11,29 @@ from __future__ import annotations
 import logging
 import os
 import queue
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from herder.common.config import KEYS, Config, ConfigError, redact_url, reload_plan, reread
-from herder.supervisor.autoscaler import Autoscaler
+from herder.common.config import (
+    DEFAULT_POOL,
+    KEYS,
+    WORKERS,
+    Config,
+    ConfigError,
+    all_queues,
+    pool_configs,
+    redact_url,
+    reload_plan,
+    reload_policy,
+    reread,
+)
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
 from herder.supervisor.fleet import Slot, Worker
 from herder.supervisor.health import HealthWatch
+from herder.supervisor.pool import Pool
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Counts, Recovery
 from herder.supervisor.snapshot import FleetView, build_status
@@ -28,8 +42,7 @@ from herder.supervisor.uplink import Uplink
 
 if TYPE_CHECKING:
     from herder.supervisor.guard import KillGuard
-    from herder.supervisor.launcher import Clock
-    from herder.supervisor.retirement import Retirement
+    from herder.supervisor.launcher import Clock, Launcher
     from herder.supervisor.scheduler import SchedulerKeeper
 
 log = logging.getLogger("herder")
@@ -42,17 +55,17 @@ class Fleet(Protocol):
     started_cfg: Config  # what the watchdog started with: it never re-reads the file
     clock: Clock
     host_id: str
+    pools: dict[str, Pool]
+    tickets: Iterator[int]
     target: int
-    generation: int
+    floor: int
     stopping: bool
     paused: bool
     started_at: float
     workers: dict[int, Worker]
     slots: dict[int, Slot]
-    scaler: Autoscaler
     counters: Counters
     guard: KillGuard
-    retirement: Retirement
     recovery: Recovery | None
     reader: LoadReader | None
     uplink: Uplink | None
@@ -63,6 +76,12 @@ class Fleet(Protocol):
     restarts: int
 
     def live_workers(self) -> list[Worker]: ...
+
+    def pool_list(self) -> list[Pool]: ...
+
+    def pool_workers(self, pool: Pool) -> list[Worker]: ...
+
+    def launcher_for(self, pool: Pool) -> Launcher: ...
 
     def begin_stop(self, hurry: bool, why: str) -> None: ...
 
@@ -125,21 +144,41 @@ class Commands:
                 return build_status(self.view())
             case "scale":
                 return self.rescale(body)
-            case "restart":
-                return self.restart("herder restart")
-            case "pause" | "resume":
-                return self.pause(body["cmd"] == "pause")
+            case "restart" | "pause" | "resume" as cmd:
+                pools = self.named_pools(body.get("pool"))
+                if isinstance(pools, dict):
+                    return pools  # the error: no such pool
+                if cmd == "restart":
+                    return self.restart("herder restart", pools)
+                return self.pause(cmd == "pause", pools)
             case "reload":
                 return self.reload("herder reload")
             case "enqueue":  # asked while the master was starting: the control thread queued it
                 return self.enqueue(body)
             case "stop":
                 if "timeout" in body:  # a new Config: the one herder started with stays as it was
-                    self.m.cfg = replace(self.m.cfg, stop_timeout=float(body["timeout"]))
+                    timeout = float(body["timeout"])
+                    self.m.cfg = replace(self.m.cfg, stop_timeout=timeout)
+                    for pool in self.m.pool_list():
+                        pool.cfg = replace(pool.cfg, stop_timeout=timeout)
                 self.m.begin_stop(hurry=False, why="herder stop")
                 return {"ok": True, "stopping": len(self.m.workers)}
             case cmd:
                 return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def named_pools(self, name: object) -> list[Pool] | dict:
+        """The pool a request names, or every pool when it names none; an error reply for a
+        pool that does not exist (naming the ones that do)."""
+        pools = [p for p in self.m.pool_list() if not p.draining]
+        if name is None:
+            return pools
+        found = [p for p in pools if p.name == name]
+        if not found:
+            return {
+                "ok": False,
+                "error": f"no pool {name!r}; the pools are {', '.join(p.name for p in pools)}",
+            }
+        return found
 
     def view(self) -> FleetView:
         m = self.m
@@ -148,31 +187,39 @@ class Commands:
         live = m.live_workers()
         fleet = max(m.target, len(live))
         backoff = [s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now)]
+        pools = m.pool_list()
+        grants = [p.scaler.grant for p in pools if p.scaler.grant is not None]
+        queue_stats = {q: p.scaler.queues.get(q) for p in pools for q in p.cfg.queues}
+        rates = [p.scaler.state.per_worker for p in pools if p.scaler.state.per_worker is not None]
         return FleetView(
             cfg=m.cfg,
             host_id=m.host_id,
             started_at=m.started_at,
             now=now,
             target=m.target,
-            grant=m.scaler.grant,
+            grant=sum(grants) if grants else None,
             live=len(live),
             stopping=m.stopping,
             health=m.health.reasons(
                 now,
                 ready=sum(w.state in WORKING for w in live),
-                floor=m.cfg.floor,
+                floor=m.floor,
                 was_ready=m.ever_ready,
                 stopping=m.stopping,
                 redis_down_since=m.reader.outage_since if m.reader else None,
                 grace=m.cfg.health_grace,
+                short=self.short_pools(),
                 budgets=[
                     ("kill_budget_spent", m.guard.degraded),
-                    ("cull_budget_spent", m.retirement.degraded),
+                    (
+                        "cull_budget_spent",
+                        next((p.retirement.degraded for p in pools if p.retirement.degraded), ""),
+                    ),
                 ],
             ),
             workers=[(w, w.proc.snapshot()) for w in m.workers.values()],
             backoff=sorted(backoff),
-            queues={name: m.scaler.queues.get(name) for name in m.cfg.queues},  # in force, read or not
+            queues=queue_stats,  # in force, read or not
             settings=self.settings(),
             totals={
                 "spawned": m.counters.totals.spawned,
@@ -180,36 +227,68 @@ class Commands:
                 "requeued": counts.requeued,
                 "recovered_by_sweep": counts.swept,
                 "failed_by_herder": counts.failed,
-                "recycled": dict(m.retirement.recycled),
+                "recycled": dict(sum((p.retirement.recycled for p in pools), Counter())),
             },
-            scheduler=m.sched.status(m.cfg),
+            scheduler=m.sched.status(m.sched_cfg),
             jobs=m.counters.jobs(list(m.workers.values())),
             killed_by=dict(m.counters.totals.killed_by),
             requeued_by=dict(counts.requeued_by),
             master_restarts=m.restarts,
             budgets_left={
                 "kill": max(0.0, m.guard.budget.limit(fleet) - m.guard.budget.local_count(wall)),
-                "cull": max(0.0, m.cfg.cull_budget - m.retirement.local.count(wall)),
+                "cull": max(0.0, m.cfg.cull_budget - sum(p.retirement.local.count(wall) for p in pools)),
             },
             loop_lag=m.health.last_lag,
-            job_rate=m.scaler.state.per_worker,
+            job_rate=rates[0] if len(rates) == 1 else (sum(rates) / len(rates) if rates else None),
             paused=m.paused,
             ever_ready=m.ever_ready,
+            pools={p.name: self.pool_view(p) for p in pools},
         )
+
+    def short_pools(self) -> str:
+        """The pools below their own minimum of ready workers, when there are several."""
+        pools = [p for p in self.m.pool_list() if not p.draining]
+        if len(pools) < 2:
+            return ""
+        ready = {p.name: sum(w.state in WORKING for w in self.m.pool_workers(p)) for p in pools}
+        return "; ".join(
+            f"pool {p.name}: {ready[p.name]} of {p.cfg.floor}" for p in pools if ready[p.name] < p.cfg.floor
+        )
+
+    def pool_view(self, pool: Pool) -> dict[str, Any]:
+        """One pool in `herder status`: its queues, sizing and counts."""
+        cfg, live = pool.cfg, self.m.pool_workers(pool)
+        return {
+            "queues": list(cfg.queues),
+            "autoscale": cfg.autoscale,
+            "min": cfg.floor,
+            "max": cfg.ceiling,
+            "desired": pool.target,
+            "actual": len(live),
+            "ready": sum(w.state in WORKING for w in live),
+            "cluster_max": cfg.cluster_max_workers,
+            "cluster_grant": pool.scaler.grant,
+            "paused": pool.paused,
+            "draining": pool.draining,
+            "generation": pool.generation,
+        }
 
     def settings(self) -> dict[str, Any]:
         """Every setting as the master runs it, read back from the part that applies it where
-        one does: a reload that did not reach a part shows here."""
+        one does: a reload that did not reach a part shows here. With pools, the fleet
+        settings shown are the first pool's; `pools` has what each pool sets itself."""
         m = self.m
+        first = m.pool_list()[0]
         out: dict[str, Any] = {k: getattr(m.cfg, k) for k in KEYS}
         out.update(
             redis_url=redact_url(m.cfg.redis_url),
             workers_limit=m.cfg.limit,
             kill_budget=m.guard.budget.fraction,
             kill_budget_window=m.guard.budget.window,
-            scale_down_delay=m.scaler.policy.scale_down_delay,
-            drain_target=m.scaler.policy.drain_target,
+            scale_down_delay=first.scaler.policy.scale_down_delay,
+            drain_target=first.scaler.policy.drain_target,
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            pools={p.name: dict(m.cfg.pools.get(p.name, {})) for p in m.pool_list()},
         )
         if m.recovery is not None:
             out.update(max_requeues=m.recovery.cfg.max_requeues, sweep_interval=m.recovery.cfg.sweep_interval)
@@ -219,28 +298,52 @@ class Commands:
                 out.update(cluster_max_workers=m.reader.cluster.cap, host_ttl=m.reader.cluster.ttl)
         return out
 
-    def pause(self, paused: bool) -> dict:
-        """`herder pause` / `resume`: this host's workers finish their jobs and take no new ones
-        (Sidekiq's quiet, celery's cancel_consumer); workers started meanwhile start paused."""
-        m = self.m
-        if m.paused != paused:
-            m.paused = paused
-            what = "finish their jobs and take no new ones" if paused else "take jobs again"
-            log.info("herder %s: workers %s", "pause" if paused else "resume", what)
-        for w in m.workers.values():
+    def pause(self, paused: bool, pools: list[Pool]) -> dict:
+        """`herder pause` / `resume` [--pool]: the workers finish their jobs and take no new
+        ones (Sidekiq's quiet, celery's cancel_consumer); workers started meanwhile start paused."""
+        m, names = self.m, {p.name for p in pools}
+        for pool in pools:
+            if pool.paused != paused:
+                pool.paused = paused
+                what = "finish their jobs and take no new ones" if paused else "take jobs again"
+                where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
+                log.info("herder %s%s: workers %s", "pause" if paused else "resume", where, what)
+        told = [w for w in m.workers.values() if w.pool in names]
+        for w in told:
             w.proc.send_pause(paused)
-        return {"ok": True, "paused": paused, "workers": len(m.workers)}
+        return {"ok": True, "paused": paused, "workers": len(told), "pools": sorted(names)}
 
-    def restart(self, why: str) -> dict:
+    def restart(self, why: str, pools: list[Pool] | None = None) -> dict:
         m = self.m
-        m.generation += 1
-        m.launcher.renew(m.cfg)  # new workers come from a new template: new code, new settings
-        n = len(m.live_workers())
-        log.info("%s: rolling restart of %d workers (generation %d)", why, n, m.generation)
-        return {"ok": True, "replacing": n, "generation": m.generation}
+        pools = pools if pools is not None else [p for p in m.pool_list() if not p.draining]
+        n = 0
+        for pool in pools:
+            pool.generation += 1
+            m.launcher_for(pool).renew(pool.cfg)  # new workers come from a new template: new code
+            n += len(m.pool_workers(pool))
+        where = (
+            ""
+            if [p.name for p in pools] == [DEFAULT_POOL]
+            else f" of pool {', '.join(p.name for p in pools)}"
+        )
+        generation = max(p.generation for p in pools) if pools else 0
+        log.info("%s: rolling restart of %d workers%s (generation %d)", why, n, where, generation)
+        return {"ok": True, "replacing": n, "generation": generation}
 
     def rescale(self, body: dict[str, Any]) -> dict:
-        cfg = self.m.cfg
+        m = self.m
+        pools = [p for p in m.pool_list() if not p.draining]
+        name = body.get("pool")
+        if name is None and len(pools) > 1:
+            return {
+                "ok": False,
+                "error": f"name a pool with --pool: the pools are {', '.join(p.name for p in pools)}",
+            }
+        found = self.named_pools(name)
+        if isinstance(found, dict):
+            return found
+        pool = found[0]
+        cfg = pool.cfg
         if "workers" in body:
             n = int(body["workers"])
             if n < 1:
@@ -259,25 +362,29 @@ class Commands:
             if not 0 <= lo <= hi or hi < 1:
                 return {"ok": False, "error": f"need 0 <= min <= max and max >= 1, got {lo}, {hi}"}
             new = replace(cfg, min_workers=lo, max_workers=hi)
-        if new.ceiling > new.limit:
+        others = sum(p.cfg.floor for p in pools if p is not pool)
+        if new.ceiling > new.limit or new.floor + others > new.limit:
             log.warning("scale to %d refused: above %s", new.ceiling, new.describe_limit())
             return {"ok": False, "error": f"{new.ceiling} workers is above {new.describe_limit()}"}
-        self.resize(new)
+        self.resize(pool, new)
         bounds = f"min {new.floor}, max {new.ceiling}" if new.autoscale else "fixed"
-        log.info("scale: target now %d workers (%s)", self.m.target, bounds)
-        return {"ok": True, "desired": self.m.target, "min": new.floor, "max": new.ceiling}
+        where = "" if pool.name == DEFAULT_POOL else f"pool {pool.name}: "
+        log.info("scale: %starget now %d workers (%s)", where, pool.target, bounds)
+        return {"ok": True, "pool": pool.name, "desired": pool.target, "min": new.floor, "max": new.ceiling}
 
-    def resize(self, cfg: Config) -> None:
-        """New worker bounds (scale, reload): the target moves into them at once; autoscaling
-        turned on starts from the count running so far."""
-        m = self.m
-        m.target = max(cfg.floor, min(cfg.ceiling, m.target)) if cfg.autoscale else cfg.workers
-        m.scaler.configure(cfg)
-        m.cfg = cfg
+    def resize(self, pool: Pool, cfg: Config) -> None:
+        """New worker bounds for a pool (scale, reload): the target moves into them at once;
+        autoscaling turned on starts from the count running so far."""
+        pool.target = max(cfg.floor, min(cfg.ceiling, pool.target)) if cfg.autoscale else cfg.workers
+        pool.scaler.configure(cfg)
+        pool.cfg = cfg
+        if not self.m.cfg.pools:  # one pool: its settings are the host's
+            self.m.cfg = cfg
 
     def reload(self, why: str) -> dict:
         """Re-read the config file; settings pinned by the environment or flags stay. All or
-        nothing: a changed key that only a restart of herder applies refuses the whole reload."""
+        nothing: a changed key that only a restart of herder applies refuses the whole reload.
+        Pools added start, pools removed drain, a changed pool is resized or rolled alone."""
         m = self.m
         if not m.cfg.config_file:
             log.warning("%s: no config file to re-read (herder run had no --config)", why)
@@ -287,42 +394,87 @@ class Commands:
         try:
             new = reread(m.cfg)
             plan = reload_plan(m.cfg, new, m.started_cfg)
+            self.check_pool_caps(new)
         except ConfigError as exc:
             log.error("%s: keeping the running config: %s", why, exc)
             if m.uplink:
                 m.uplink.ready()
             return {"ok": False, "error": str(exc)}
-        self.apply(new)
+        pools_done = self.apply(new)
         changed = sorted(plan.applied + plan.restart_workers)
         log.info(
             "%s: config re-read from %s; changed: %s", why, new.config_file, ", ".join(changed) or "nothing"
         )
+        for line in pools_done:
+            log.info("%s: %s", why, line)
         replacing = 0
         if plan.restart_workers:
             replacing = self.restart(f"{why} ({', '.join(plan.restart_workers)} changed)")["replacing"]
         if m.uplink:
             m.uplink.ready()
-        return {
+        reply = {
             "ok": True,
             "changed": changed,
             "applied": plan.applied,
             "restart_workers": plan.restart_workers,
             "replacing": replacing,
         }
+        return reply | ({"pools": pools_done} if pools_done else {})
 
-    def apply(self, new: Config) -> None:
+    def check_pool_caps(self, new: Config) -> None:
+        """A pool that stays may not turn its cluster cap on or off on reload (how it reserves
+        changes): ConfigError, and nothing changes. A pool added with a cap is fine."""
+        m = self.m
+        for name, pc in pool_configs(new).items():
+            pool = m.pools.get(name)
+            stays = pool is not None and not pool.draining and bool(m.cfg.pools and new.pools)
+            if stays and (pool.cfg.cluster_max_workers is None) != (pc.cluster_max_workers is None):
+                raise ConfigError(
+                    f"pools.{name}.cluster_max_workers",
+                    "turning a pool's cluster cap on or off changes how this host reserves; "
+                    "only a restart of herder applies it; the running config is kept",
+                    f"file {new.config_file}",
+                )
+
+    def apply(self, new: Config) -> list[str]:
         """Hand each setting to the part that uses it. Every part, every time: each setter is
         cheap and keeps what did not change, and no changed key can be forgotten. Settings
-        read where they are used (deadlines, backoff, the workers limit) need only m.cfg."""
+        read where they are used (deadlines, backoff, the workers limit) need only m.cfg.
+        Returns what happened to pools (added, removed, rolled)."""
         m = self.m
-        self.resize(new)
+        done: list[str] = []
+        old_cfg, fresh = m.cfg, pool_configs(new)
+        for name, pool in list(m.pools.items()):
+            if name not in fresh and not pool.draining:
+                pool.draining = True  # its workers stop after their jobs; then it goes (master)
+                done.append(f"pool {name} removed: its workers finish their jobs and stop")
+        for name, pc in fresh.items():
+            pool = m.pools.get(name)
+            if pool is None or pool.draining:
+                m.pools[name] = Pool.build(name, pc, m.host_id, m.recovery, m.tickets)
+                if new.pools:
+                    done.append(f"pool {name} added")
+                continue
+            rolled = [
+                k for k in KEYS if getattr(pc, k) != getattr(pool.cfg, k) and reload_policy(k) == WORKERS
+            ]
+            if new.pools and pool.cfg != pc and old_cfg.pools.get(name) != new.pools.get(name):
+                done.append(f"pool {name} changed" + (f" ({', '.join(rolled)}: rolled)" if rolled else ""))
+                if rolled:
+                    pool.generation += 1
+            self.resize(pool, pc)
+            pool.retirement.configure(pc)
+        m.cfg = new
         m.guard.configure(new, m.clock.wall())
-        m.retirement.configure(new)
         if m.recovery is not None:
             m.recovery.configure(new)
         if m.reader is not None:
-            m.reader.set_queues(new.queues)
-            m.reader.set_interval(new.scale_interval)
-            if new.cluster_max_workers is not None:
-                m.reader.set_cluster(new.cluster_max_workers, new.host_ttl, new.kill_budget_window)
+            m.reader.set_queues(all_queues(new))
+            m.reader.set_interval(min(pc.scale_interval for pc in fresh.values()))
+            for name, pc in fresh.items():
+                if pc.cluster_max_workers is not None:
+                    m.reader.set_cluster(
+                        pc.cluster_max_workers, pc.host_ttl, new.kill_budget_window, name, m.host_id
+                    )
         logging.getLogger().setLevel(new.log_level.upper())
+        return done

@@ -15,7 +15,7 @@ for one: user code never runs in the master.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from herder.supervisor.fleet import Worker
@@ -40,7 +40,11 @@ class Endings:
         self.finished: dict[str, tuple[int, float]] = {}  # job id -> (give-up, when) its worker said done
 
     def dispatch(
-        self, waiting: dict[str, int], workers: Iterable[Worker], generation: int, now: float
+        self,
+        waiting: dict[str, int],
+        workers: Iterable[Worker],
+        current: Callable[[Worker], bool],
+        now: float,
     ) -> None:
         """Offer each waiting ending (job id -> its give-up number) to an idle worker that has
         none; never the same give-up twice within OFFER_TTL."""
@@ -59,7 +63,7 @@ class Endings:
             job: (n, at) for job, (n, at) in self.finished.items() if job in waiting and now - at < OFFER_TTL
         }
         taken = {o.pid for o in self.offered.values()}
-        free = [w for w in workers if self.can_end(w, generation) and w.pid not in taken]
+        free = [w for w in workers if self.can_end(w, current) and w.pid not in taken]
         for job_id, give_up in sorted(waiting.items()):
             if job_id in self.offered or self.finished.get(job_id, (None,))[0] == give_up:
                 continue
@@ -71,10 +75,11 @@ class Endings:
             log.info("slot %d pid %d: asked to end job %s (given up by herder)", w.slot, w.pid, job_id)
 
     @staticmethod
-    def can_end(w: Worker, generation: int) -> bool:
+    def can_end(w: Worker, current: Callable[[Worker], bool]) -> bool:
+        """Idle, of its pool's current generation, not paused, culled or retiring."""
         return (
             w.state == WorkerState.IDLE
-            and w.generation >= generation
+            and current(w)
             and not w.retire_reason
             and not w.culled
             and not w.proc.snapshot().paused

@@ -55,7 +55,8 @@ class Worker:
     slot: int
     proc: ProcessHandle
     spawned_at: float  # monotonic
-    generation: int = 0  # a rolling restart replaces every worker of an older generation
+    generation: int = 0  # a rolling restart replaces every worker of its pool's older generations
+    pool: str = "default"  # the pool it works for (herder.supervisor.pool)
     state: WorkerState = WorkerState.STARTING
     stop_sent_at: float | None = None
     kill_started_at: float | None = None
@@ -87,6 +88,7 @@ class Worker:
 @dataclass
 class Slot:
     index: int
+    pool: str = "default"  # whose it is while it backs off: a crash loop is its pool's
     young_deaths: int = 0
     next_spawn_at: float = 0.0  # monotonic; later than now while the slot backs off
 
@@ -112,17 +114,22 @@ def died_young(graceful: bool, was_ready: bool, lived: float, cfg: Config) -> bo
 
 
 def free_slots(
-    slots: dict[int, Slot], taken: Container[int], room: int, limit: int, now: float
+    slots: dict[int, Slot], taken: Container[int], room: int, limit: int, now: float, pool: str = "default"
 ) -> Iterator[Slot]:
-    """Up to `room` free slots to spawn into, lowest first, among the `limit` a host may fill
-    (with at most `limit` workers, one of those is free whenever there is room). A slot in
-    backoff takes its place without being spawned into: a crash loop cannot spill over."""
+    """Up to `room` free slots for a pool to spawn into, lowest first, among the `limit` a
+    host may fill (with at most `limit` workers, one of those is free whenever there is room).
+    A slot in backoff takes its place without being spawned into: a crash loop cannot spill
+    over. A free slot another pool left (not backing off) becomes this pool's, afresh."""
     for i in range(limit):
         if room <= 0:
             return
-        slot = slots.setdefault(i, Slot(i))
         if i in taken:
             continue
+        slot = slots.get(i)
+        if slot is None or (slot.pool != pool and not slot.in_backoff(now)):
+            slot = slots[i] = Slot(i, pool)
+        if slot.pool != pool:
+            continue  # another pool's, backing off
         room -= 1
         if not slot.in_backoff(now):
             yield slot

@@ -57,8 +57,10 @@ class HealthWatch:
         redis_down_since: float | None,
         grace: float,
         budgets: list[tuple[str, str]],
+        short: str = "",
     ) -> list[tuple[str, str]]:
-        """Why health is degraded, as (kind, reason) pairs; empty when it is ok."""
+        """Why health is degraded, as (kind, reason) pairs; empty when it is ok. `short`: which
+        pools are below their own minimum, when there are several."""
         out = [(kind, text) for kind, text in budgets if text]
         if stopping:
             out.append(("stopping", "stopping: herder is draining its workers"))
@@ -67,7 +69,11 @@ class HealthWatch:
         elif self.below_since is not None and now - self.below_since > grace:
             below = now - self.below_since
             out.append(
-                ("below_minimum", f"below minimum workers: {ready} ready of {floor} for {below:.0f} s")
+                (
+                    "below_minimum",
+                    f"below minimum workers: {ready} ready of {floor} for {below:.0f} s"
+                    + (f" ({short})" if short else ""),
+                )
             )
         if redis_down_since is not None and now - redis_down_since > grace:
             out.append(("redis_unreachable", f"redis unreachable for {now - redis_down_since:.0f} s"))

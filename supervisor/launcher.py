@@ -81,14 +81,15 @@ def worker_argv(cfg: Config) -> list[str]:
     return [sys.executable, "-P", "-m", "herder.worker"]
 
 
-def worker_env(cfg: Config, slot: int) -> dict[str, str]:
-    """The resolved Config for herder's worker, and the documented HERDER_* variables for a
-    --worker-command program (docs/protocol.md, "Environment")."""
+def worker_env(cfg: Config, slot: int, pool: str = "default") -> dict[str, str]:
+    """The resolved Config (its pool's) for herder's worker, and the documented HERDER_*
+    variables for a --worker-command program (docs/protocol.md, "Environment")."""
     env = dict(os.environ)
     env[ENV_RESOLVED] = cfg.to_env()
     env.update(
         {
             wp.ENV_SLOT: str(slot),
+            wp.ENV_POOL: pool,
             wp.ENV_QUEUES: ",".join(cfg.queues),
             wp.ENV_HEARTBEAT_INTERVAL: f"{cfg.heartbeat_interval:g}",
             wp.ENV_PROTOCOL_VERSION: str(wp.VERSION),

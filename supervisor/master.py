@@ -11,16 +11,18 @@ snapshot.py, health.py, http_endpoint.py, forkserver.py, redis_side/ (every Redi
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
+from dataclasses import replace
 
-from herder.common.config import Config, redact_url
+from herder.common.config import DEFAULT_POOL, Config, all_queues, pool_configs, redact_url
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
 from herder.supervisor import fleet
-from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
@@ -32,9 +34,9 @@ from herder.supervisor.health import HealthWatch
 from herder.supervisor.http_endpoint import Publisher
 from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge
+from herder.supervisor.pool import Pool, share_limit
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.retirement import Retirement
 from herder.supervisor.scaling import pick_idle_to_stop
 from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import LEAVING, WORKING, WorkerState, change_state
@@ -59,26 +61,34 @@ class Master:
         restarts: int = 0,
         control: ControlServer | None = None,
         started_at: float | None = None,
+        new_launcher: Callable[[Config], Launcher] | None = None,
     ) -> None:
         """`control`: the control socket, already answering `starting` (__main__ opens it
-        first thing); the loop takes it over. Without one, the master opens its own."""
+        first thing); the loop takes it over. Without one, the master opens its own.
+        `new_launcher`: makes the fork server of a pool whose imports differ from the first
+        pool's (without it, every pool shares `launcher`)."""
         self.cfg = self.started_cfg = cfg  # started_cfg: the watchdog's, which it never re-reads
-        self.launcher, self.clock = launcher, clock
+        self.clock = clock
         self.recovery, self.reader, self.uplink = recovery, reader, uplink
         self.hostname = socket.gethostname()
         self.host_id = host_id or cfg.host_id or f"{self.hostname}:{os.getpid()}"
-        self.target = cfg.floor
+        # The fleets: one pool per [pools.NAME] of the file, or the one pool `default` (pool.py).
+        self.tickets = itertools.count(1)  # cull tickets: unique across pools (retirement.py)
+        self.pools = {
+            name: Pool.build(name, pc, self.host_id, recovery, self.tickets)
+            for name, pc in pool_configs(cfg).items()
+        }
+        # One fork server per set of imports (paths, preload); pools that agree share it.
+        self.launchers = {(tuple(cfg.paths), tuple(cfg.preload)): launcher}
+        self.new_launcher = new_launcher
         self.workers: dict[int, Worker] = {}  # by slot
         self.slots: dict[int, Slot] = {}
         self.counters = Counters()
-        self.scaler = Autoscaler(cfg, self.host_id)
         self.sched = sched or SchedulerKeeper(None, clock, self.host_id)  # RQ's scheduler: scheduler.py
         self.guard = KillGuard(cfg, recovery)
-        self.retirement = Retirement(cfg, recovery)
         self.endings = Endings()  # given-up jobs: which worker ends each (endings.py)
-        self.stopping = self.paused = False  # paused: `herder pause`, no new jobs on this host
+        self.stopping = False
         self.spawns_pending = False  # pacing left spawns for the next pass: it comes soon
-        self.generation = 0  # bumped by a rolling restart
         self.started_at = clock.wall() if started_at is None else started_at
         self.restarts = restarts  # times the watchdog restarted the master before this one
         self.ever_ready = False  # the fleet was ready once (`ready` to the watchdog, health)
@@ -94,6 +104,42 @@ class Master:
         if control is not None:
             control.hand_over(self.events.wake, answer)
 
+    # ---- pools --------------------------------------------------------------------------
+
+    def pool_list(self) -> list[Pool]:
+        return list(self.pools.values())
+
+    def pool_of(self, w: Worker) -> Pool:
+        return self.pools[w.pool]
+
+    def pool_workers(self, pool: Pool) -> list[Worker]:
+        """A pool's live workers (not on their way out)."""
+        return [w for w in self.live_workers() if w.pool == pool.name]
+
+    @property
+    def target(self) -> int:
+        """Workers wanted on this host: every pool's target."""
+        return sum(p.target for p in self.pools.values() if not p.draining)
+
+    @property
+    def paused(self) -> bool:
+        """`herder pause` on every pool: this host takes no new jobs."""
+        return all(p.paused for p in self.pools.values())
+
+    def launcher_for(self, pool: Pool) -> Launcher:
+        key = pool.launch_key
+        if key not in self.launchers:
+            if self.new_launcher is None:
+                return self.launcher
+            self.launchers[key] = self.new_launcher(pool.cfg)
+            self.launchers[key].tend(self.events.wake)  # its template starts importing now
+        return self.launchers[key]
+
+    @property
+    def launcher(self) -> Launcher:
+        """The first pool's launcher (the one the master was built with)."""
+        return next(iter(self.launchers.values()))
+
     # ---- signals ------------------------------------------------------------------------
 
     def handle_signals(self) -> None:
@@ -107,7 +153,7 @@ class Master:
 
     def run(self) -> int:
         self.events.install_signals()
-        cfg, queues = self.cfg, ",".join(self.cfg.queues)
+        cfg, queues = self.cfg, ",".join(all_queues(self.cfg))
         log.info("master %d starting: %d workers on queues %s, redis %s", os.getpid(), self.target, queues,
                  redact_url(cfg.redis_url))  # fmt: skip
         if self.control and not self.control.started:
@@ -116,8 +162,11 @@ class Master:
             except OSError as exc:
                 log.error("cannot open the control socket %s: %s", self.control.path, exc)
                 self.control = None
-        if self.reader and cfg.autoscale:
-            log.info("%s", self.scaler.describe())
+        for pool in self.pool_list():
+            if self.reader and pool.cfg.autoscale:
+                log.info(
+                    "%s%s", "" if pool.name == DEFAULT_POOL else f"pool {pool.name}: ", pool.scaler.describe()
+                )
         if self.reader:
             self.reader.start(self.events.wake)
         if self.recovery:
@@ -135,12 +184,10 @@ class Master:
         self.handle_signals()
         self.reap()
         self.murder()
-        self.retirement.review(
-            self.live_workers(), self.target, self.clock.monotonic(), self.clock.wall(), self.kill
-        )
+        self.retire()
         self.scale()
         self.manage()
-        self.sched.step(self.cfg, self.stopping, self.events.wake)
+        self.sched.step(self.sched_cfg, self.stopping, self.events.wake)
         self.end_given_up()
         self.commands.handle_requests()
         self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
@@ -149,6 +196,18 @@ class Master:
         if self.recovery:  # what the next sweep must not touch
             held = [o.job_id for o in (w.proc.snapshot() for w in self.workers.values()) if o.job_id]
             self.recovery.tell([self.rq_name(w) for w in self.workers.values()], held)
+
+    @property
+    def sched_cfg(self) -> Config:
+        """RQ's scheduler serves every pool's queues."""
+        return replace(self.cfg, queues=all_queues(self.cfg)) if self.cfg.pools else self.cfg
+
+    def retire(self) -> None:
+        """Recycling and culling, each pool by its own rules (retirement.py)."""
+        answers = self.recovery.answers() if self.recovery else {}
+        now, wall = self.clock.monotonic(), self.clock.wall()
+        for pool in self.pool_list():
+            pool.retirement.review(self.pool_workers(pool), pool.target, now, wall, self.kill, answers)
 
     def next_wait(self) -> float:
         """Until the next tick, or sooner if a slot's backoff ends first (0.1 s, not a tick)."""
@@ -160,7 +219,7 @@ class Master:
     def publish(self) -> None:
         """Health bookkeeping each pass; the Vitals /healthz and /metrics serve, now and then."""
         now = self.clock.monotonic()
-        self.health.observe(now, sum(w.state in WORKING for w in self.workers.values()), self.cfg.floor)
+        self.health.observe(now, sum(w.state in WORKING for w in self.workers.values()), self.floor)
         if self.http:
             self.http.step(now, self.commands.view)
 
@@ -174,7 +233,8 @@ class Master:
             self.control.close()
         left = self.recovery.drain(timeout=10.0) if self.recovery else 0
         self.sched.close()
-        self.launcher.close()
+        for launcher in self.launchers.values():
+            launcher.close()
         if left:
             log.error("%d jobs could not be requeued (Redis unreachable); RQ's abandoned-job sweep will "
                       "find them in their StartedJobRegistry", left)  # fmt: skip
@@ -197,23 +257,31 @@ class Master:
             self.uplink.alive()
         live = self.live_workers()
         busy = sum(w.state == WorkerState.BUSY for w in live)
-        queued = sum(q.backlog for q in self.scaler.queues.values())
+        queued = sum(q.backlog for p in self.pool_list() for q in p.scaler.queues.values())
         stopping = ", stopping" if self.stopping else ""
         self.uplink.status(f"{len(live)}/{self.target} workers, {busy} busy, {queued} queued{stopping}")
         if not self.stopping and self.uplink.watchdog_gone():
             log.warning("the watchdog is gone (parent changed or its pipe closed): stopping")
             self.begin_stop(hurry=False, why="watchdog gone")
 
+    @property
+    def floor(self) -> int:
+        """The fewest workers this host runs: every pool's minimum."""
+        return sum(p.cfg.floor for p in self.pools.values() if not p.draining)
+
     def fleet_ready(self) -> bool:
-        """Every worker wanted (within the cluster's grant, after a first load reading when
-        autoscaling) is up and has said `ready`."""
-        live, grant = self.live_workers(), self.scaler.grant
-        wanted = self.target if grant is None else min(self.target, grant)
-        return (
-            (not self.cfg.autoscale or self.scaler.has_reading)
-            and len(live) >= wanted
-            and all(w.state != WorkerState.STARTING for w in live)
-        )
+        """In every pool, every worker wanted (within the cluster's grant, after a first load
+        reading when autoscaling) is up and has said `ready`."""
+        for pool in self.pool_list():
+            if pool.draining:
+                continue
+            live, grant = self.pool_workers(pool), pool.scaler.grant
+            wanted = pool.target if grant is None else min(pool.target, grant)
+            if (pool.cfg.autoscale and not pool.scaler.has_reading) or len(live) < wanted:
+                return False
+            if any(w.state == WorkerState.STARTING for w in live):
+                return False
+        return True
 
     # ---- reap: the dead ------------------------------------------------------------------
 
@@ -229,7 +297,8 @@ class Master:
             # Asked to stop (by herder, or by RQ's shutdown command: it said `stop`) and exited 0.
             graceful = code == 0 and not w.kill_reason and (w.stop_sent_at is not None or obs.said_stop)
             why = "stopped as asked" if graceful else w.kill_reason or "unexpected"
-            if not graceful and self.recovery is not None and self.cfg.worker_command is None:
+            pool = self.pool_of(w)
+            if not graceful and self.recovery is not None and pool.cfg.worker_command is None:
                 # A killed RQ worker cannot unregister itself, nor say what it had popped.
                 self.recovery.forget(self.rq_name(w))
             self.counters.fold_exit(w, obs, now)
@@ -244,25 +313,40 @@ class Master:
             slot = self.slots.get(w.slot)
             if slot is None or self.stopping:
                 continue
-            if not died_young(graceful, obs.ready, lived, self.cfg):
+            if not died_young(graceful, obs.ready, lived, pool.cfg):
                 slot.lived(now)
                 continue
-            delay = slot.died_young(now, self.cfg)
+            delay = slot.died_young(now, pool.cfg)
             log.warning("slot %d: backoff (died %d times in a row, before `ready` or within %.1f s of "
-                        "its start); next spawn in %.2f s", w.slot, slot.young_deaths, self.cfg.min_uptime,
+                        "its start); next spawn in %.2f s", w.slot, slot.young_deaths, pool.cfg.min_uptime,
                         delay)  # fmt: skip
-        self.launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
+        for launcher in self.launchers.values():
+            launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
+        self.forget_drained_pools()
 
     def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
         if self.recovery is None:  # no Redis: nothing to put it back on
             return log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
         self.recovery.requeue(job_id, reason, label, cause)
 
+    def forget_drained_pools(self) -> None:
+        """A pool a reload removed is gone once its last worker is."""
+        for pool in [p for p in self.pool_list() if p.draining]:
+            if not any(w.pool == pool.name for w in self.workers.values()):
+                del self.pools[pool.name]
+                log.info("pool %s: drained and removed", pool.name)
+
     def end_given_up(self) -> None:
-        """Jobs given up past max_requeues end in a worker, as RQ ends them (endings.py)."""
-        if self.recovery is not None and not self.stopping and self.cfg.worker_command is None:
-            now = self.clock.monotonic()
-            self.endings.dispatch(self.recovery.endings(), self.live_workers(), self.generation, now)
+        """Jobs given up past max_requeues end in a worker, as RQ ends them (endings.py);
+        only herder's own RQ workers can (not a --worker-command program)."""
+        if self.recovery is None or self.stopping:
+            return
+        workers = [w for w in self.live_workers() if self.pool_of(w).cfg.worker_command is None]
+
+        def current(w: Worker) -> bool:
+            return w.generation >= self.pool_of(w).generation
+
+        self.endings.dispatch(self.recovery.endings(), workers, current, self.clock.monotonic())
 
     def rq_name(self, w: Worker) -> str:  # as the worker registers with RQ
         return rq_worker_name(self.hostname, w.slot, w.pid)
@@ -272,16 +356,16 @@ class Master:
     def murder(self) -> None:
         now = self.clock.monotonic()
         for w in list(self.workers.values()):
-            obs = w.proc.snapshot()
+            obs, cfg = w.proc.snapshot(), self.pool_of(w).cfg  # judged by its pool's deadlines
             change_state(w, derived_state(w, obs), f"job {obs.job_id}" if obs.job_id else "ready")
             if w.state == WorkerState.KILLING:
-                if not w.sigkilled and now - (w.kill_started_at or now) >= self.cfg.kill_timeout:
+                if not w.sigkilled and now - (w.kill_started_at or now) >= cfg.kill_timeout:
                     log.warning("slot %d pid %d: still alive %.1f s after SIGTERM: SIGKILL", w.slot,
-                                w.pid, self.cfg.kill_timeout)  # fmt: skip
+                                w.pid, cfg.kill_timeout)  # fmt: skip
                     w.proc.signal_group(signal.SIGKILL)
                     w.sigkilled = True
                 continue
-            verdict, fleet = judge(w, obs, now, self.cfg), max(self.target, len(self.live_workers()))
+            verdict, fleet = judge(w, obs, now, cfg), max(self.target, len(self.live_workers()))
             if verdict is None:
                 self.guard.responsive(w)
             elif not verdict.judged_hung or self.guard.allow(w, verdict.reason, fleet, self.clock.wall()):
@@ -305,11 +389,14 @@ class Master:
         if reading is None or self.reader is None:
             return
         self.guard.cluster_read(reading.kills)
-        jobs, busy = self.counters.jobs_and_busy_seconds(list(self.workers.values()))
-        paused = fleet.all_paused(self.live_workers())  # a pause is no demand for workers
-        self.target = self.scaler.fold(reading, jobs, busy, self.target, paused)
-        if self.cfg.cluster_max_workers is not None:
-            self.reader.tell(wanted=self.target, running=len(self.workers))
+        for pool in self.pool_list():
+            mine = [w for w in self.workers.values() if w.pool == pool.name]
+            jobs, busy = self.counters.jobs_and_busy_seconds(mine)
+            paused = fleet.all_paused(self.pool_workers(pool))  # a pause is no demand for workers
+            pool_reading = reading.for_pool(pool.name, pool.cfg.queues) if self.cfg.pools else reading
+            pool.target = pool.scaler.fold(pool_reading, jobs, busy, pool.target, paused)
+            if pool.cfg.cluster_max_workers is not None:
+                self.reader.tell(wanted=pool.target, running=len(mine), pool=pool.name)
 
     # ---- manage: towards the target -------------------------------------------------------
 
@@ -324,21 +411,31 @@ class Master:
         for w in self.live_workers():
             if w.culled:  # every job it takes fails: no capacity to keep. Its replacement starts below
                 self.stop_worker(w, w.retire_reason)
-        live = self.live_workers()
-        if self.roll(live):
+            elif self.pool_of(w).draining:  # a reload removed its pool: finish the job, then go
+                self.stop_worker(w, f"pool {w.pool} removed by a reload")
+        active = [p for p in self.pool_list() if not p.draining]
+        # The host's workers limit, shared: every pool its minimum, the rest in turn (pool.py).
+        caps = share_limit([(p.name, p.cfg.floor, p.target) for p in active], self.cfg.limit)
+        for pool in active:
+            self.manage_pool(pool, min(pool.target, caps[pool.name]))
+
+    def manage_pool(self, pool: Pool, target: int) -> None:
+        """One pool towards its target: a rolling step, or scale down idle workers, or spawn."""
+        live = self.pool_workers(pool)
+        if self.roll(pool, live, target):
             return
-        if len(live) > self.target:
+        if len(live) > target:
             states = {w.slot: str(w.state) for w in live}
-            for slot in pick_idle_to_stop(states, len(live) - self.target):
-                self.stop_worker(self.workers[slot], f"scale down to {self.target}")
+            for slot in pick_idle_to_stop(states, len(live) - target):
+                self.stop_worker(self.workers[slot], f"scale down to {target}")
             return
         # A cluster grant counts every process still running, stopping ones included.
-        room = self.target - len(live)
-        if self.scaler.grant is not None:
-            room = min(room, self.scaler.grant - len(self.workers))
-        self.spawn_into_free_slots(room)
+        room = target - len(live)
+        if pool.scaler.grant is not None:
+            room = min(room, pool.scaler.grant - sum(w.pool == pool.name for w in self.workers.values()))
+        self.spawn_into_free_slots(pool, room)
 
-    def roll(self, live: list[Worker]) -> bool:
+    def roll(self, pool: Pool, live: list[Worker], target: int) -> bool:
         """One step of a rolling restart, or of retiring workers (recycled or culled); False
         when no worker of an older generation, or marked to retire, is left.
 
@@ -346,46 +443,54 @@ class Master:
         `stop` (it finishes its job) only once a new one is ready to take its place, so
         capacity never dips. If replacements keep failing, the old workers keep working.
         """
-        old = [w for w in live if w.generation < self.generation or w.retire_reason]
+        old = [w for w in live if w.generation < pool.generation or w.retire_reason]
         if not old:
             return False
+        mine = [w for w in self.workers.values() if w.pool == pool.name]  # stopping ones too
         new = [w for w in live if w not in old]
         ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
-        surplus = len(old) + len(ready_new) - self.target
+        surplus = len(old) + len(ready_new) - target
         for w in sorted(old, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]:
             self.stop_worker(w, w.retire_reason or "rolling restart: replaced")
-        batch = max(1, self.target // 4)
-        room = min(self.target - len(new), self.target + batch - len(self.workers))
-        settled = len(live) == len(self.workers) and len(ready_new) == len(new)
+        batch = max(1, target // 4)
+        room = min(target - len(new), target + batch - len(mine))
+        settled = len(live) == len(mine) and len(ready_new) == len(new)
         if room > 0 and settled and len(self.workers) >= self.cfg.limit:
             # No replacement can start first at the workers limit: one idle old worker makes room.
             for w in [w for w in old if w.state == WorkerState.IDLE][:1]:
                 self.stop_worker(w, "rolling restart at the workers limit: making room")
-        self.spawn_into_free_slots(room)
+        self.spawn_into_free_slots(pool, room)
         return True
 
-    def spawn_into_free_slots(self, room: int) -> None:
-        """Up to `room` workers, within the workers limit and paced (fleet.spawn_room)."""
-        waiting = room > 0 and self.launcher.warming()  # a warm template is moments away
+    def spawn_into_free_slots(self, pool: Pool, room: int) -> None:
+        """Up to `room` workers for a pool, within the host's workers limit and paced
+        (fleet.spawn_room); a pool's slots back off on their own."""
+        waiting = room > 0 and self.launcher_for(pool).warming()  # a warm template is moments away
         room = 0 if waiting else fleet.spawn_room(room, self.workers, self.cfg.limit)
-        free = fleet.free_slots(self.slots, self.workers, room, self.cfg.limit, self.clock.monotonic())
-        self.spawns_pending = fleet.spawn_paced(free, self.spawn, self.clock.monotonic) or waiting
+        now = self.clock.monotonic()
+        free = fleet.free_slots(self.slots, self.workers, room, self.cfg.limit, now, pool.name)
+        pending = fleet.spawn_paced(free, lambda slot: self.spawn(slot, pool), self.clock.monotonic)
+        self.spawns_pending = self.spawns_pending or pending or waiting
 
-    def spawn(self, slot: Slot) -> None:
-        argv, env = worker_argv(self.cfg), worker_env(self.cfg, slot.index)
+    def spawn(self, slot: Slot, pool: Pool) -> None:
+        cfg = pool.cfg
+        argv, env = worker_argv(cfg), worker_env(cfg, slot.index, pool.name)
         try:  # from the warm template (forkserver.py), or a new interpreter
-            proc = self.launcher.spawn(argv, env, slot.index, self.events.wake)
+            proc = self.launcher_for(pool).spawn(argv, env, slot.index, self.events.wake)
         except OSError as exc:
-            delay = slot.died_young(self.clock.monotonic(), self.cfg)
+            delay = slot.died_young(self.clock.monotonic(), cfg)
             log.error("slot %d: cannot spawn worker (%s); next try in %.2f s", slot.index, exc, delay)
             return
-        w = Worker(slot.index, proc, spawned_at=self.clock.monotonic(), generation=self.generation)
-        if self.paused:
+        w = Worker(
+            slot.index, proc, spawned_at=self.clock.monotonic(), generation=pool.generation, pool=pool.name
+        )
+        if pool.paused:
             proc.send_pause(True)
-        self.retirement.limits_for(w)
+        pool.retirement.limits_for(w)
         self.workers[slot.index] = w
         self.counters.totals.spawned += 1
-        log.info("slot %d pid %d: spawned -> %s", slot.index, w.pid, w.state)
+        where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
+        log.info("slot %d pid %d: spawned -> %s%s", slot.index, w.pid, w.state, where)
 
     def stop_worker(self, w: Worker, why: str) -> None:
         w.proc.send_stop()

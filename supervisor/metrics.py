@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
@@ -48,6 +49,8 @@ class Vitals:
     queues: dict[str, QueueStats] = field(default_factory=dict)
     loop_lag: float = 0.0
     job_rate: float | None = None  # learned jobs/s of one busy worker
+    # By pool: workers by state, and desired, running, ready (the `pool` label of the fleet metrics).
+    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def problems(self, now: float) -> list[tuple[str, str]]:
         """Health as of `now`: the loop's reasons, and the loop itself if it stopped publishing."""
@@ -61,6 +64,14 @@ def vitals_of(v: FleetView) -> Vitals:
     by_state = {str(s): 0 for s in WorkerState if s != WorkerState.EXITED}
     for w, _ in v.workers:
         by_state[str(w.state)] += 1
+    pools: dict[str, dict[str, Any]] = {}
+    for name, pv in (v.pools or {"default": {"desired": v.target, "actual": v.live}}).items():
+        states = {str(s): 0 for s in WorkerState if s != WorkerState.EXITED}
+        for w, _ in v.workers:
+            if w.pool == name:
+                states[str(w.state)] += 1
+        ready = sum(states[str(s)] for s in WORKING)
+        pools[name] = {"by_state": states, "desired": pv["desired"], "running": pv["actual"], "ready": ready}
     return Vitals(
         taken_at=v.now,
         health=tuple(v.health),
@@ -80,6 +91,7 @@ def vitals_of(v: FleetView) -> Vitals:
         queues={name: q for name, q in v.queues.items() if q is not None},  # unread: no sample yet
         loop_lag=v.loop_lag,
         job_rate=v.job_rate,
+        pools=pools,
     )
 
 
@@ -102,13 +114,28 @@ class VitalsCollector:
         for kind, _ in problems:
             g.add_metric([kind], 1)
         yield g
-        g = GaugeMetricFamily("herder_workers", "Worker processes by state.", labels=["state"])
-        for state, n in sorted(v.workers_by_state.items()):
-            g.add_metric([state], n)
+        pools = v.pools or {
+            "default": {
+                "by_state": v.workers_by_state,
+                "desired": v.desired,
+                "running": v.running,
+                "ready": v.ready,
+            }
+        }
+        g = GaugeMetricFamily("herder_workers", "Worker processes by state.", labels=["state", "pool"])
+        for name, pv in pools.items():
+            for state, n in sorted(pv["by_state"].items()):
+                g.add_metric([state, name], n)
         yield g
-        yield _gauge("herder_workers_desired", "The target worker count on this host.", v.desired)
-        yield _gauge("herder_workers_running", "Workers counting towards the target.", v.running)
-        yield _gauge("herder_workers_ready", "Workers idle or busy (taking jobs).", v.ready)
+        for metric, key, text in (
+            ("herder_workers_desired", "desired", "The target worker count on this host."),
+            ("herder_workers_running", "running", "Workers counting towards the target."),
+            ("herder_workers_ready", "ready", "Workers idle or busy (taking jobs)."),
+        ):
+            g = GaugeMetricFamily(metric, text, labels=["pool"])
+            for name, pv in pools.items():
+                g.add_metric([name], pv[key])
+            yield g
         c = CounterMetricFamily("herder_jobs", "Jobs finished by herder's workers.", labels=["outcome"])
         c.add_metric(["ok"], v.jobs_ok)
         c.add_metric(["failed"], v.jobs_failed)

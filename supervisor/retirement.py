@@ -24,7 +24,7 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
 
@@ -57,13 +57,16 @@ class Retirement:
         recovery: Recovery | None,
         rng: random.Random | None = None,
         rss_of: Callable[[int], float | None] = rss_mb,
+        tickets: Iterator[int] | None = None,
     ) -> None:
+        """`tickets`: cull ticket numbers, shared by the pools of one master (one recovery
+        thread answers them all)."""
         self.cfg = cfg
         self.recovery = recovery
+        self.tickets = tickets or itertools.count(1)
         self.rng = rng or random.Random()
         self.rss_of = rss_of
         self.local = SlidingWindow(cfg.cull_window)
-        self.tickets = itertools.count(1)
         self.degraded = ""  # why health is degraded (the cull budget is spent), or ""
         self.recycled: Counter[str] = Counter()  # planned recycles and culls, by kind
         self._asking = 0  # cull tokens asked for and not yet answered
@@ -90,9 +93,12 @@ class Retirement:
         now: float,
         wall: float,
         kill: Callable[[Worker, str, str], None],
+        answers: dict[int, bool] | None = None,
     ) -> None:
-        """Decide retirements for the live (not yet leaving) workers."""
-        answers = self.recovery.answers() if self.recovery else {}
+        """Decide retirements for the live (not yet leaving) workers. `answers`: the cull
+        tickets the recovery thread answered (the master takes them once for every pool)."""
+        if answers is None:
+            answers = self.recovery.answers() if self.recovery else {}
         self._asking = sum(1 for w in live if w.cull == "asked")
         planned = sum(1 for w in live if w.retire_reason and not w.culled)
         room = max(1, math.floor(self.cfg.recycle_share * target)) - planned

@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from herder.common.config import KEYS, SECRET_KEYS, Config, redact_url
+from herder.common.config import KEYS, SECRET_KEYS, Config, all_queues, redact_url
 from herder.supervisor.fleet import Worker
 from herder.supervisor.states import WORKING
 from herder.supervisor.workerproc import Observations
@@ -51,6 +51,7 @@ class FleetView:
     job_rate: float | None = None  # learned jobs/s of one busy worker (autoscaling)
     paused: bool = False  # `herder pause` on this host
     ever_ready: bool = True  # the fleet was ready once: no longer `starting`
+    pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # by name: queues, sizing, counts
 
     @property
     def degraded(self) -> str:
@@ -85,6 +86,7 @@ def build_status(v: FleetView) -> dict[str, Any]:
             {
                 "slot": w.slot,
                 "pid": w.pid,
+                "pool": w.pool,
                 "state": str(w.state),
                 "job": o.job_id,
                 "job_seconds": round(v.now - o.job_started, 1) if o.job_id else None,
@@ -146,6 +148,7 @@ def build_status(v: FleetView) -> dict[str, Any]:
         "budgets_left": {k: round(n, 2) for k, n in v.budgets_left.items()},
         "loop_lag": round(v.loop_lag, 3),
         "job_rate": None if v.job_rate is None else round(v.job_rate, 3),
+        "pools": v.pools,
     }
 
 
@@ -174,7 +177,7 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "paused": False,
         "suspended": 0,
         "slots_in_backoff": [],
-        "queues": [{"name": q, "backlog": None, "running": None, "growth": None} for q in cfg.queues],
+        "queues": [{"name": q, "backlog": None, "running": None, "growth": None} for q in all_queues(cfg)],
         "workers": [],
         "totals": {
             "spawned": 0,
@@ -193,4 +196,5 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "budgets_left": {},
         "loop_lag": 0.0,
         "job_rate": None,
+        "pools": {},
     }

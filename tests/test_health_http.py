@@ -71,7 +71,10 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
     def settled() -> dict | None:
         m = metrics(base)
         done = sample(m, "herder_jobs_total", outcome="ok") == 12
-        respawned = sample(m, "herder_workers_spawned_total") == 3 and sample(m, "herder_workers_ready") == 2
+        respawned = (
+            sample(m, "herder_workers_spawned_total") == 3
+            and sample(m, "herder_workers_ready", pool="default") == 2
+        )
         return m if done and respawned else None
 
     m = wait_for(settled, 10, what="metrics to show the jobs and the respawn")
@@ -81,8 +84,8 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
     assert sample(m, "herder_workers_spawned_total") == status["totals"]["spawned"] == 3
     assert sample(m, "herder_kills_total", reason="silent") == 0 == status["totals"]["killed"]
     assert sample(m, "herder_requeues_total", reason="died") == 0  # it held no job
-    assert sample(m, "herder_workers_desired") == status["desired"] == 2
-    assert sample(m, "herder_workers", state="idle") == 2
+    assert sample(m, "herder_workers_desired", pool="default") == status["desired"] == 2
+    assert sample(m, "herder_workers", state="idle", pool="default") == 2
     assert sample(m, "herder_queue_length", queue="default") == 0
     assert sample(m, "herder_budget_remaining", budget="cull") == status["budgets_left"]["cull"] == 10
     assert sample(m, "herder_healthy") == 1

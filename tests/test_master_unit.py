@@ -544,7 +544,7 @@ def test_stopping_workers_count_towards_the_limit(clock: FakeClock, window: int)
         proc.busy("long")
     m.step()
     # A lower limit (a reload): the idle half is stopped; those still finish up meanwhile.
-    m.commands.resize(replace(m.cfg, workers=4, workers_limit=4))
+    m.commands.resize(m.pool_list()[0], replace(m.cfg, workers=4, workers_limit=4))
     m.step()
     assert sorted(w.slot for w in m.workers.values() if w.state == WorkerState.STOPPING) == [4, 5, 6, 7]
     clock.advance(2)

@@ -313,7 +313,7 @@ def test_autoscaling_turned_on_starts_from_the_count_running_and_waits_to_scale_
 
     m.reader = Reader()  # type: ignore[assignment]
     m.commands.rescale({"workers": 5})
-    m.commands.resize(replace(m.cfg, min_workers=1, max_workers=8))  # a reload turned it on
+    m.commands.resize(m.pool_list()[0], replace(m.cfg, min_workers=1, max_workers=8))  # a reload turned it on
     assert m.target == 5
     m.scale()
     assert m.target == 5  # not back to the count herder started with, and not down at once

@@ -41,7 +41,7 @@ def settle(m, launcher, clock: FakeClock, passes: int = 6) -> int:  # noqa: ANN0
 
 def test_max_jobs_with_jitter_recycles_workers_apart_and_capacity_never_dips(clock: FakeClock) -> None:
     m, launcher, _ = make(clock, workers=4, max_jobs=100, max_jobs_jitter=50, recycle_share=0.25)
-    m.retirement.rng = random.Random(7)
+    m.pools["default"].retirement.rng = random.Random(7)
     m.step()
     all_ready(m)
     limits = sorted(w.jobs_limit for w in m.workers.values())
@@ -54,7 +54,7 @@ def test_max_jobs_with_jitter_recycles_workers_apart_and_capacity_never_dips(clo
     assert len(retiring) == 1 and "max jobs" in retiring[0].retire_reason  # a quarter of 4 at a time
     assert settle(m, launcher, clock, passes=30) >= 4
     assert not set(first.values()) & set(live(m).values())  # all four recycled, one by one
-    assert m.retirement.recycled["recycled after max jobs"] == 4
+    assert m.pools["default"].retirement.recycled["recycled after max jobs"] == 4
     assert all(p.code == 0 for p in first.values())  # each stopped gracefully
     assert all(s.young_deaths == 0 for s in m.slots.values())  # no backoff for a planned recycle
 
@@ -81,7 +81,7 @@ def test_a_worker_whose_jobs_keep_failing_is_culled_with_a_token_and_stopped_as_
     settle(m, launcher, clock)
     assert ready_count(m) == 3
     assert bad.code == 0 and bad not in live(m).values()
-    assert m.retirement.recycled["culled"] == 1
+    assert m.pools["default"].retirement.recycled["culled"] == 1
 
 
 def test_no_token_leaves_the_worker_and_degrades_health_until_its_jobs_succeed(clock: FakeClock) -> None:
@@ -94,11 +94,11 @@ def test_no_token_leaves_the_worker_and_degrades_health_until_its_jobs_succeed(c
     recovery.pending_answers = {1: False}  # the cluster's budget is spent (or Redis is away)
     m.step()
     assert m.workers[0].retire_reason == "" and bad.stops == 0
-    assert m.retirement.degraded.startswith("cull budget spent cluster-wide")
+    assert m.pools["default"].retirement.degraded.startswith("cull budget spent cluster-wide")
     assert m.commands.view().degraded
     clock.advance(61)  # the fault clears: no new failures, the minute passes
     m.step()
-    assert m.retirement.degraded == ""
+    assert m.pools["default"].retirement.degraded == ""
 
 
 def test_the_local_budget_stops_culls_before_asking_redis(clock: FakeClock) -> None:
@@ -109,7 +109,7 @@ def test_the_local_budget_stops_culls_before_asking_redis(clock: FakeClock) -> N
         run_jobs(proc, 2, failed=True)  # a widespread fault: every worker fails
     m.step()
     assert recovery.asked == [1]  # one token locally: only one asks the cluster
-    assert "on this host" in m.retirement.degraded
+    assert "on this host" in m.pools["default"].retirement.degraded
     recovery.pending_answers = {1: True}
     m.step()
     culled = [w for w in m.workers.values() if w.retire_reason]
@@ -131,7 +131,7 @@ def test_one_failure_per_worker_culls_nobody(clock: FakeClock) -> None:
 def test_memory_soft_limit_recycles_and_hard_limit_kills(clock: FakeClock) -> None:
     m, launcher, _ = make(clock, workers=2, max_memory=100.0)
     rss = {}
-    m.retirement.rss_of = lambda pid: rss.get(pid, 50.0)
+    m.pools["default"].retirement.rss_of = lambda pid: rss.get(pid, 50.0)
     m.step()
     all_ready(m)
     fat, huge = live(m)[0], live(m)[1]

@@ -26,6 +26,8 @@ def test_kill_9_worker_mid_job_is_replaced_and_job_completes_elsewhere(herder, j
     h = herder(workers="2")
     h.wait_workers(2)
     job = jobs.enqueue("record", "t", 2)
+    # Mid-job: its own code has run (RQ names the worker a moment before the job starts).
+    wait_for(lambda: jobs.started("t") == [job.id] or None, 10, what="the job running")
     victim = h.worker_for_job(conn, job.id)
     os.kill(victim, signal.SIGKILL)
     h.wait_status(lambda s: victim not in [w["pid"] for w in s["workers"]], 10, what="the victim reaped")

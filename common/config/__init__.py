@@ -6,6 +6,7 @@
 - layering.py: defaults < RQ's settings module < file < environment < flags, and
   `herder config`'s view of the result;
 - reload.py: the file read again, and the plan of what a reload does;
+- pools.py: `[pools.NAME]`, each pool a whole Config over the defaults;
 - limits.py: the host's default workers limit.
 
 Everything a caller needs is importable from here, `from herder.common.config import Config`.
@@ -20,6 +21,7 @@ from herder.common.config.layering import (
     rq_settings_layer,
 )
 from herder.common.config.limits import default_workers_limit, host_cpus, host_memory
+from herder.common.config.pools import DEFAULT_POOL, POOL_KEYS, all_queues, pool_configs
 from herder.common.config.reload import ReloadPlan, reload_plan, reload_policy, reread
 from herder.common.config.schema import (
     ALIASES,
@@ -44,6 +46,10 @@ from herder.common.exits import EX_CONFIG
 __all__ = [
     "ALIASES",
     "APPLY",
+    "DEFAULT_POOL",
+    "POOL_KEYS",
+    "all_queues",
+    "pool_configs",
     "ENV_RESOLVED",
     "EX_CONFIG",
     "HELP",

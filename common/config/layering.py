@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 from herder.common.config.limits import default_workers_limit
+from herder.common.config.pools import coerce_pools, validate_pools
 from herder.common.config.schema import KEYS, SECRET_KEYS, Config, ConfigError, normalize_key
 from herder.common.config.values import coerce, redact_url
 
@@ -126,6 +127,7 @@ def load_file(path: str) -> dict[str, tuple[Any, str]]:
         raise ConfigError("config", f"no such file: {path}", "command line or HERDER_CONFIG") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", f"not valid TOML: {exc}", source) from None
+    pools = data.pop("pools", None)  # [pools.NAME] tables, beside [herder] (or the top level)
     table = data.get("herder", data)
     if not isinstance(table, dict):
         raise ConfigError("herder", "must be a table", source)
@@ -133,6 +135,8 @@ def load_file(path: str) -> dict[str, tuple[Any, str]]:
     for raw_key, value in table.items():
         key = normalize_key(raw_key)
         out[key] = (coerce(key, value, source), source)
+    if pools is not None:
+        out["pools"] = (coerce_pools(pools, source), source)
     return out
 
 
@@ -142,7 +146,7 @@ def resolve(layers: list[dict[str, tuple[Any, str]]]) -> tuple[Config, dict[str,
     sources: dict[str, str] = {}
     for layer in layers:
         for key, (value, source) in layer.items():
-            setattr(cfg, key, coerce(key, value, source))
+            setattr(cfg, key, value if key == "pools" else coerce(key, value, source))
             sources[key] = source
     if layers and "workers" in layers[-1] and "max_workers" in sources:
         # A fixed count given last (flags, environment) would silently lose to autoscaling.
@@ -150,6 +154,7 @@ def resolve(layers: list[dict[str, tuple[Any, str]]]) -> tuple[Config, dict[str,
             "workers", "a fixed count conflicts with max_workers (autoscaling)", sources["workers"]
         )
     cfg.validate(sources)
+    validate_pools(cfg, sources.get("pools", "default"))
     return cfg, sources
 
 
@@ -164,6 +169,10 @@ def describe(cfg: Config, sources: dict[str, str]) -> list[tuple[str, str, str]]
         if isinstance(shown, list):
             shown = ", ".join(map(str, shown)) if key != "worker_command" else " ".join(shown)
         rows.append((key, "" if shown is None else str(shown), sources.get(key, "default")))
+    for name, values in cfg.pools.items():  # what each pool sets over the defaults above
+        for key, value in values.items():
+            shown = ", ".join(map(str, value)) if isinstance(value, list) else value
+            rows.append((f"pools.{name}.{key}", str(shown), f"{sources.get('pools', 'file')} [pools.{name}]"))
     return rows
 
 

@@ -23,6 +23,7 @@ class ConfigError(Exception):
     def __init__(self, key: str, message: str, source: str = "default") -> None:
         super().__init__(f"config key {key!r} from {source}: {message}")
         self.key = key
+        self.message = message
         self.source = source
 
 
@@ -259,6 +260,9 @@ class Config:
         "django-rq's RQ_QUEUES names the Redis and queues when no redis_url or queues are given.",
         reload=WORKERS,
     )
+    # Several pools (docs/operations.md, "Pools"): [pools.NAME] tables of the file only, each a
+    # fleet's settings over the ones above (herder.common.config.pools). Empty: one pool, "default".
+    pools: dict[str, dict[str, Any]] = internal(factory=dict)
     config_file: str | None = internal()  # where the file layer came from, for reload
     embedded_redis: bool = internal(False)  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them
@@ -321,8 +325,16 @@ class Config:
 
     @property
     def drain_seconds(self) -> float:
-        """The longest a graceful stop can take: every job's stop timeout, then the kill."""
-        return self.stop_timeout + self.kill_timeout
+        """The longest a graceful stop can take: every job's stop timeout, then the kill (the
+        longest of any pool's)."""
+        own = self.stop_timeout + self.kill_timeout
+        return max(
+            [own]
+            + [
+                p.get("stop_timeout", self.stop_timeout) + p.get("kill_timeout", self.kill_timeout)
+                for p in self.pools.values()
+            ]
+        )
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))

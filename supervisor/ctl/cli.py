@@ -292,6 +292,16 @@ def show_config(ctx: click.Context, example: bool, **opts) -> None:
         click.echo(f"{key:<{width}}  {value:<40}  # {source}")
 
 
+def pool_option(f):  # noqa: ANN001, ANN201 - a click decorator
+    return click.option(
+        "--pool", help='The pool to act on (docs/operations.md, "Pools"); default: every pool.'
+    )(f)
+
+
+def with_pool(body: dict, pool: str | None) -> dict:
+    return body | ({"pool": pool} if pool else {})
+
+
 def state_dir_option(f):
     return click.option(
         "--state-dir",
@@ -381,10 +391,16 @@ def status_loop(state_dir: str | None, as_json: bool, watch: bool) -> None:
 @click.argument("workers", type=click.IntRange(min=1), required=False)
 @click.option("--min", "min_workers", type=click.IntRange(min=0), help="Autoscaling: new minimum.")
 @click.option("--max", "max_workers", type=click.IntRange(min=1), help="Autoscaling: new maximum.")
+@pool_option
 def scale(
-    state_dir: str | None, workers: int | None, min_workers: int | None, max_workers: int | None
+    state_dir: str | None,
+    workers: int | None,
+    min_workers: int | None,
+    max_workers: int | None,
+    pool: str | None,
 ) -> None:
-    """Set the number of workers (N), or the autoscaling bounds (--min/--max)."""
+    """Set the number of workers (N), or the autoscaling bounds (--min/--max), of the one pool
+    or of the pool named with --pool."""
     if workers is None and min_workers is None and max_workers is None:
         raise click.UsageError("give a worker count N, or --min and/or --max")
     if workers is not None and (min_workers is not None or max_workers is not None):
@@ -396,8 +412,9 @@ def scale(
         body["min"] = min_workers
     if max_workers is not None:
         body["max"] = max_workers
-    reply = ask(state_dir, body)
-    click.echo(f"desired {reply['desired']} workers (min {reply['min']}, max {reply['max']})")
+    reply = ask(state_dir, with_pool(body, pool))
+    where = "" if reply.get("pool", "default") == "default" else f"pool {reply['pool']}: "
+    click.echo(f"{where}desired {reply['desired']} workers (min {reply['min']}, max {reply['max']})")
 
 
 @cli.command()
@@ -450,26 +467,30 @@ def enqueue(state_dir: str | None, queue: str | None, func: str, args: tuple[str
 
 @cli.command()
 @state_dir_option
-def restart(state_dir: str | None) -> None:
-    """Rolling restart: each replacement starts before an old worker stops; no job is interrupted."""
-    reply = ask(state_dir, {"cmd": "restart"})
+@pool_option
+def restart(state_dir: str | None, pool: str | None) -> None:
+    """Rolling restart (of every pool, or of --pool): each replacement starts before an old
+    worker stops; no job is interrupted."""
+    reply = ask(state_dir, with_pool({"cmd": "restart"}, pool))
     click.echo(f"replacing {reply['replacing']} workers, a batch at a time")
 
 
 @cli.command()
 @state_dir_option
-def pause(state_dir: str | None) -> None:
-    """This host's workers finish their jobs and take no new ones, until `herder resume`
-    (for every host at once, RQ's own `rq suspend` works too)."""
-    reply = ask(state_dir, {"cmd": "pause"})
+@pool_option
+def pause(state_dir: str | None, pool: str | None) -> None:
+    """This host's workers (of every pool, or of --pool) finish their jobs and take no new
+    ones, until `herder resume` (for every host at once, RQ's own `rq suspend` works too)."""
+    reply = ask(state_dir, with_pool({"cmd": "pause"}, pool))
     click.echo(f"paused: {reply['workers']} workers finish their jobs and take no new ones")
 
 
 @cli.command()
 @state_dir_option
-def resume(state_dir: str | None) -> None:
-    """Undo `herder pause`: this host's workers take jobs again."""
-    reply = ask(state_dir, {"cmd": "resume"})
+@pool_option
+def resume(state_dir: str | None, pool: str | None) -> None:
+    """Undo `herder pause` (of every pool, or of --pool): the workers take jobs again."""
+    reply = ask(state_dir, with_pool({"cmd": "resume"}, pool))
     click.echo(f"resumed: {reply['workers']} workers take jobs again")
 
 

@@ -42,7 +42,21 @@ def render(status: dict[str, Any]) -> str:
     scale += f", limit {status['workers_limit']}"
     if status["cluster_max"] is not None:
         scale += f", cluster max {status['cluster_max']} (granted {status['cluster_grant']})"
+    pools = status.get("pools") or {}
+    several = len(pools) > 1
+    if several:  # each pool's sizing on its own line below
+        scale = f"{len(pools)} pools, limit {status['workers_limit']}"
     lines.append(f"workers: {status['actual']} of {status['desired']} desired ({scale})")
+    if several:
+        for name, pl in pools.items():
+            sizing = f"min {pl['min']}, max {pl['max']}" if pl["autoscale"] else "fixed"
+            if pl["cluster_max"] is not None:
+                sizing += f", cluster max {pl['cluster_max']} (granted {pl['cluster_grant']})"
+            flags = "".join([", paused" if pl["paused"] else "", ", draining" if pl["draining"] else ""])
+            lines.append(
+                f"pool {name}: {pl['actual']} of {pl['desired']} desired ({sizing}{flags}); "
+                f"queues {', '.join(pl['queues'])}"
+            )
     if status["slots_in_backoff"]:
         lines.append(f"slots in backoff: {', '.join(map(str, status['slots_in_backoff']))}")
     for q in status["queues"]:
@@ -55,16 +69,21 @@ def render(status: dict[str, Any]) -> str:
     if status.get("scheduler"):
         lines.append(render_scheduler(status["scheduler"]))
     lines.append("")
-    lines.append(
+    pool_col = f"{'POOL':<10} " if several else ""
+    header = (
         f"{'SLOT':>4} {'PID':>7} {'STATE':<9} {'UP':>6} {'OK':>6} {'FAILED':>6} {'RSS':>7} {'CPU%':>5}  JOB"
     )
-    for w in status["workers"]:
+    lines.append(pool_col + header)
+    order = list(pools)
+    workers = sorted(status["workers"], key=lambda w: order.index(w["pool"]) if w.get("pool") in order else 0)
+    for w in workers:
         rss = f"{w['rss'] / 2**20:.0f}M" if w["rss"] else "-"
         cpu = f"{w['cpu_percent']:.0f}" if w["cpu_percent"] is not None else "-"
         job = f"{w['job']} ({_duration(w['job_seconds'])})" if w["job"] else ""
         state = w.get("paused") or w["state"] if w["state"] == "idle" else w["state"]
+        pool_cell = f"{w.get('pool', ''):<10} " if several else ""
         lines.append(
-            f"{w['slot']:>4} {w['pid']:>7} {state:<9} {_duration(w['uptime']):>6} "
+            f"{pool_cell}{w['slot']:>4} {w['pid']:>7} {state:<9} {_duration(w['uptime']):>6} "
             f"{w['jobs_ok']:>6} {w['jobs_failed']:>6} {rss:>7} {cpu:>5}  {job}"
         )
     return "\n".join(lines)

@@ -12,12 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from redis import Redis
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
+from herder.common.config import DEFAULT_POOL
 from herder.supervisor.redis_side.budget import cluster_keys
 from herder.supervisor.redis_side.cluster import HOSTS_KEY, RESERVE, RESERVED_KEY, Grant, parse_grant
 from herder.supervisor.scaling import Load
@@ -28,9 +29,23 @@ log = logging.getLogger("herder")
 @dataclass(frozen=True)
 class Reading:
     load: Load | None  # None: Redis did not answer
-    grant: Grant | None
+    grant: Grant | None  # the default pool's (or the one pool a pool's own reading is for)
     per_queue: tuple[tuple[str, int, int], ...] = ()  # (queue, backlog, running)
     kills: tuple[int, int, float] | None = None  # cluster kill counters: current, previous, read at
+    grants: dict[str, Grant] = field(default_factory=dict)  # by pool, for the pools with a cluster cap
+
+    def for_pool(self, pool: str, queues: list[str]) -> Reading:
+        """What one pool sees: its queues' figures and its own cluster grant."""
+        if self.load is None:
+            return Reading(None, None, kills=self.kills)
+        mine = tuple(q for q in self.per_queue if q[0] in queues)
+        load = Load(self.load.at, sum(b for _, b, _ in mine), sum(r for _, _, r in mine))
+        return Reading(load, self.grants.get(pool), mine, self.kills, {})
+
+
+def cluster_key(base: str, pool: str) -> str:
+    """Hosts that name the same pool share its cap; the default pool keeps today's keys."""
+    return base if pool == DEFAULT_POOL else f"{base}:{pool}"
 
 
 @dataclass
@@ -48,19 +63,20 @@ class LoadReader:
         queues: list[str],
         interval: float,
         cluster: ClusterSettings | None = None,
+        clusters: dict[str, ClusterSettings] | None = None,
     ) -> None:
+        """`cluster`: the one pool's cluster cap; `clusters`: each pool's that has one."""
         self.connection = connection
         self.queues = queues
         self.interval = interval
-        self.cluster = cluster
+        self.clusters: dict[str, ClusterSettings] = clusters or ({DEFAULT_POOL: cluster} if cluster else {})
         self._wake: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
         self.set_queues(queues)
         self._reading: Reading | None = None
-        self._wanted = 0
-        self._running = 0
+        self._told: dict[str, tuple[int, int]] = {}  # pool -> (wanted, running)
         self._outage_since: float | None = None
-        self._reserve = connection.register_script(RESERVE) if cluster else None
+        self._reserve = connection.register_script(RESERVE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-reader", daemon=True)
 
@@ -81,12 +97,22 @@ class LoadReader:
         """A reload's scale interval, from the next reading on."""
         self.interval = seconds
 
-    def set_cluster(self, cap: int, ttl: float, kill_window: float) -> None:
-        """A reload's cluster cap, host TTL and kill-budget window, from the next reading on.
-        (Turning the cap on or off is a restart: herder.common.config.reload_plan.)"""
+    @property
+    def cluster(self) -> ClusterSettings | None:
+        """The default pool's cluster settings (the first pool's, with pools)."""
+        return self.clusters.get(DEFAULT_POOL) or next(iter(self.clusters.values()), None)
+
+    def set_cluster(
+        self, cap: int, ttl: float, kill_window: float, pool: str = DEFAULT_POOL, host_id: str = ""
+    ) -> None:
+        """A reload's cluster cap, host TTL and kill-budget window, from the next reading on;
+        a pool a reload added gets its reservation (`host_id`: this host's). (Turning a pool's
+        cap on or off is a restart: herder.common.config.reload_plan, commands.reload.)"""
         with self._lock:
-            if self.cluster is not None:
-                self.cluster = replace(self.cluster, cap=cap, ttl=ttl, kill_window=kill_window)
+            if pool in self.clusters:
+                self.clusters[pool] = replace(self.clusters[pool], cap=cap, ttl=ttl, kill_window=kill_window)
+            elif host_id:
+                self.clusters[pool] = ClusterSettings(host_id, cap, ttl, kill_window)
 
     def start(self, wake: Callable[[], None]) -> None:
         """Read every interval from now on, calling `wake` after each reading."""
@@ -96,10 +122,10 @@ class LoadReader:
     def stop(self) -> None:
         self._stop.set()
 
-    def tell(self, wanted: int, running: int) -> None:
-        """What the loop wants and runs now, for the next cluster reservation."""
+    def tell(self, wanted: int, running: int, pool: str = DEFAULT_POOL) -> None:
+        """What the loop wants and runs now in a pool, for its next cluster reservation."""
         with self._lock:
-            self._wanted, self._running = wanted, running
+            self._told[pool] = (wanted, running)
 
     @property
     def outage_since(self) -> float | None:
@@ -124,7 +150,8 @@ class LoadReader:
     def _read(self) -> Reading:
         now_redis = time.time()  # for ZCOUNT of unexpired started entries; skew only blurs abandoned ones
         with self._lock:
-            wanted, running, keys, cluster = self._wanted, self._running, self._keys, self.cluster
+            told, keys, clusters = dict(self._told), self._keys, dict(self.clusters)
+        cluster = next(iter(clusters.values()), None)  # the kill budget's window: the host's
         try:
             pipe = self.connection.pipeline(transaction=False)
             for _, queue_key, wip_key in keys:
@@ -133,10 +160,11 @@ class LoadReader:
             read_at = time.time()
             if cluster:
                 pipe.mget(*cluster_keys(read_at, cluster.kill_window))
-            if cluster and self._reserve:
+            for pool, c in clusters.items():
+                wanted, running = told.get(pool, (0, 0))
                 self._reserve(
-                    keys=[HOSTS_KEY, RESERVED_KEY],
-                    args=[cluster.host_id, wanted, running, cluster.ttl, cluster.cap],
+                    keys=[cluster_key(HOSTS_KEY, pool), cluster_key(RESERVED_KEY, pool)],
+                    args=[c.host_id, wanted, running, c.ttl, c.cap],
                     client=pipe,
                 )
             replies = pipe.execute()
@@ -158,14 +186,16 @@ class LoadReader:
         per_queue = tuple(
             (name, int(replies[2 * i]), int(replies[2 * i + 1])) for i, (name, _, _) in enumerate(keys)
         )
-        grant = parse_grant(replies[-1]) if cluster else None
+        rest = replies[2 * len(keys) :]  # the kill counters, then each pool's reservation
+        grants = {pool: parse_grant(reply) for pool, reply in zip(clusters, rest[1:], strict=True)}
         kills = None
         if cluster:
-            current, previous = (int(v or 0) for v in replies[-2])
+            current, previous = (int(v or 0) for v in rest[0])
             kills = (current, previous, read_at)
         load = Load(
             at=time.monotonic(),
             backlog=sum(b for _, b, _ in per_queue),
             running=sum(r for _, _, r in per_queue),
         )
-        return Reading(load, grant, per_queue, kills)
+        grant = grants.get(DEFAULT_POOL) or next(iter(grants.values()), None)
+        return Reading(load, grant, per_queue, kills, grants)

@@ -44,7 +44,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.worker import Worker
 from rq.worker_registration import unregister
 
-from herder.common.config import Config
+from herder.common.config import Config, pool_configs
 from herder.common.rq_names import ENDINGS_KEY, lease_key
 from herder.supervisor.redis_side.budget import CULL_TAKE, cull_keys
 from herder.supervisor.redis_side.sweep import Fleet, Popped, Recover, Started, plan
@@ -127,7 +127,7 @@ def is_outage(exc: BaseException) -> bool:
 class Recovery:
     def __init__(self, connection: Redis, cfg: Config, sweeping: bool = True) -> None:
         self.connection = connection
-        self.cfg = cfg
+        self.configure(cfg)
         self.sweeping = sweeping  # herder's RQ workers: sweep; a --worker-command fleet: not
         self.counts = Counts()
         self._move = connection.register_script(MOVE)
@@ -152,9 +152,15 @@ class Recovery:
         self._thread.start()
 
     def configure(self, cfg: Config) -> None:
-        """A reload's settings (max_requeues, sweep_interval, the cull budget), from the next
-        task and sweep on."""
+        """A reload's settings (max_requeues, sweep_interval, the cull budget, the pools'
+        queues and limits), from the next task and sweep on."""
         self.cfg = cfg
+        pools = pool_configs(cfg).values()
+        self.queues = [q for pc in pools for q in pc.queues]  # every pool's
+        self.limits = {q: pc.max_requeues for pc in pools for q in pc.queues}  # each queue's pool's
+
+    def limit(self, queue: str) -> int:
+        return self.limits.get(queue, self.cfg.max_requeues)
 
     def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
         """Put back the job a reaped worker held; `label` classes the reason ("killed", "died"),
@@ -361,7 +367,7 @@ class Recovery:
         self._next_sweep = now + self.cfg.sweep_interval
         try:
             self._vouch(fleet.live)
-            started, popped = self._read(self.cfg.queues)
+            started, popped = self._read(self.queues)
         except Exception as exc:
             if is_outage(exc):
                 if self._outage_since is None:
@@ -443,8 +449,9 @@ class Recovery:
         keys += [lease_key(r.holder) if r.holder else wip, FailedJobRegistry(r.queue, connection=c).key]
         keys.append(ENDINGS_KEY)
         check = "1" if r.holder else "0"
-        args = [r.source, r.member, r.job_id, self.cfg.max_requeues, check, DEFAULT_FAILURE_TTL, COUNT_FIELD]
-        ending = {"why": r.why, "cause": r.cause, "limit": self.cfg.max_requeues}
+        limit = self.limit(r.queue)
+        args = [r.source, r.member, r.job_id, limit, check, DEFAULT_FAILURE_TTL, COUNT_FIELD]
+        ending = {"why": r.why, "cause": r.cause, "limit": limit}
         args += ["1" if self.sweeping else "0", json.dumps(ending)]
         outcome, count = self._move(keys=keys, args=args)
         outcome, count = outcome.decode(), int(count)
@@ -455,7 +462,7 @@ class Recovery:
                 "job %s: requeued at the front of its queue (requeue %d of %d: %s)",
                 r.job_id,
                 count,
-                self.cfg.max_requeues,
+                limit,
                 r.why,
             )
             self._note(r.job_id, count, r.why)
@@ -470,12 +477,10 @@ class Recovery:
                 r.job_id,
                 r.why,
                 count - 1,
-                self.cfg.max_requeues,
+                limit,
             )
         elif outcome == "over":
-            message = (
-                f"{r.why}; requeued {count - 1} times already (limit {self.cfg.max_requeues}), so failed"
-            )
+            message = f"{r.why}; requeued {count - 1} times already (limit {limit}), so failed"
             job = Job.fetch(r.job_id, connection=c)
             with c.pipeline() as pipe:
                 record_job_failure(job, message, pipe)

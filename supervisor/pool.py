@@ -1,0 +1,61 @@
+"""A pool: one fleet inside the master, with its own settings (a whole Config, from
+herder.common.config.pools), target, autoscaler, recycling and culling, generation (a
+rolling restart of this pool only) and pause. The master's loop runs every pool; the slots,
+the workers limit, the kill budget and the loop itself are the host's. With no `[pools.*]`
+in the file there is one pool, `default`, and herder behaves as it always did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from herder.common.config import Config
+from herder.supervisor.autoscaler import Autoscaler
+from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.retirement import Retirement
+
+
+@dataclass
+class Pool:
+    name: str
+    cfg: Config
+    scaler: Autoscaler
+    retirement: Retirement
+    target: int
+    generation: int = 0  # bumped by a rolling restart of this pool
+    paused: bool = False  # `herder pause [--pool]`: its workers take no new jobs
+    draining: bool = False  # a reload removed it: its workers finish their jobs and stop
+
+    @classmethod
+    def build(
+        cls, name: str, cfg: Config, host_id: str, recovery: Recovery | None, tickets: Iterator[int]
+    ) -> Pool:
+        """`tickets`: the master's cull-ticket numbers, unique across its pools."""
+        retirement = Retirement(cfg, recovery, tickets=tickets)
+        return cls(name, cfg, Autoscaler(cfg, host_id), retirement, cfg.floor)
+
+    @property
+    def launch_key(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Pools that agree on these share a fork server (what its template imports)."""
+        return tuple(self.cfg.paths), tuple(self.cfg.preload)
+
+
+def share_limit(wants: list[tuple[str, int, int]], limit: int) -> dict[str, int]:
+    """How many workers each pool may run under the host's workers limit. `wants`: (pool,
+    floor, target). Each pool gets its floor first (the config guarantees the floors fit),
+    then what is left goes one worker at a time, in turn, to the pools that want more, so a
+    surge in one pool never starves another below its minimum nor takes all the room."""
+    caps = {name: min(floor, target) for name, floor, target in wants}
+    left = limit - sum(caps.values())
+    hungry = [name for name, _, target in wants if target > caps[name]]
+    targets = {name: target for name, _, target in wants}
+    while left > 0 and hungry:
+        for name in list(hungry):
+            if left <= 0:
+                break
+            caps[name] += 1
+            left -= 1
+            if caps[name] >= targets[name]:
+                hungry.remove(name)
+    return caps
