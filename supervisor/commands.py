@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,7 +23,6 @@ from herder.common.config import (
     ConfigError,
     all_queues,
     pool_configs,
-    redact_url,
     reload_plan,
     reload_policy,
     reread,
@@ -32,12 +30,12 @@ from herder.common.config import (
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
 from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.fleetview import fleet_view
 from herder.supervisor.health import HealthWatch
 from herder.supervisor.pool import Pool
 from herder.supervisor.redis_side.load_reader import LoadReader
-from herder.supervisor.redis_side.recovery import Counts, Recovery
+from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.snapshot import FleetView, build_status
-from herder.supervisor.states import WORKING
 from herder.supervisor.uplink import Uplink
 
 if TYPE_CHECKING:
@@ -181,122 +179,7 @@ class Commands:
         return found
 
     def view(self) -> FleetView:
-        m = self.m
-        now, wall = m.clock.monotonic(), m.clock.wall()
-        counts = m.recovery.counts if m.recovery else Counts()
-        live = m.live_workers()
-        fleet = max(m.target, len(live))
-        backoff = [s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now)]
-        pools = m.pool_list()
-        grants = [p.scaler.grant for p in pools if p.scaler.grant is not None]
-        queue_stats = {q: p.scaler.queues.get(q) for p in pools for q in p.cfg.queues}
-        rates = [p.scaler.state.per_worker for p in pools if p.scaler.state.per_worker is not None]
-        return FleetView(
-            cfg=m.cfg,
-            host_id=m.host_id,
-            started_at=m.started_at,
-            now=now,
-            target=m.target,
-            grant=sum(grants) if grants else None,
-            live=len(live),
-            stopping=m.stopping,
-            health=m.health.reasons(
-                now,
-                ready=sum(w.state in WORKING for w in live),
-                floor=m.floor,
-                was_ready=m.ever_ready,
-                stopping=m.stopping,
-                redis_down_since=m.reader.outage_since if m.reader else None,
-                grace=m.cfg.health_grace,
-                short=self.short_pools(),
-                budgets=[
-                    ("kill_budget_spent", m.guard.degraded),
-                    (
-                        "cull_budget_spent",
-                        next((p.retirement.degraded for p in pools if p.retirement.degraded), ""),
-                    ),
-                ],
-            ),
-            workers=[(w, w.proc.snapshot()) for w in m.workers.values()],
-            backoff=sorted(backoff),
-            queues=queue_stats,  # in force, read or not
-            settings=self.settings(),
-            totals={
-                "spawned": m.counters.totals.spawned,
-                "killed": m.counters.totals.killed,
-                "requeued": counts.requeued,
-                "recovered_by_sweep": counts.swept,
-                "failed_by_herder": counts.failed,
-                "recycled": dict(sum((p.retirement.recycled for p in pools), Counter())),
-            },
-            scheduler=m.sched.status(m.sched_cfg),
-            jobs=m.counters.jobs(list(m.workers.values())),
-            killed_by=dict(m.counters.totals.killed_by),
-            requeued_by=dict(counts.requeued_by),
-            master_restarts=m.restarts,
-            budgets_left={
-                "kill": max(0.0, m.guard.budget.limit(fleet) - m.guard.budget.local_count(wall)),
-                "cull": max(0.0, m.cfg.cull_budget - sum(p.retirement.local.count(wall) for p in pools)),
-            },
-            loop_lag=m.health.last_lag,
-            job_rate=rates[0] if len(rates) == 1 else (sum(rates) / len(rates) if rates else None),
-            paused=m.paused,
-            ever_ready=m.ever_ready,
-            pools={p.name: self.pool_view(p) for p in pools},
-        )
-
-    def short_pools(self) -> str:
-        """The pools below their own minimum of ready workers, when there are several."""
-        pools = [p for p in self.m.pool_list() if not p.draining]
-        if len(pools) < 2:
-            return ""
-        ready = {p.name: sum(w.state in WORKING for w in self.m.pool_workers(p)) for p in pools}
-        return "; ".join(
-            f"pool {p.name}: {ready[p.name]} of {p.cfg.floor}" for p in pools if ready[p.name] < p.cfg.floor
-        )
-
-    def pool_view(self, pool: Pool) -> dict[str, Any]:
-        """One pool in `herder status`: its queues, sizing and counts."""
-        cfg, live = pool.cfg, self.m.pool_workers(pool)
-        return {
-            "queues": list(cfg.queues),
-            "autoscale": cfg.autoscale,
-            "min": cfg.floor,
-            "max": cfg.ceiling,
-            "desired": pool.target,
-            "actual": len(live),
-            "ready": sum(w.state in WORKING for w in live),
-            "cluster_max": cfg.cluster_max_workers,
-            "cluster_grant": pool.scaler.grant,
-            "paused": pool.paused,
-            "draining": pool.draining,
-            "generation": pool.generation,
-        }
-
-    def settings(self) -> dict[str, Any]:
-        """Every setting as the master runs it, read back from the part that applies it where
-        one does: a reload that did not reach a part shows here. With pools, the fleet
-        settings shown are the first pool's; `pools` has what each pool sets itself."""
-        m = self.m
-        first = m.pool_list()[0]
-        out: dict[str, Any] = {k: getattr(m.cfg, k) for k in KEYS}
-        out.update(
-            redis_url=redact_url(m.cfg.redis_url),
-            workers_limit=m.cfg.limit,
-            kill_budget=m.guard.budget.fraction,
-            kill_budget_window=m.guard.budget.window,
-            scale_down_delay=first.scaler.policy.scale_down_delay,
-            drain_target=first.scaler.policy.drain_target,
-            log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-            pools={p.name: dict(m.cfg.pools.get(p.name, {})) for p in m.pool_list()},
-        )
-        if m.recovery is not None:
-            out.update(max_requeues=m.recovery.cfg.max_requeues, sweep_interval=m.recovery.cfg.sweep_interval)
-        if m.reader is not None:
-            out.update(scale_interval=m.reader.interval, queues=list(m.reader.queues))
-            if m.reader.cluster is not None:
-                out.update(cluster_max_workers=m.reader.cluster.cap, host_ttl=m.reader.cluster.ttl)
-        return out
+        return fleet_view(self.m)
 
     def pause(self, paused: bool, pools: list[Pool]) -> dict:
         """`herder pause` / `resume` [--pool]: the workers finish their jobs and take no new
