@@ -48,15 +48,18 @@ class _Reported:
 @dataclass
 class Counters:
     totals: Totals = field(default_factory=Totals)
+    by_pool: dict[str, Totals] = field(default_factory=dict)  # the reaped workers' jobs, per pool
     _reported: dict[int, _Reported] = field(default_factory=dict)  # by pid
 
     def fold_exit(self, w: Worker, obs: Observations, now: float) -> None:
-        """A worker was reaped: add its job counts to the totals, report its last problems."""
+        """A worker was reaped: add its job counts to the totals (the host's and its pool's),
+        report its last problems."""
         t = self.totals
         t.exited += 1
-        t.jobs_ok += obs.jobs_ok
-        t.jobs_failed += obs.jobs_failed
-        t.busy_seconds += obs.busy_seconds
+        for totals in (t, self.by_pool.setdefault(w.pool, Totals())):
+            totals.jobs_ok += obs.jobs_ok
+            totals.jobs_failed += obs.jobs_failed
+            totals.busy_seconds += obs.busy_seconds
         self.report(w, obs, now)
         self._reported.pop(w.pid, None)
 
@@ -94,17 +97,23 @@ class Counters:
         rep.malformed, rep.oversized, rep.throttled = obs.malformed, obs.oversized, obs.throttled
         rep.stderr_dropped, rep.at = obs.stderr_dropped, now
 
-    def jobs(self, workers: list[Worker]) -> tuple[int, int]:
-        """Jobs ok and failed, by the whole fleet since the start."""
-        ok, failed = self.totals.jobs_ok, self.totals.jobs_failed
+    def _base(self, pool: str | None) -> Totals:
+        return self.totals if pool is None else self.by_pool.get(pool, Totals())
+
+    def jobs(self, workers: list[Worker], pool: str | None = None) -> tuple[int, int]:
+        """Jobs ok and failed since the start, by the whole fleet, or by one pool (`workers`:
+        its live ones)."""
+        base = self._base(pool)
+        ok, failed = base.jobs_ok, base.jobs_failed
         for w in workers:
             o = w.proc.snapshot()
             ok, failed = ok + o.jobs_ok, failed + o.jobs_failed
         return ok, failed
 
-    def jobs_and_busy_seconds(self, workers: list[Worker]) -> tuple[int, float]:
-        """Jobs done and seconds spent busy, by the whole fleet since the start."""
-        jobs, busy = self.totals.jobs_ok + self.totals.jobs_failed, self.totals.busy_seconds
+    def jobs_and_busy_seconds(self, workers: list[Worker], pool: str | None = None) -> tuple[int, float]:
+        """Jobs done and seconds spent busy since the start, by the whole fleet or one pool."""
+        base = self._base(pool)
+        jobs, busy = base.jobs_ok + base.jobs_failed, base.busy_seconds
         for w in workers:
             o = w.proc.snapshot()
             jobs += o.jobs_ok + o.jobs_failed

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from herder.common.config import KEYS, redact_url
+from herder.supervisor.fleet import Worker
 from herder.supervisor.pool import Pool
 from herder.supervisor.redis_side.recovery import Counts
 from herder.supervisor.snapshot import FleetView
@@ -110,7 +111,13 @@ def pool_view(m: Fleet, pool: Pool) -> dict[str, Any]:
         "paused": pool.paused,
         "draining": pool.draining,
         "generation": pool.generation,
+        "jobs": dict(zip(("ok", "failed"), m.counters.jobs(live_all(m, pool), pool.name), strict=True)),
     }
+
+
+def live_all(m: Fleet, pool: Pool) -> list[Worker]:
+    """Every worker process of a pool, stopping ones too (their jobs count until reaped)."""
+    return [w for w in m.workers.values() if w.pool == pool.name]
 
 
 def settings(m: Fleet) -> dict[str, Any]:

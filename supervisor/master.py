@@ -391,7 +391,7 @@ class Master:
         self.guard.cluster_read(reading.kills)
         for pool in self.pool_list():
             mine = [w for w in self.workers.values() if w.pool == pool.name]
-            jobs, busy = self.counters.jobs_and_busy_seconds(mine)
+            jobs, busy = self.counters.jobs_and_busy_seconds(mine, pool.name)
             paused = fleet.all_paused(self.pool_workers(pool))  # a pause is no demand for workers
             pool_reading = reading.for_pool(pool.name, pool.cfg.queues) if self.cfg.pools else reading
             pool.target = pool.scaler.fold(pool_reading, jobs, busy, pool.target, paused)

@@ -65,13 +65,26 @@ def vitals_of(v: FleetView) -> Vitals:
     for w, _ in v.workers:
         by_state[str(w.state)] += 1
     pools: dict[str, dict[str, Any]] = {}
-    for name, pv in (v.pools or {"default": {"desired": v.target, "actual": v.live}}).items():
+    one = {
+        "default": {
+            "desired": v.target,
+            "actual": v.live,
+            "jobs": dict(zip(("ok", "failed"), v.jobs, strict=True)),
+        }
+    }
+    for name, pv in (v.pools or one).items():
         states = {str(s): 0 for s in WorkerState if s != WorkerState.EXITED}
         for w, _ in v.workers:
             if w.pool == name:
                 states[str(w.state)] += 1
         ready = sum(states[str(s)] for s in WORKING)
-        pools[name] = {"by_state": states, "desired": pv["desired"], "running": pv["actual"], "ready": ready}
+        pools[name] = {
+            "by_state": states,
+            "desired": pv["desired"],
+            "running": pv["actual"],
+            "ready": ready,
+            "jobs": pv.get("jobs", {"ok": 0, "failed": 0}),
+        }
     return Vitals(
         taken_at=v.now,
         health=tuple(v.health),
@@ -120,6 +133,7 @@ class VitalsCollector:
                 "desired": v.desired,
                 "running": v.running,
                 "ready": v.ready,
+                "jobs": {"ok": v.jobs_ok, "failed": v.jobs_failed},
             }
         }
         g = GaugeMetricFamily("herder_workers", "Worker processes by state.", labels=["state", "pool"])
@@ -136,9 +150,12 @@ class VitalsCollector:
             for name, pv in pools.items():
                 g.add_metric([name], pv[key])
             yield g
-        c = CounterMetricFamily("herder_jobs", "Jobs finished by herder's workers.", labels=["outcome"])
-        c.add_metric(["ok"], v.jobs_ok)
-        c.add_metric(["failed"], v.jobs_failed)
+        c = CounterMetricFamily(
+            "herder_jobs", "Jobs finished by herder's workers.", labels=["outcome", "pool"]
+        )
+        for name, pv in pools.items():
+            c.add_metric(["ok", name], pv["jobs"]["ok"])
+            c.add_metric(["failed", name], pv["jobs"]["failed"])
         yield c
         yield _counter("herder_workers_spawned", "Workers spawned.", v.spawned)
         yield _labelled(

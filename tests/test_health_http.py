@@ -70,7 +70,7 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
 
     def settled() -> dict | None:
         m = metrics(base)
-        done = sample(m, "herder_jobs_total", outcome="ok") == 12
+        done = sample(m, "herder_jobs_total", outcome="ok", pool="default") == 12
         respawned = (
             sample(m, "herder_workers_spawned_total") == 3
             and sample(m, "herder_workers_ready", pool="default") == 2
@@ -80,7 +80,7 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
     m = wait_for(settled, 10, what="metrics to show the jobs and the respawn")
     status = h.snapshot()
     assert status["jobs"] == {"ok": 12, "failed": 3} and sorted(jobs.finished("m")) == sorted(ok_ids)
-    assert sample(m, "herder_jobs_total", outcome="failed") == 3
+    assert sample(m, "herder_jobs_total", outcome="failed", pool="default") == 3
     assert sample(m, "herder_workers_spawned_total") == status["totals"]["spawned"] == 3
     assert sample(m, "herder_kills_total", reason="silent") == 0 == status["totals"]["killed"]
     assert sample(m, "herder_requeues_total", reason="died") == 0  # it held no job

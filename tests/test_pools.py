@@ -81,6 +81,8 @@ def test_a_bulk_flood_grows_its_pool_never_the_high_one_and_never_delays_a_high_
     stop.set()
     watcher.join(5)
     assert seen.is_set() and high_pids
+    st = h.snapshot()  # each pool counts its own jobs (and /metrics labels them by pool)
+    assert st["pools"]["bulk"]["jobs"]["ok"] >= 400 and st["pools"]["high"]["jobs"]["ok"] == 1
     bulk_workers = {Job.fetch(i, connection=conn).worker_name for i in ids}
     assert not {int(name.rsplit(".", 1)[1]) for name in bulk_workers if name} & high_pids  # never on high
     h.stop_and_check()
@@ -152,6 +154,22 @@ def test_a_kill_storm_across_both_pools_loses_no_job(herder, conn, tmp_path):
     h.wait_status(
         lambda s: pool_counts(s) == {"high": (1, 1), "bulk": (s["pools"]["bulk"]["desired"],) * 2}, 20
     )
+    h.stop_and_check()
+
+
+def test_a_pool_with_its_own_imports_gets_its_own_fork_server(herder, conn, tmp_path):
+    from conftest import is_template
+
+    conf = tmp_path / "herder.toml"
+    conf.write_text(HIGH_AND_BULK + "preload = ['herder_testjobs']\n")  # the bulk pool's imports differ
+    h = herder(config=str(conf))
+    h.wait_status(lambda s: pool_counts(s) == {"high": (1, 1), "bulk": (1, 1)}, 20, what="both pools up")
+    master = h.master()
+    assert master is not None
+    two = lambda: len([c for c in master.children() if is_template(c)]) == 2 or None  # noqa: E731
+    wait_for(two, 20, what="2 fork servers, one per set of imports")
+    Queue("bulk", connection=conn).enqueue("herder_testjobs.record", "preloaded")
+    wait_for(lambda: conn.llen("finished:preloaded") or None, 10, what="a job of the preloading pool")
     h.stop_and_check()
 
 
