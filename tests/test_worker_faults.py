@@ -184,3 +184,30 @@ def test_redis_hanging_does_not_stall_the_master_and_the_job_is_requeued_after(h
     totals = h.totals()
     assert (totals["requeued"], totals["killed"]) == (1, 0)  # requeued after the freeze; nobody killed
     h.stop_and_check()
+
+
+def test_a_worker_that_starts_while_redis_hangs_waits_without_being_killed(herder, own_redis):
+    """A worker born during a Redis freeze waits for it, heartbeating: each ping gives up within
+    a heartbeat interval, so it never goes silent past the heartbeat timeout (3 s here)."""
+    proc, port = own_redis
+    url = f"redis://127.0.0.1:{port}/0"
+    proc.send_signal(signal.SIGSTOP)  # Redis hangs: connections open, nothing answers
+    try:
+        h = herder(redis_url=url, workers="1", no_scheduler=True)
+        h.wait_status(lambda s: len(s["workers"]) == 1, 20, what="a worker spawned into the freeze")
+        # An absence over time: three heartbeat timeouts of Redis silence, no kill.
+        time.sleep(3 * 3.0)
+        st = h.snapshot()
+        assert st["totals"]["killed"] == 0 and st["workers"][0]["state"] == "starting", st["workers"]
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    h.wait_workers(1)
+    assert h.snapshot()["totals"] == {
+        "spawned": 1,
+        "killed": 0,
+        "requeued": 0,
+        "recovered_by_sweep": 0,
+        "failed_by_herder": 0,
+        "recycled": {},
+    }
+    h.stop_and_check()

@@ -18,7 +18,9 @@ def wait_for_redis(connection, channel) -> bool:
 
     A worker started during a Redis outage waits instead of exiting, so the fleet keeps
     its size instead of churning through crash-and-respawn. A wrong password or another
-    configuration error is not an outage: it raises, and the worker exits.
+    configuration error is not an outage: it raises, and the worker exits. `connection`
+    should time out within a heartbeat interval: a ping blocked on a frozen Redis must not
+    keep the worker silent past its heartbeat deadline.
     """
     from redis.exceptions import AuthenticationError, ConnectionError, TimeoutError
 
@@ -76,9 +78,14 @@ def main() -> int:
         print("herder worker: no Redis URL configured", file=sys.stderr)
         return 1
     connection = connect(cfg.redis_url)
-    if not wait_for_redis(connection, channel):
-        channel.stopped()
-        return 0
+    beat = max(0.5, cfg.heartbeat_interval)  # each ping answers or gives up within a beat
+    probe = connect(cfg.redis_url, socket_timeout=beat, socket_connect_timeout=beat)
+    try:
+        if not wait_for_redis(probe, channel):
+            channel.stopped()
+            return 0
+    finally:
+        probe.close()
     name = rq_worker_name(socket.gethostname(), os.environ.get(wp.ENV_SLOT, "0"), os.getpid())
     w = make_worker(cfg, name, connection)
     w.attach(channel, cfg.lease_seconds)
