@@ -41,6 +41,19 @@ def pool_counts(st: dict) -> dict[str, tuple[int, int]]:
     return {name: (p["desired"], p["ready"]) for name, p in st["pools"].items()}
 
 
+def enqueue_on_both(conn, tag: str, seconds: float, each: int) -> list[str]:  # noqa: ANN001
+    """`each` jobs of herder_testjobs.record on each pool's queue, in one round trip."""
+    ids = []
+    with conn.pipeline() as pipe:
+        for q in QUEUES:
+            queue = Queue(q, connection=conn)
+            ids += [
+                queue.enqueue("herder_testjobs.record", tag, seconds, pipeline=pipe).id for _ in range(each)
+            ]
+        pipe.execute()
+    return ids
+
+
 def pids_of(st: dict, pool: str) -> set[int]:
     return {w["pid"] for w in st["workers"] if w["pool"] == pool}
 
@@ -131,14 +144,7 @@ def test_a_kill_storm_across_both_pools_loses_no_job(herder, conn, tmp_path):
     conf.write_text(HIGH_AND_BULK.replace("max_workers = 4", "max_workers = 3") + "max_requeues = 20\n")
     h = herder(config=str(conf))
     h.wait_status(lambda s: pool_counts(s) == {"high": (1, 1), "bulk": (1, 1)}, 20, what="both pools up")
-    ids = []
-    with conn.pipeline() as pipe:
-        for q in QUEUES:
-            queue = Queue(q, connection=conn)
-            ids += [
-                queue.enqueue("herder_testjobs.record", "storm", 0.05, pipeline=pipe).id for _ in range(60)
-            ]
-        pipe.execute()
+    ids = enqueue_on_both(conn, "storm", 0.05, 60)
     rng, killed = random.Random(7), 0
     while killed < 8 and conn.llen("finished:storm") < len(ids):
         time.sleep(rng.uniform(0.1, 0.4))  # random moments: mid-job, between jobs, just after a pop
@@ -151,6 +157,8 @@ def test_a_kill_storm_across_both_pools_loses_no_job(herder, conn, tmp_path):
                 pass
     ran = lambda: {x.decode() for x in conn.lrange("finished:storm", 0, -1)} >= set(ids) or None  # noqa: E731
     wait_for(ran, 60, what="every job of both pools")
+    assert killed >= 3, f"the storm killed only {killed} workers before the jobs ran out"
+    assert h.snapshot()["totals"]["failed_by_herder"] == 0  # requeued, never given up
     h.wait_status(
         lambda s: pool_counts(s) == {"high": (1, 1), "bulk": (s["pools"]["bulk"]["desired"],) * 2}, 20
     )
@@ -304,14 +312,7 @@ def test_redis_killed_and_restarted_under_two_pools_loses_no_job(herder, tmp_pat
         conf.write_text(HIGH_AND_BULK.replace("max_requeues", "") + "max_requeues = 10\n")
         h = herder(redis_url=url, config=str(conf), health_grace="1")
         h.wait_status(lambda s: pool_counts(s) == {"high": (1, 1), "bulk": (1, 1)}, 20, what="both pools up")
-        ids = []
-        with conn.pipeline() as pipe:
-            for q in QUEUES:
-                queue = Queue(q, connection=conn)
-                ids += [
-                    queue.enqueue("herder_testjobs.record", "aof", 0.02, pipeline=pipe).id for _ in range(150)
-                ]
-            pipe.execute()
+        ids = enqueue_on_both(conn, "aof", 0.02, 150)
         wait_for(lambda: conn.llen("finished:aof") >= 30, 20, what="the load under way")
         proc.kill()  # kill -9, mid-load
         proc.wait(5)
@@ -322,6 +323,8 @@ def test_redis_killed_and_restarted_under_two_pools_loses_no_job(herder, tmp_pat
             60,
             what="every job",
         )
+        st = h.wait_status(lambda s: pool_counts(s)["high"] == (1, 1), 20, what="the high pool whole again")
+        assert st["totals"]["failed_by_herder"] == 0  # every job requeued and run, none given up
         h.stop_and_check()
     finally:
         proc.kill()
