@@ -54,8 +54,9 @@ def test_worker_that_closes_stdout_but_keeps_running_is_killed(herder):
     first = h.kills()[0]
     assert (first["slot"], first["why"]) == ("0", "closed its stdout but kept running")
     pid = int(first["pid"])
-    # Gone from the process table: killed, and reaped by the master.
-    wait_for(lambda: not psutil.pid_exists(pid), 10, what="the killed worker to be reaped")
+    # Reaped by the master (status drops a worker when it reaps it, after logging its exit)...
+    h.wait_status(lambda s: pid not in [w["pid"] for w in s["workers"]], 10, what="the worker reaped")
+    assert not psutil.pid_exists(pid)  # ...so it is gone from the process table, no zombie
     (exit_,) = h.exits(pid)
     assert exit_["why"] == "closed its stdout but kept running", exit_
     h.stop_and_check()
