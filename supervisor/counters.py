@@ -32,6 +32,7 @@ class Totals:
     jobs_failed: int = 0
     busy_seconds: float = 0.0
     killed_by: Counter[str] = field(default_factory=Counter)  # by the kill reason's class
+    killed_by_pool: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, pool)
 
 
 @dataclass

@@ -51,7 +51,7 @@ def fleet_view(m: Fleet) -> FleetView:
                 ("kill_budget_spent", m.guard.degraded),
                 (
                     "cull_budget_spent",
-                    next((p.retirement.degraded for p in pools if p.retirement.degraded), ""),
+                    next((named(p, pools) for p in pools if p.retirement.degraded), ""),
                 ),
             ],
         ),
@@ -84,6 +84,12 @@ def fleet_view(m: Fleet) -> FleetView:
     )
 
 
+def named(pool: Pool, pools: list[Pool]) -> str:
+    """A pool's cull-budget reason as /healthz shows it: naming the pool when there are several."""
+    reason = pool.retirement.degraded
+    return f"pool {pool.name}: {reason}" if len(pools) > 1 else reason
+
+
 def short_pools(m: Fleet) -> str:
     """The pools below their own minimum of ready workers, when there are several."""
     pools = [p for p in m.pool_list() if not p.draining]
@@ -112,6 +118,25 @@ def pool_view(m: Fleet, pool: Pool) -> dict[str, Any]:
         "draining": pool.draining,
         "generation": pool.generation,
         "jobs": dict(zip(("ok", "failed"), m.counters.jobs(live_all(m, pool), pool.name), strict=True)),
+        **pool_counts(m, pool),
+    }
+
+
+def pool_counts(m: Fleet, pool: Pool) -> dict[str, Any]:
+    """A pool's kills, requeues, recycles and given-up jobs (requeues by the pool that owns the
+    job's queue: a queue belongs to one pool)."""
+    counts = m.recovery.counts if m.recovery else Counts()
+    queues = set(pool.cfg.queues)
+    requeued: Counter[str] = Counter()
+    for (why, queue), n in counts.requeued_by_queue.items():
+        if queue in queues:
+            requeued[why] += n
+    killed = {kind: n for (kind, name), n in m.counters.totals.killed_by_pool.items() if name == pool.name}
+    return {
+        "killed_by": killed,
+        "requeued_by": dict(requeued),
+        "recycled_by": dict(pool.retirement.recycled),
+        "failed_by_herder": sum(n for q, n in counts.failed_by_queue.items() if q in queues),
     }
 
 

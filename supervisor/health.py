@@ -40,8 +40,9 @@ class HealthWatch:
     def worst_recent_lag(self) -> float:
         return max((lag for _, lag in self._lags), default=0.0)
 
-    def observe(self, now: float, ready: int, floor: int) -> None:
-        if ready >= floor:
+    def observe(self, now: float, ready: int, floor: int, short: str = "") -> None:
+        """`short`: the pools below their own minimum (a pool can be short while the host is not)."""
+        if ready >= floor and not short:
             self.below_since = None
         elif self.below_since is None:
             self.below_since = now
@@ -71,8 +72,9 @@ class HealthWatch:
             out.append(
                 (
                     "below_minimum",
-                    f"below minimum workers: {ready} ready of {floor} for {below:.0f} s"
-                    + (f" ({short})" if short else ""),
+                    f"below minimum workers: {short} for {below:.0f} s"
+                    if short
+                    else f"below minimum workers: {ready} ready of {floor} for {below:.0f} s",
                 )
             )
         if redis_down_since is not None and now - redis_down_since > grace:

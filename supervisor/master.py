@@ -29,6 +29,7 @@ from herder.supervisor.counters import Counters
 from herder.supervisor.endings import Endings
 from herder.supervisor.events import Events
 from herder.supervisor.fleet import Slot, Worker, died_young
+from herder.supervisor.fleetview import short_pools
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.health import HealthWatch
 from herder.supervisor.http_endpoint import Publisher
@@ -219,7 +220,8 @@ class Master:
     def publish(self) -> None:
         """Health bookkeeping each pass; the Vitals /healthz and /metrics serve, now and then."""
         now = self.clock.monotonic()
-        self.health.observe(now, sum(w.state in WORKING for w in self.workers.values()), self.floor)
+        ready = sum(w.state in WORKING for w in self.workers.values())
+        self.health.observe(now, ready, self.floor, short_pools(self))
         if self.http:
             self.http.step(now, self.commands.view)
 
@@ -379,6 +381,7 @@ class Master:
         w.kill_started_at = self.clock.monotonic()
         self.counters.totals.killed += 1
         self.counters.totals.killed_by[kind] += 1
+        self.counters.totals.killed_by_pool[kind, w.pool] += 1
         w.proc.signal_group(signal.SIGTERM)
         w.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
 

@@ -84,6 +84,11 @@ def vitals_of(v: FleetView) -> Vitals:
             "running": pv["actual"],
             "ready": ready,
             "jobs": pv.get("jobs", {"ok": 0, "failed": 0}),
+            # Every reason from the start at 0, so rate() works at once.
+            "killed_by": dict.fromkeys(KILL_REASONS, 0) | pv.get("killed_by", v.killed_by),
+            "requeued_by": dict.fromkeys(REQUEUE_REASONS, 0) | pv.get("requeued_by", v.requeued_by),
+            "recycled_by": dict.fromkeys(RECYCLE_REASONS, 0) | pv.get("recycled_by", v.totals["recycled"]),
+            "failed_by_herder": pv.get("failed_by_herder", v.totals["failed_by_herder"]),
         }
     return Vitals(
         taken_at=v.now,
@@ -134,6 +139,10 @@ class VitalsCollector:
                 "running": v.running,
                 "ready": v.ready,
                 "jobs": {"ok": v.jobs_ok, "failed": v.jobs_failed},
+                "killed_by": v.killed_by,
+                "requeued_by": v.requeued_by,
+                "recycled_by": v.recycled_by,
+                "failed_by_herder": v.failed_by_herder,
             }
         }
         g = GaugeMetricFamily("herder_workers", "Worker processes by state.", labels=["state", "pool"])
@@ -158,12 +167,15 @@ class VitalsCollector:
             c.add_metric(["failed", name], pv["jobs"]["failed"])
         yield c
         yield _counter("herder_workers_spawned", "Workers spawned.", v.spawned)
-        yield _labelled(
-            "herder_requeues", "Jobs herder put back on their queue, by why.", "reason", v.requeued_by
+        yield _by_pool(pools, "requeued_by", "herder_requeues", "Jobs put back on their queue, by why.")
+        c = CounterMetricFamily(
+            "herder_jobs_failed_by_herder", "Jobs failed past --max-requeues.", labels=["pool"]
         )
-        yield _counter("herder_jobs_failed_by_herder", "Jobs failed past --max-requeues.", v.failed_by_herder)
-        yield _labelled("herder_kills", "Workers herder killed, by why.", "reason", v.killed_by)
-        yield _labelled("herder_recycles", "Planned recycles and culls, by why.", "reason", v.recycled_by)
+        for name, pv in pools.items():
+            c.add_metric([name], pv["failed_by_herder"])
+        yield c
+        yield _by_pool(pools, "killed_by", "herder_kills", "Workers herder killed, by why.")
+        yield _by_pool(pools, "recycled_by", "herder_recycles", "Planned recycles and culls, by why.")
         yield _counter(
             "herder_master_restarts", "Times the watchdog restarted the master.", v.master_restarts
         )
@@ -202,10 +214,12 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def _labelled(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
-    c = CounterMetricFamily(name, doc, labels=[label])
-    for key, n in sorted(values.items()):
-        c.add_metric([key], n)
+def _by_pool(pools: dict[str, dict[str, Any]], key: str, name: str, doc: str) -> CounterMetricFamily:
+    """A counter by (reason, pool) from each pool's `key` dict."""
+    c = CounterMetricFamily(name, doc, labels=["reason", "pool"])
+    for pool, pv in pools.items():
+        for reason, n in sorted(pv[key].items()):
+            c.add_metric([reason, pool], n)
     return c
 
 

@@ -82,8 +82,9 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
     assert status["jobs"] == {"ok": 12, "failed": 3} and sorted(jobs.finished("m")) == sorted(ok_ids)
     assert sample(m, "herder_jobs_total", outcome="failed", pool="default") == 3
     assert sample(m, "herder_workers_spawned_total") == status["totals"]["spawned"] == 3
-    assert sample(m, "herder_kills_total", reason="silent") == 0 == status["totals"]["killed"]
-    assert sample(m, "herder_requeues_total", reason="died") == 0  # it held no job
+    assert sample(m, "herder_kills_total", reason="silent", pool="default") == 0 == status["totals"]["killed"]
+    assert sample(m, "herder_requeues_total", reason="died", pool="default") == 0  # it held no job
+    assert sample(m, "herder_jobs_failed_by_herder_total", pool="default") == 0
     assert sample(m, "herder_workers_desired", pool="default") == status["desired"] == 2
     assert sample(m, "herder_workers", state="idle", pool="default") == 2
     assert sample(m, "herder_queue_length", queue="default") == 0

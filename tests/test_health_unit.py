@@ -27,6 +27,18 @@ def test_a_short_dip_below_the_minimum_is_ok_a_long_one_is_not() -> None:
     assert reasons(h, 111.0) == []
 
 
+def test_a_pool_below_its_own_minimum_degrades_health_and_is_named() -> None:
+    h = HealthWatch()
+    # The host has its 3 ready workers (floor 3), but all are bulk's: the high pool has none.
+    h.observe(100.0, ready=3, floor=3, short="pool high: 0 of 1")
+    assert reasons(h, 105.0, ready=3, floor=3) == []  # within the grace: a replacement loads
+    (reason,) = h.reasons(111.0, ready=3, floor=3, was_ready=True, stopping=False, redis_down_since=None,
+                          grace=10.0, budgets=[], short="pool high: 0 of 1")  # fmt: skip
+    assert reason == ("below_minimum", "below minimum workers: pool high: 0 of 1 for 11 s")
+    h.observe(112.0, ready=3, floor=3, short="")  # high's worker is back
+    assert reasons(h, 112.0, ready=3, floor=3) == []
+
+
 def test_starting_stopping_redis_and_budgets_each_say_so() -> None:
     h = HealthWatch()
     assert reasons(h, 0.0, was_ready=False, ready=0) == ["starting"]

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from rq import Queue
 from rq.job import Job
+from test_health_http import metrics, sample
 
-from conftest import HERDER, wait_for
+from conftest import HERDER, free_port, wait_for
 from herder.common.config import ConfigError, load_file, pool_configs, resolve
 from herder.supervisor.pool import share_limit
 
@@ -136,13 +137,50 @@ def test_scale_restart_and_pause_name_a_pool_and_reload_drains_a_removed_one(her
     h.stop_and_check()
 
 
+def test_a_reload_that_adds_a_pool_or_changes_one_touches_only_that_pool(herder, conn, tmp_path):
+    conf = tmp_path / "herder.toml"
+    high = "[pools.high]\nqueues = ['high']\nworkers = 1\n"
+    conf.write_text(high)
+    h = herder(config=str(conf))
+    st = h.wait_status(lambda s: pool_counts(s) == {"high": (1, 1)}, 20, what="the high pool up")
+    high_pids = pids_of(st, "high")
+    # Added: the bulk pool starts; the high pool's worker is the same process.
+    conf.write_text(high + "[pools.bulk]\nqueues = ['bulk']\nworkers = 1\n")
+    r = cli(h, "reload")
+    assert r.returncode == 0 and "pool bulk added" in r.stdout, r.stdout + r.stderr
+    st = h.wait_status(lambda s: pool_counts(s) == {"high": (1, 1), "bulk": (1, 1)}, 20, what="bulk up")
+    assert pids_of(st, "high") == high_pids and st["pools"]["high"]["generation"] == 0
+    bulk_pids = pids_of(st, "bulk")
+    # Changed: a setting only new workers pick up rolls the bulk pool alone, after its job.
+    job = Queue("bulk", connection=conn).enqueue("herder_testjobs.record", "rolled", 2.0)
+    wait_for(lambda: conn.llen("started:rolled") or None, 10, what="the bulk job running")
+    conf.write_text(high + "[pools.bulk]\nqueues = ['bulk']\nworkers = 1\nworker_ttl = 600\n")
+    r = cli(h, "reload")
+    assert r.returncode == 0 and "pool bulk changed (worker_ttl: rolled)" in r.stdout, r.stdout + r.stderr
+    st = h.wait_status(
+        lambda s: (
+            s["pools"]["bulk"]["generation"] == 1
+            and pool_counts(s)["bulk"] == (1, 1)
+            and not pids_of(s, "bulk") & bulk_pids
+        ),
+        20,
+        what="the bulk pool rolled",
+    )
+    assert Job.fetch(job.id, connection=conn).get_status() == "finished"
+    assert conn.lrange("finished:rolled", 0, -1) == [job.id.encode()]  # ran once, never interrupted
+    assert pids_of(st, "high") == high_pids and st["pools"]["high"]["generation"] == 0
+    assert st["settings"]["pools"]["bulk"]["worker_ttl"] == 600
+    h.stop_and_check()
+
+
 def test_a_kill_storm_across_both_pools_loses_no_job(herder, conn, tmp_path):
     import random
     import time
 
     conf = tmp_path / "herder.toml"
     conf.write_text(HIGH_AND_BULK.replace("max_workers = 4", "max_workers = 3") + "max_requeues = 20\n")
-    h = herder(config=str(conf))
+    port = free_port()
+    h = herder(config=str(conf), http=str(port))
     h.wait_status(lambda s: pool_counts(s) == {"high": (1, 1), "bulk": (1, 1)}, 20, what="both pools up")
     ids = enqueue_on_both(conn, "storm", 0.05, 60)
     rng, killed = random.Random(7), 0
@@ -159,9 +197,17 @@ def test_a_kill_storm_across_both_pools_loses_no_job(herder, conn, tmp_path):
     wait_for(ran, 60, what="every job of both pools")
     assert killed >= 3, f"the storm killed only {killed} workers before the jobs ran out"
     assert h.snapshot()["totals"]["failed_by_herder"] == 0  # requeued, never given up
-    h.wait_status(
+    st = h.wait_status(
         lambda s: pool_counts(s) == {"high": (1, 1), "bulk": (s["pools"]["bulk"]["desired"],) * 2}, 20
     )
+    # Each pool counts its own requeues (by the job's queue), and /metrics labels them by pool.
+    by_pool = {name: p["requeued_by"].get("died", 0) for name, p in st["pools"].items()}
+    assert sum(by_pool.values()) == st["totals"]["requeued"]
+    m = metrics(f"http://127.0.0.1:{port}")
+    for name in QUEUES:
+        assert sample(m, "herder_requeues_total", reason="died", pool=name) == by_pool[name]
+        assert sample(m, "herder_kills_total", reason="silent", pool=name) == 0  # SIGKILLs are not herder's
+        assert sample(m, "herder_jobs_failed_by_herder_total", pool=name) == 0
     h.stop_and_check()
 
 

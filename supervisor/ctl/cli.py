@@ -505,10 +505,13 @@ def reload(state_dir: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(reply, indent=2))
         return
-    if not reply["applied"] and not reply["restart_workers"]:
+    pools = reply.get("pools", [])
+    if not reply["applied"] and not reply["restart_workers"] and not pools:
         click.echo("reloaded: nothing changed")
         return
     click.echo(f"reloaded; applied: {', '.join(reply['applied']) or 'nothing'}")
+    for line in pools:  # pool NAME added / removed (drains) / changed (KEYS: rolled)
+        click.echo(line)
     if reply["restart_workers"]:
         click.echo(
             f"rolling restart of {reply['replacing']} workers for: {', '.join(reply['restart_workers'])}"

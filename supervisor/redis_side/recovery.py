@@ -111,6 +111,9 @@ class Counts:
     swept: int = 0  # of those, found by a sweep rather than by reaping their worker
     given_up: int = 0  # tasks dropped after MAX_ATTEMPTS non-Redis failures
     requeued_by: Counter[str] = field(default_factory=Counter)  # killed, died, swept
+    # The same by (why, queue), and failed by queue: the metrics' pool label comes from the queue.
+    requeued_by_queue: Counter[tuple[str, str]] = field(default_factory=Counter)
+    failed_by_queue: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -458,6 +461,7 @@ class Recovery:
         if outcome == "requeued":
             self.counts.requeued += 1
             self.counts.requeued_by[r.label] += 1
+            self.counts.requeued_by_queue[r.label, r.queue] += 1
             log.warning(
                 "job %s: requeued at the front of its queue (requeue %d of %d: %s)",
                 r.job_id,
@@ -468,6 +472,7 @@ class Recovery:
             self._note(r.job_id, count, r.why)
         elif outcome == "over" and self.sweeping:  # herder's RQ workers: a worker ends it
             self.counts.failed += 1
+            self.counts.failed_by_queue[r.queue] += 1
             with self._cond:
                 self._give_ups += 1
                 self._endings[r.job_id] = self._give_ups
@@ -486,6 +491,7 @@ class Recovery:
                 record_job_failure(job, message, pipe)
                 pipe.execute()
             self.counts.failed += 1  # counted once its failure Result is written
+            self.counts.failed_by_queue[r.queue] += 1
             log.error("job %s: moved to the failed job registry: %s", r.job_id, message)
         elif outcome == "litter":
             log.debug("job %s: removed a leftover entry from the %s list", r.job_id, r.source)
