@@ -23,8 +23,10 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # Version 4: the master may send `end <job-id>`: end a job herder gave up on as RQ ends an
 # abandoned job (docs/design.md, "When herder gives up on a job"); the worker frames that
 # work as `busy <job-id> ...` then `done <job-id> <ts> ended`, which counts as no job.
-VERSION = 4
-SUPPORTED_VERSIONS = ("1", "2", "3", "4")
+# Version 5: `busy` may also name the job's queue and function (the per-function job metrics):
+# `busy <job-id> <ts> <timeout|none> <queue> <function>`.
+VERSION = 5
+SUPPORTED_VERSIONS = ("1", "2", "3", "4", "5")
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
 # Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one).
 PAUSE_REASONS = ("suspended", "paused")
@@ -60,6 +62,8 @@ class Message:
     # -1 for a job that may run forever.
     timeout: float | None = None
     paused: str | None = None  # `idle`: why it takes no jobs (PAUSE_REASONS), if it does not
+    queue: str | None = None  # `busy` (version 5): the job's queue
+    func: str | None = None  # `busy` (version 5): the job's function, as RQ names it
 
 
 # ---- worker side: building lines -------------------------------------------------------
@@ -73,9 +77,22 @@ def idle_line(ts: float, paused: str | None = None) -> bytes:
     return f"idle {ts:.6f}{' ' + paused if paused else ''}\n".encode()
 
 
-def busy_line(job_id: str, ts: float, timeout: float | None) -> bytes:
+def busy_line(
+    job_id: str, ts: float, timeout: float | None, queue: str | None = None, func: str | None = None
+) -> bytes:
     field = "" if timeout is None else f" {int(timeout) if timeout == int(timeout) else timeout}"
+    if queue is not None and func is not None:  # a name with a space or too long is unnamed
+        field = field or " none"
+        field += f" {_name(queue)} {_name(func)}"
     return f"busy {job_id} {ts:.6f}{field}\n".encode()
+
+
+def _name(text: str) -> str:
+    """A queue or function name fit for one field: printable, no spaces, bounded; else `?`."""
+    return text if 0 < len(text) <= MAX_NAME and text.isprintable() and " " not in text else "?"
+
+
+MAX_NAME = 200
 
 
 def beat_line(job_id: str, ts: float) -> bytes:
@@ -129,12 +146,15 @@ def parse_line(raw: bytes) -> Message:
             if len(args) == 3 and args[2] not in SUPPORTED_VERSIONS:
                 raise ProtocolError(f"unsupported protocol version {args[2][:20]!r}")
             return Message("ready", _ts(args[1]))
-        case "busy", 2 | 3:
-            # busy <job-id> <ts> [<timeout-seconds>]
+        case "busy", 2 | 3 | 5:
+            # busy <job-id> <ts> [<timeout-seconds|none> [<queue> <function>]]
             timeout = None
-            if len(args) == 3:
+            if len(args) >= 3 and args[2] != "none":
                 timeout = _ts(args[2]) if args[2] != "-1" else -1.0
-            return Message("busy", _ts(args[1]), job_id=_job_id(args[0]), timeout=timeout)
+            queue, func = (_field(args[3]), _field(args[4])) if len(args) == 5 else (None, None)
+            return Message(
+                "busy", _ts(args[1]), job_id=_job_id(args[0]), timeout=timeout, queue=queue, func=func
+            )
         case "beat", 2:
             # beat <job-id> <ts>: the process is alive while a job runs
             return Message("beat", _ts(args[1]), job_id=_job_id(args[0]))
@@ -155,6 +175,12 @@ def parse_line(raw: bytes) -> Message:
             raise ProtocolError(f"wrong number of fields for {verb!r}")
         case _:
             raise ProtocolError(f"unknown verb {verb[:40]!r}")
+
+
+def _field(text: str) -> str:
+    if len(text) > MAX_NAME or not text.isprintable():
+        raise ProtocolError("bad queue or function name")
+    return text
 
 
 def end_request(job_id: str) -> bytes:

@@ -49,7 +49,7 @@ def open_control(cfg: Config, started_at: float) -> ControlServer | None:
 
 def main() -> int:
     cfg = Config.from_env()
-    logs.setup(cfg.log_level)
+    logs.setup(cfg.log_level, cfg.log_format)
     started_at = time.time()
     control = open_control(cfg, started_at)
     # The fork server (plain spawns with --no-fork-server or where fork is wrong) starts

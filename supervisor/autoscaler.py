@@ -25,6 +25,7 @@ def policy_config(cfg: Config) -> ScaleConfig:
         highest=cfg.cluster_max_workers or cfg.ceiling,
         scale_down_delay=cfg.scale_down_delay,
         drain_target=cfg.drain_target,
+        max_wait=cfg.max_wait,
     )
 
 
@@ -35,6 +36,7 @@ class Autoscaler:
         self.policy = policy_config(cfg)
         self.state = ScaleState()
         self.cluster_desired = cfg.floor
+        self.wanted: int | None = None  # what the load calls for before any bound; None: not read yet
         # The cluster's grant: None without a cluster cap; 0 (spawn nothing) until it answers.
         self.grant: int | None = 0 if cfg.cluster_max_workers is not None else None
         self.queues: dict[str, QueueStats] = {}
@@ -78,6 +80,8 @@ class Autoscaler:
             completions = (jobs - seen_jobs) / self.cfg.scale_interval
         decision, self.state = decide(state, load, self.cluster_desired, completions, self.policy)
         self.cluster_desired = decision.desired
+        if load is not None:
+            self.wanted = decision.wanted
         target = decision.desired
         if self.cfg.cluster_max_workers is not None:
             hosts = reading.grant.hosts if reading.grant else (self.host_id,)
@@ -97,8 +101,8 @@ class Autoscaler:
         if reading.load is None:
             return
         at = reading.load.at
-        for name, backlog, running in reading.per_queue:
-            load = Load(at, backlog, running)
+        for name, backlog, running, oldest in reading.per_queue:
+            load = Load(at, backlog, running, oldest)
             previous = self.queues.get(name)
             growth = smoothed_growth(
                 previous.growth if previous else 0.0,
@@ -107,4 +111,4 @@ class Autoscaler:
                 self.policy.drain_target,
             )
             self._queue_loads[name] = load
-            self.queues[name] = QueueStats(backlog, running, growth)
+            self.queues[name] = QueueStats(backlog, running, growth, oldest)

@@ -32,7 +32,9 @@ from herder.supervisor.counters import Counters
 from herder.supervisor.fleet import Slot, Worker
 from herder.supervisor.fleetview import fleet_view
 from herder.supervisor.health import HealthWatch
+from herder.supervisor.hooks import EventHooks
 from herder.supervisor.pool import Pool
+from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.snapshot import FleetView, build_status
@@ -70,6 +72,8 @@ class Fleet(Protocol):
     control: ControlServer | None
     sched: SchedulerKeeper
     health: HealthWatch
+    memory: MemoryWatch
+    hooks: EventHooks
     ever_ready: bool
     restarts: int
 
@@ -360,4 +364,5 @@ class Commands:
                         pc.cluster_max_workers, pc.host_ttl, new.kill_budget_window, name, m.host_id
                     )
         logging.getLogger().setLevel(new.log_level.upper())
+        m.hooks.configure(new)
         return done

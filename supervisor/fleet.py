@@ -12,7 +12,7 @@ from typing import Protocol
 
 from herder.common.config import Config, host_cpus
 from herder.supervisor.states import WorkerState
-from herder.supervisor.workerproc import Observations
+from herder.supervisor.workerproc import FinishedJob, Observations
 
 # Spawn pacing (measured: docs/operations.md, "Workers limit"). A spawn costs the master
 # ~1.2 ms of CPU but up to ~120 ms of wall time once the host is busy starting other workers
@@ -36,6 +36,8 @@ class ProcessHandle(Protocol):
     def pid(self) -> int: ...
 
     def snapshot(self) -> Observations: ...
+
+    def take_finished(self) -> list[FinishedJob]: ...
 
     def send_stop(self) -> None: ...
 

@@ -7,7 +7,7 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from herder.common.config import KEYS, redact_url
+from herder.common.config import KEYS, SECRET_KEYS, redact_url
 from herder.supervisor.fleet import Worker
 from herder.supervisor.pool import Pool
 from herder.supervisor.redis_side.recovery import Counts
@@ -53,6 +53,10 @@ def fleet_view(m: Fleet) -> FleetView:
                     "cull_budget_spent",
                     next((named(p, pools) for p in pools if p.retirement.degraded), ""),
                 ),
+                (
+                    "memory_pressure",
+                    f"memory pressure: {m.memory.reason}; no scale-up" if m.memory.reason else "",
+                ),
             ],
         ),
         workers=[(w, w.proc.snapshot()) for w in m.workers.values()],
@@ -81,6 +85,7 @@ def fleet_view(m: Fleet) -> FleetView:
         paused=m.paused,
         ever_ready=m.ever_ready,
         pools={p.name: pool_view(m, p) for p in pools},
+        memory_pressure=m.memory.reason,
     )
 
 
@@ -110,6 +115,9 @@ def pool_view(m: Fleet, pool: Pool) -> dict[str, Any]:
         "min": cfg.floor,
         "max": cfg.ceiling,
         "desired": pool.target,
+        # What the pool's queues call for across the cluster before this host's bounds (the
+        # figure a KEDA ScaledObject scales hosts by); a fixed-size pool wants its size.
+        "wanted": pool.scaler.wanted if cfg.autoscale and pool.scaler.wanted is not None else pool.target,
         "actual": len(live),
         "ready": sum(w.state in WORKING for w in live),
         "cluster_max": cfg.cluster_max_workers,
@@ -151,6 +159,7 @@ def settings(m: Fleet) -> dict[str, Any]:
     settings shown are the first pool's; `pools` has what each pool sets itself."""
     first = m.pool_list()[0]
     out: dict[str, Any] = {k: getattr(m.cfg, k) for k in KEYS}
+    out.update({k: redact_url(out[k]) for k in SECRET_KEYS if out[k]})
     out.update(
         redis_url=redact_url(m.cfg.redis_url),
         workers_limit=m.cfg.limit,
@@ -158,6 +167,7 @@ def settings(m: Fleet) -> dict[str, Any]:
         kill_budget_window=m.guard.budget.window,
         scale_down_delay=first.scaler.policy.scale_down_delay,
         drain_target=first.scaler.policy.drain_target,
+        max_wait=first.scaler.policy.max_wait,
         log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
         pools={p.name: dict(m.cfg.pools.get(p.name, {})) for p in m.pool_list()},
     )

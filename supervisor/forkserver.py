@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from herder.common.config import Config
 from herder.common.prctl import become_subreaper
+from herder.common.worker_protocol import ENV_POOL
 from herder.supervisor.fleet import ProcessHandle
 from herder.supervisor.launcher import SubprocessLauncher, worker_env
 from herder.supervisor.workerproc import WATCHED, ForkedChild, WorkerProcess
@@ -153,7 +154,7 @@ class ForkServerLauncher:
         t = self.template
         if t is not None and t.check_ready() and not t.broken:
             try:
-                proc = WorkerProcess.watch(t.fork(env, argv), slot, wake)
+                proc = WorkerProcess.watch(t.fork(env, argv), slot, wake, pool=env.get(ENV_POOL, ""))
                 self.forked += 1
                 self.failures = 0
                 return proc

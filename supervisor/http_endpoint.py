@@ -45,9 +45,11 @@ class Publisher:
     """The loop's side: starts the endpoint (again every RETRY_BIND seconds while the port is
     taken, say by a master still draining) and hands it new Vitals every PUBLISH_EVERY."""
 
-    def __init__(self, address: str, clock: Callable[[], float]) -> None:
+    def __init__(self, address: str, clock: Callable[[], float], collectors: tuple[Any, ...] = ()) -> None:
         self.address = address
         self.endpoint = HttpEndpoint(http_address(address), clock)
+        for collector in collectors:  # served beside the Vitals (the job metrics)
+            self.endpoint.registry.register(collector)
         self._bind_at = 0.0
         self._published_at = float("-inf")
 

@@ -32,10 +32,13 @@ from herder.supervisor.fleet import Slot, Worker, died_young
 from herder.supervisor.fleetview import short_pools
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.health import HealthWatch
+from herder.supervisor.hooks import EventHooks, HealthChanges
 from herder.supervisor.http_endpoint import Publisher
+from herder.supervisor.jobstats import JobStats
 from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge
 from herder.supervisor.pool import Pool, share_limit
+from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.scaling import pick_idle_to_stop
@@ -46,6 +49,7 @@ from herder.supervisor.uplink import Uplink
 log = logging.getLogger("herder")
 
 TICK = 0.25  # the loop looks at deadlines at least this often
+HEALTH_EVENTS_EVERY = 1.0  # seconds between two looks at health for the event hooks
 
 
 class Master:
@@ -63,6 +67,7 @@ class Master:
         control: ControlServer | None = None,
         started_at: float | None = None,
         new_launcher: Callable[[Config], Launcher] | None = None,
+        memory: MemoryWatch | None = None,
     ) -> None:
         """`control`: the control socket, already answering `starting` (__main__ opens it
         first thing); the loop takes it over. Without one, the master opens its own.
@@ -94,7 +99,16 @@ class Master:
         self.restarts = restarts  # times the watchdog restarted the master before this one
         self.ever_ready = False  # the fleet was ready once (`ready` to the watchdog, health)
         self.health = HealthWatch()
-        self.http = Publisher(cfg.http, clock.monotonic) if cfg.http else None  # /healthz, /metrics
+        self.jobstats = JobStats()  # herder_job_duration_seconds
+        self.memory = memory or MemoryWatch()  # the cgroup near its memory limit: no scale-up
+        self.hooks = EventHooks(cfg, self.host_id)  # --on-event, --on-event-url
+        self.health_changes, self._health_read_at = HealthChanges(), float("-inf")
+        if recovery is not None:  # a job given up is an event (called from the recovery thread)
+            recovery.on_give_up = lambda job_id, queue, why: self.hooks.emit(
+                "job_given_up", job_id=job_id, queue=queue, pool=self.pool_of_queue(queue), reason=why
+            )
+        metrics = (self.jobstats.histogram, self.hooks.counts)
+        self.http = Publisher(cfg.http, clock.monotonic, metrics) if cfg.http else None
         self._last_alive = float("-inf")
         self.events = Events(clock)
         self.commands = Commands(self)
@@ -112,6 +126,10 @@ class Master:
 
     def pool_of(self, w: Worker) -> Pool:
         return self.pools[w.pool]
+
+    def pool_of_queue(self, queue: str) -> str:
+        """The pool that serves `queue` (a queue belongs to one pool), or "" for none."""
+        return next((p.name for p in list(self.pools.values()) if queue in p.cfg.queues), "")
 
     def pool_workers(self, pool: Pool) -> list[Worker]:
         """A pool's live workers (not on their way out)."""
@@ -172,6 +190,8 @@ class Master:
             self.reader.start(self.events.wake)
         if self.recovery:
             self.recovery.start()
+        if self.restarts:  # the watchdog restarted the master: its last one died or hung
+            self.hooks.emit("master_restarted", restarts=self.restarts)
         while not (self.stopping and not self.workers and not self.sched.running):
             began = self.clock.monotonic()
             self.step()
@@ -222,14 +242,21 @@ class Master:
         now = self.clock.monotonic()
         ready = sum(w.state in WORKING for w in self.workers.values())
         self.health.observe(now, ready, self.floor, short_pools(self))
+        for w in self.workers.values():
+            self.fold_finished(w)
         if self.http:
             self.http.step(now, self.commands.view)
+        if self.hooks.enabled and now - self._health_read_at >= HEALTH_EVENTS_EVERY:
+            self._health_read_at = now
+            for event, fields in self.health_changes.observe(self.commands.view().health):
+                self.hooks.emit(event, **fields)
 
     def shut_down(self) -> int:
         if self.reader:
             self.reader.stop()
         if self.http:
             self.http.close()
+        self.hooks.close()
         self.commands.handle_requests()  # answer what arrived during the last pass
         if self.control:
             self.control.close()
@@ -304,6 +331,7 @@ class Master:
                 # A killed RQ worker cannot unregister itself, nor say what it had popped.
                 self.recovery.forget(self.rq_name(w))
             self.counters.fold_exit(w, obs, now)
+            self.fold_finished(w)
             life = f"lived {lived:.1f} s, {obs.jobs_ok} jobs ok, {obs.jobs_failed} failed"
             change_state(
                 w, WorkerState.EXITED, f"{how}; {why}; {life}", logging.INFO if graceful else logging.WARNING
@@ -325,6 +353,13 @@ class Master:
         for launcher in self.launchers.values():
             launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
         self.forget_drained_pools()
+
+    def fold_finished(self, w: Worker) -> None:
+        """The worker's finished jobs into the job metrics (by the pool's queues)."""
+        done = w.proc.take_finished()
+        if done:
+            pool = self.pools.get(w.pool)
+            self.jobstats.fold(w.pool, pool.cfg.queues if pool else (), done)
 
     def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
         if self.recovery is None:  # no Redis: nothing to put it back on
@@ -384,6 +419,7 @@ class Master:
         self.counters.totals.killed_by_pool[kind, w.pool] += 1
         w.proc.signal_group(signal.SIGTERM)
         w.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        self.hooks.emit("worker_killed", pool=w.pool, slot=w.slot, pid=w.pid, kind=kind, reason=reason)
 
     # ---- scale: the load decides the target ------------------------------------------------
 
@@ -392,12 +428,15 @@ class Master:
         if reading is None or self.reader is None:
             return
         self.guard.cluster_read(reading.kills)
+        pressure = self.memory.check(self.clock.monotonic())
         for pool in self.pool_list():
             mine = [w for w in self.workers.values() if w.pool == pool.name]
             jobs, busy = self.counters.jobs_and_busy_seconds(mine, pool.name)
             paused = fleet.all_paused(self.pool_workers(pool))  # a pause is no demand for workers
             pool_reading = reading.for_pool(pool.name, pool.cfg.queues) if self.cfg.pools else reading
-            pool.target = pool.scaler.fold(pool_reading, jobs, busy, pool.target, paused)
+            # Under memory pressure the target may fall, never rise (pressure.py).
+            target = pool.scaler.fold(pool_reading, jobs, busy, pool.target, paused or bool(pressure))
+            pool.target = target
             if pool.cfg.cluster_max_workers is not None:
                 self.reader.tell(wanted=pool.target, running=len(mine), pool=pool.name)
 
@@ -413,6 +452,7 @@ class Master:
             return
         for w in self.live_workers():
             if w.culled:  # every job it takes fails: no capacity to keep. Its replacement starts below
+                self.hooks.emit("worker_culled", pool=w.pool, slot=w.slot, pid=w.pid, reason=w.retire_reason)
                 self.stop_worker(w, w.retire_reason)
             elif self.pool_of(w).draining:  # a reload removed its pool: finish the job, then go
                 self.stop_worker(w, f"pool {w.pool} removed by a reload")

@@ -81,6 +81,7 @@ def vitals_of(v: FleetView) -> Vitals:
         pools[name] = {
             "by_state": states,
             "desired": pv["desired"],
+            "wanted": pv.get("wanted", pv["desired"]),
             "running": pv["actual"],
             "ready": ready,
             "jobs": pv.get("jobs", {"ok": 0, "failed": 0}),
@@ -136,6 +137,7 @@ class VitalsCollector:
             "default": {
                 "by_state": v.workers_by_state,
                 "desired": v.desired,
+                "wanted": v.desired,
                 "running": v.running,
                 "ready": v.ready,
                 "jobs": {"ok": v.jobs_ok, "failed": v.jobs_failed},
@@ -152,6 +154,11 @@ class VitalsCollector:
         yield g
         for metric, key, text in (
             ("herder_workers_desired", "desired", "The target worker count on this host."),
+            (
+                "herder_workers_wanted",
+                "wanted",
+                "Workers the pool's queues call for across the cluster, before this host's bounds.",
+            ),
             ("herder_workers_running", "running", "Workers counting towards the target."),
             ("herder_workers_ready", "ready", "Workers idle or busy (taking jobs)."),
         ):
@@ -194,11 +201,17 @@ class VitalsCollector:
             "Queue growth in jobs/s, as the scaling policy smooths it.",
             labels=["queue"],
         )
+        oldest = GaugeMetricFamily(
+            "herder_queue_oldest_job_age_seconds",
+            "How long the queue's oldest waiting job has waited (0: none waits).",
+            labels=["queue"],
+        )
         for name, q in sorted(v.queues.items()):
             length.add_metric([name], q.backlog)
             running.add_metric([name], q.running)
             growth.add_metric([name], q.growth)
-        yield from (length, running, growth)
+            oldest.add_metric([name], q.oldest_age)
+        yield from (length, running, growth, oldest)
         yield _gauge(
             "herder_master_loop_lag_seconds", "How late the master loop's last pass came.", v.loop_lag
         )

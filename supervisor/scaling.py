@@ -8,11 +8,13 @@ No I/O and no clock of its own, so it is unit- and property-tested directly
 where T is the drain target: enough workers for the jobs already running, plus enough
 to absorb what arrives *and* empty the current backlog within T seconds. Before the
 per-worker rate is known (cold start) every waiting job counts as one worker's worth,
-which errs towards draining fast. Up at once; down only after `need` has stayed below
-the current count for the whole scale-down delay, and then only to the highest need of
-that delay plus as much headroom as the need varied within it, and by a real step
-(DOWN_STEP), so a noisy load does not flap: a load that is truly gone varies by nothing
-and goes all the way down.
+which errs towards draining fast. With a latency target (`max_wait`) T is at most that
+target, and a waiting job older than it adds a worker whatever the formula says.
+
+Up at once; down only after `need` has stayed below the current count for the whole
+scale-down delay, and then only to the highest need of that delay plus as much headroom
+as the need varied within it, and by a real step (DOWN_STEP), so a noisy load does not
+flap: a load that is truly gone varies by nothing and goes all the way down.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class ScaleConfig:
     highest: int
     scale_down_delay: float = 30.0
     drain_target: float = 30.0
+    # The latency target (`max_wait`): no waiting job should wait longer than this; None: none.
+    max_wait: float | None = None
     # Smoothing of the per-worker rate: weight of the newest sample. (The growth rate is
     # smoothed over the drain target instead: see decide.)
     alpha: float = 0.5
@@ -46,6 +50,7 @@ class Load:
     at: float  # monotonic seconds
     backlog: int  # jobs waiting in the queues herder serves
     running: int  # jobs started and not finished (RQ's StartedJobRegistry)
+    oldest_age: float = 0.0  # seconds the oldest waiting job has waited (0: none waits)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class Decision:
     desired: int
     need: int
     reason: str
+    # What the load calls for before any bound (lowest, highest): for a scaler outside herder
+    # (KEDA: herder_workers_wanted) that adds hosts when one host's highest is not enough.
+    wanted: int = 0
 
 
 def clamp(value: int, cfg: ScaleConfig) -> int:
@@ -92,7 +100,9 @@ def unrounded_need(
     if per_worker is None or per_worker <= 0:
         return load.running + load.backlog  # cold start: one worker per waiting job
     arrival = max(0.0, growth + completions)  # jobs/s coming in = growth + what is being done
-    t = cfg.drain_target
+    # With a latency target the backlog must drain within it: a job waits about as long
+    # as the work ahead of it takes the fleet.
+    t = cfg.drain_target if cfg.max_wait is None else min(cfg.drain_target, cfg.max_wait)
     extra = (arrival * t + load.backlog) / (per_worker * t)
     # Running jobs are already covered by `arrival` when the fleet keeps up; never go below them.
     return max(load.running, extra)
@@ -130,16 +140,25 @@ def decide(
         return Decision(clamp(current, cfg), current, "no load reading: holding"), state
     growth = smoothed_growth(state.growth, state.last, load, cfg.drain_target)
     raw = unrounded_need(load, growth, state.per_worker, completions_per_s, cfg)
-    need = clamp(math.ceil(raw - 1e-9), cfg)
+    wanted = math.ceil(raw - 1e-9)
+    need = clamp(wanted, cfg)
     since = load.at - cfg.scale_down_delay
     recent = (*((at, n) for at, n in state.recent if at >= since), (load.at, raw))
     state = replace(state, last=load, growth=growth, recent=recent)
 
+    late = cfg.max_wait is not None and load.backlog > 0 and load.oldest_age > cfg.max_wait
+    if late:  # a job already waits past the target, whatever the formula says: one more worker
+        wanted = max(wanted, current + 1)
+        need = clamp(max(need, current + 1), cfg)
     if need >= current:
         state = replace(state, low_since=None)
         reason = "scale up" if need > current else "steady"
+        waited = f", oldest job waited {load.oldest_age:.1f} s (max wait {cfg.max_wait:g} s)" if late else ""
         return Decision(
-            need, need, f"{reason}: backlog {load.backlog}, running {load.running}, growth {growth:+.1f}/s"
+            need,
+            need,
+            f"{reason}: backlog {load.backlog}, running {load.running}, growth {growth:+.1f}/s{waited}",
+            wanted,
         ), state
 
     # need < current: only after it has stayed so for the whole scale-down delay, and then
@@ -156,6 +175,7 @@ def decide(
             hold,
             need,
             f"need {need}: holding {hold} for {cfg.scale_down_delay - waited:.0f} s more before scaling down",
+            wanted,
         ), state
     earlier = [n for _, n in recent[:-1]] or [raw]
     noise = max(earlier) - min(earlier)
@@ -163,8 +183,8 @@ def decide(
     target = clamp(min(current, math.ceil(highest + noise - 1e-9)), cfg)
     spread = f"need {min(earlier):.1f} to {highest:.1f} over the last {cfg.scale_down_delay:.0f} s"
     if target < hold and (noise == 0 or hold - target >= max(2, math.ceil(DOWN_STEP * hold))):
-        return Decision(target, need, f"scale down: {spread}"), state
-    return Decision(hold, need, f"need {need}: holding {hold}, {spread}"), state
+        return Decision(target, need, f"scale down: {spread}", wanted), state
+    return Decision(hold, need, f"need {need}: holding {hold}, {spread}", wanted), state
 
 
 def pick_idle_to_stop(states: dict[int, str], excess: int) -> list[int]:

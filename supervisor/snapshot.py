@@ -23,6 +23,7 @@ class QueueStats:
     backlog: int
     running: int
     growth: float  # jobs/s, smoothed as the scaling policy smooths it
+    oldest_age: float = 0.0  # seconds the oldest waiting job has waited (0: none waits)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class FleetView:
     paused: bool = False  # `herder pause` on this host
     ever_ready: bool = True  # the fleet was ready once: no longer `starting`
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # by name: queues, sizing, counts
+    memory_pressure: str = ""  # why scale-up is held (pressure.py), or ""
 
     @property
     def degraded(self) -> str:
@@ -132,9 +134,15 @@ def build_status(v: FleetView) -> dict[str, Any]:
         "suspended": sum(o.paused == "suspended" for _, o in v.workers),
         "slots_in_backoff": v.backoff,
         "queues": [
-            {"name": name, "backlog": None, "running": None, "growth": None}
+            {"name": name, "backlog": None, "running": None, "growth": None, "oldest_age": None}
             if q is None
-            else {"name": name, "backlog": q.backlog, "running": q.running, "growth": round(q.growth, 2)}
+            else {
+                "name": name,
+                "backlog": q.backlog,
+                "running": q.running,
+                "growth": round(q.growth, 2),
+                "oldest_age": round(q.oldest_age, 1),
+            }
             for name, q in v.queues.items()
         ],
         "workers": workers,
@@ -149,6 +157,7 @@ def build_status(v: FleetView) -> dict[str, Any]:
         "loop_lag": round(v.loop_lag, 3),
         "job_rate": None if v.job_rate is None else round(v.job_rate, 3),
         "pools": v.pools,
+        "memory_pressure": v.memory_pressure or None,
     }
 
 
@@ -177,7 +186,10 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "paused": False,
         "suspended": 0,
         "slots_in_backoff": [],
-        "queues": [{"name": q, "backlog": None, "running": None, "growth": None} for q in all_queues(cfg)],
+        "queues": [
+            {"name": q, "backlog": None, "running": None, "growth": None, "oldest_age": None}
+            for q in all_queues(cfg)
+        ],
         "workers": [],
         "totals": {
             "spawned": 0,
@@ -197,4 +209,5 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "loop_lag": 0.0,
         "job_rate": None,
         "pools": {},
+        "memory_pressure": None,
     }

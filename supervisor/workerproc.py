@@ -15,11 +15,13 @@ import signal
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from herder.common.worker_protocol import (
+    ENV_POOL,
     MAX_LINE_BYTES,
     PAUSE,
     RESUME,
@@ -82,6 +84,23 @@ class Observations:
     last_error: str = ""
     paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended or paused
     endings: int = 0  # given-up jobs this worker ended (`end`), which count as no job
+    job_queue: str | None = None  # the running job's queue and function (`busy`, version 5)
+    job_func: str | None = None
+    job_started_wall: float = 0.0  # the worker's own time of `busy`
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """One job done, for the per-function job metrics (herder.supervisor.jobstats)."""
+
+    queue: str
+    func: str
+    ok: bool
+    seconds: float  # busy -> done, on the worker's own clock
+
+
+# Finished jobs a worker's reader keeps until the loop takes them (a flood drops the oldest).
+FINISHED_KEPT = 10_000
 
 
 class Child(Protocol):
@@ -132,7 +151,9 @@ class WorkerProcess:
     popen: Child
     label: str  # "slot N pid P", the prefix of its relayed stderr
     obs: Observations
+    fields: dict[str, Any] = field(default_factory=dict)  # what its relayed JSON lines carry
     lock: threading.Lock = field(default_factory=threading.Lock)
+    finished: deque[FinishedJob] = field(default_factory=lambda: deque(maxlen=FINISHED_KEPT))
     readers: list[threading.Thread] = field(default_factory=list)
 
     @property
@@ -163,18 +184,24 @@ class WorkerProcess:
             # which drains the workers instead.
             process_group=0,
         )
-        return cls.watch(popen, slot, wake, kind)
+        return cls.watch(popen, slot, wake, kind, pool="" if kind else env.get(ENV_POOL, ""))
 
     @classmethod
-    def watch(cls, child: Child, slot: int, wake: Callable[[], None], kind: str = "") -> WorkerProcess:
-        """Watch a started process's pipes (the readers start here)."""
+    def watch(
+        cls, child: Child, slot: int, wake: Callable[[], None], kind: str = "", pool: str = ""
+    ) -> WorkerProcess:
+        """Watch a started process's pipes (the readers start here); `pool`: a fleet worker's."""
         popen = child
         assert popen.stdin and popen.stdout and popen.stderr
         os.set_blocking(popen.stdin.fileno(), False)  # the master never blocks on a worker
+        fields: dict[str, Any] = {"process": kind.replace(" ", "") or "worker", "pid": popen.pid}
+        if not kind:
+            fields.update(pool=pool, slot=slot)
         proc = cls(
             popen=popen,
             label=f"{kind or f'slot {slot}'} pid {popen.pid}",
             obs=Observations(last_seen=time.monotonic()),
+            fields=fields,
         )
         proc.readers = [
             threading.Thread(
@@ -240,6 +267,7 @@ class WorkerProcess:
                     o.paused = msg.paused
                 case "busy":
                     o.job_id, o.job_started, o.job_timeout = msg.job_id, now, msg.timeout
+                    o.job_queue, o.job_func, o.job_started_wall = msg.queue, msg.func, msg.ts
                     o.paused = None
                 case "done" if msg.ok is None:  # an ending (`end`) is over: no job of its own
                     o.endings += 1
@@ -252,6 +280,9 @@ class WorkerProcess:
                         o.jobs_ok += 1
                     else:
                         o.jobs_failed += 1
+                    if o.job_id == msg.job_id and o.job_queue is not None:
+                        seconds = max(0.0, msg.ts - o.job_started_wall)
+                        self.finished.append(FinishedJob(o.job_queue, o.job_func or "?", msg.ok, seconds))
                     o.last_done_wall = msg.ts
                     if o.job_id == msg.job_id:
                         o.job_id = None
@@ -278,18 +309,33 @@ class WorkerProcess:
                 logged += 1
                 text = raw.decode("utf-8", "replace").rstrip()
                 lines.append(text + " [line truncated]" if truncated else text)
-            logs.relay(prefix, lines)
+            logs.relay(prefix, lines, self._json_fields() if lines and logs.json_lines else None)
             time.sleep(STDERR_COALESCE)
         tail = splitter.flush()
         if tail:
-            logs.relay(prefix, [tail.decode("utf-8", "replace").rstrip()])
+            lines = [tail.decode("utf-8", "replace").rstrip()]
+            logs.relay(prefix, lines, self._json_fields() if logs.json_lines else None)
         self.popen.stderr.close()
+
+    def _json_fields(self) -> dict[str, Any]:
+        """Its relayed lines' fields, with the job it runs as the master reads them (best
+        effort: a line written right at a job's start or end may miss it)."""
+        with self.lock:
+            job_id = self.obs.job_id
+        return dict(self.fields, job_id=job_id) if job_id else self.fields
 
     # ---- the ProcessHandle (called by the master loop only) --------------------------------
 
     def snapshot(self) -> Observations:
         with self.lock:
             return Observations(**vars(self.obs))
+
+    def take_finished(self) -> list[FinishedJob]:
+        """The jobs finished since the last call (the loop folds them into the job metrics)."""
+        with self.lock:
+            done = list(self.finished)
+            self.finished.clear()
+        return done
 
     def send_stop(self) -> None:
         self._tell(STOP)  # a worker that does not read stdin is killed at the stop timeout

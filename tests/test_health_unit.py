@@ -93,7 +93,8 @@ def test_no_scale_up_while_every_worker_is_paused() -> None:
 
     scaler = Autoscaler(Config(max_workers=8, min_workers=1), "host")
     grown = [
-        Reading(Load(at=t, backlog=500 * t, running=0), None, (("default", 500 * t, 0),)) for t in (1, 2, 3)
+        Reading(Load(at=t, backlog=500 * t, running=0), None, (("default", 500 * t, 0, 0.0),))
+        for t in (1, 2, 3)
     ]
     assert [scaler.fold(r, 0, 0.0, 1, paused=True) for r in grown] == [1, 1, 1]  # a pause is no demand
     assert scaler.fold(grown[-1], 0, 0.0, 1) > 1

@@ -17,7 +17,10 @@ from herder.supervisor.fleet import Worker
 from herder.supervisor.launcher import SubprocessLauncher
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
+from herder.supervisor.pressure import MemoryWatch
+from herder.supervisor.redis_side.load_reader import Reading
 from herder.supervisor.redis_side.recovery import Counts
+from herder.supervisor.scaling import Load
 from herder.supervisor.states import TRANSITIONS, IllegalTransition, WorkerState, change_state
 from herder.supervisor.workerproc import Observations
 
@@ -53,6 +56,9 @@ class FakeProc:
     # the ProcessHandle
     def snapshot(self) -> Observations:
         return replace(self.obs)
+
+    def take_finished(self) -> list:
+        return []
 
     def send_stop(self) -> None:
         self.stops += 1
@@ -683,3 +689,42 @@ def test_an_ending_done_is_not_offered_again_until_the_job_is_given_up_again(clo
     recovery.waiting_endings = {"gone-1": 2}  # retried by RQ, died again: a new give-up
     m.step()
     assert proc.ends == ["gone-1", "gone-1"]
+
+
+class FakeReader:
+    """The load reader's face to the loop: the next reading, once."""
+
+    def __init__(self) -> None:
+        self.next: Reading | None = None
+        self.outage_since = None
+        self.interval, self.queues, self.cluster = 1.0, ["default"], None
+
+    def take(self) -> Reading | None:
+        reading, self.next = self.next, None
+        return reading
+
+    def tell(self, wanted: int, running: int, pool: str = "default") -> None:
+        pass
+
+
+def test_memory_pressure_holds_scale_up_and_says_why_in_status_and_health(clock: FakeClock) -> None:
+    reasons = iter(["cgroup memory 352 MiB of 384 MiB (92%)", "", ""])
+    m, _, _ = make(clock, min_workers=1, max_workers=8)
+    m.memory = MemoryWatch(read=lambda: next(reasons))
+    m.reader = FakeReader()  # type: ignore[assignment]
+    m.step()
+    all_ready(m)
+    for backlog in (300, 600):  # a growing backlog that would take every worker
+        clock.t += 1.0
+        m.reader.next = Reading(Load(clock.t, backlog, 1), None, (("default", backlog, 1, 30.0),))  # type: ignore[union-attr]
+        m.step()
+        if backlog == 300:  # under pressure: the target holds
+            assert m.target == 1 and len(m.workers) == 1
+            view = m.commands.view()
+            assert view.memory_pressure == "cgroup memory 352 MiB of 384 MiB (92%)"
+            assert (
+                "memory_pressure",
+                "memory pressure: cgroup memory 352 MiB of 384 MiB (92%); no scale-up",
+            ) in (view.health)
+    # Eased: the next reading scales up.
+    assert m.target > 1 and not m.commands.view().memory_pressure

@@ -20,6 +20,14 @@ from herder.common.worker_protocol import LineSplitter, Message, ProtocolError, 
         (b"busy abc-1 10.0 180", Message("busy", 10.0, job_id="abc-1", timeout=180.0)),
         (b"busy abc-1 10.0 -1", Message("busy", 10.0, job_id="abc-1", timeout=-1.0)),
         (b"busy abc-1 10.0", Message("busy", 10.0, job_id="abc-1")),
+        (
+            b"busy abc-1 10.0 none bulk app.tasks.resize",
+            Message("busy", 10.0, job_id="abc-1", queue="bulk", func="app.tasks.resize"),
+        ),
+        (
+            b"busy abc-1 10.0 60 high f",
+            Message("busy", 10.0, job_id="abc-1", timeout=60.0, queue="high", func="f"),
+        ),
         (b"beat abc-1 11.0", Message("beat", 11.0, job_id="abc-1")),
         (b"done abc-1 12.0 ok", Message("done", 12.0, job_id="abc-1", ok=True)),
         (b"done abc-1 12.0 failed", Message("done", 12.0, job_id="abc-1", ok=False)),
@@ -43,9 +51,10 @@ def test_parses_every_verb(line: bytes, expected: Message) -> None:
         (b"idle -5", "bad timestamp"),
         (b"done j 1.0 maybe", "bad outcome"),
         (b"ready x 1.0", "bad pid"),
-        (b"ready 1 1.0 5", "unsupported protocol version"),
+        (b"ready 1 1.0 6", "unsupported protocol version"),
         (b"\xff\xfe", "not UTF-8"),
         (b"busy " + b"j" * 300 + b" 1.0", "bad job id"),
+        (b"busy j 1.0 none q " + b"f" * 300, "bad queue or function name"),
     ],
 )
 def test_rejects_malformed_lines_with_a_reason(line: bytes, why: str) -> None:
@@ -102,9 +111,10 @@ def test_splitter_is_lossless_for_short_lines_whatever_the_chunking(lines: list[
     ts=st.floats(0, 4e9),
     timeout=st.one_of(st.none(), st.just(-1.0), st.integers(0, 10**6).map(float), st.floats(0.001, 1e6)),
     ok=st.booleans(),
+    name=st.text(min_size=0, max_size=300),
 )
 def test_what_the_worker_writes_the_master_reads(
-    job: str, ts: float, timeout: float | None, ok: bool
+    job: str, ts: float, timeout: float | None, ok: bool, name: str
 ) -> None:
     """Both ends import one module: every line a worker can build parses back to its meaning."""
     lines = {
@@ -122,6 +132,11 @@ def test_what_the_worker_writes_the_master_reads(
         assert abs(msg.ts - ts) < 1e-5
     busy = parse_line(wp.busy_line(job, ts, timeout)[:-1])
     assert busy.timeout == (None if timeout is None else pytest.approx(timeout, rel=1e-9))
+    # Version 5 names the queue and function; any name a user has comes through, or as `?`.
+    named = parse_line(wp.busy_line(job, ts, timeout, "q", name)[:-1])
+    assert named.timeout == busy.timeout and named.queue == "q"
+    plain = name and len(name) <= wp.MAX_NAME and name.isprintable() and " " not in name
+    assert named.func == (name if plain else "?")
     assert parse_line(wp.done_line(job, ts, ok)[:-1]).ok is ok
     lines = (wp.STOP, wp.PAUSE, wp.RESUME, b"stopp\n", wp.end_request(job), b"end\n", b"end a b\n")
     assert [wp.master_request(x) for x in lines] == [

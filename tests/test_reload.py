@@ -41,6 +41,10 @@ POLICY = {
         "scale_interval",
         "scale_down_delay",
         "drain_target",
+        "max_wait",
+        "on_event",
+        "on_event_url",
+        "on_event_timeout",
         "cluster_max_workers",
         "host_ttl",
         "job_timeout",
@@ -76,7 +80,7 @@ POLICY = {
     | {"dequeue_strategy", "fork_server", "preload"}
     | {"worker_init", "django_settings"},
     RESTART: {"redis_url", "host_id", "master_heartbeat_timeout", "max_restarts", "restart_window"}
-    | {"state_dir", "user", "http", "rq_config"},
+    | {"state_dir", "user", "http", "rq_config", "log_format"},
 }
 # The FAST flags of conftest, written into the config file instead (flags pin a setting).
 FAST_IN_FILE = {flag[2:].replace("-", "_"): float(value) for flag, value in FAST.items()}
@@ -168,6 +172,7 @@ APPLIED = [  # (key, new value): each reload changes one more
     ("scale_interval", 0.5),
     ("scale_down_delay", 20.0),
     ("drain_target", 10.0),
+    ("max_wait", 5.0),
     ("job_timeout", 60.0),
     ("job_timeout_grace", 2.0),
     ("heartbeat_timeout", 4.0),

@@ -270,6 +270,26 @@ def test_up_fast_examples():
     assert decision.desired == 10
 
 
+def test_a_latency_target_grows_a_fleet_the_length_rule_keeps():
+    # One worker doing 1 job/s; 4 jobs wait and the backlog shrinks slowly (-0.2/s): drained
+    # within the 30 s drain target, so the length rule keeps 1 worker; but the oldest waits 6 s.
+    state = ScaleState(per_worker=1.0, growth=-0.2, last=Load(0.0, 5, 1, 5.0))
+    load = Load(1.0, 4, 1, oldest_age=6.0)
+    plain = ScaleConfig(lowest=1, highest=8, drain_target=30.0)
+    decision, _ = decide(state, load, 1, 1.0, plain)
+    assert decision.desired == 1
+    # A 2 s latency target drains the backlog within 2 s: 1 running + 4 waiting / (1/s * 2 s).
+    target = ScaleConfig(lowest=1, highest=8, drain_target=30.0, max_wait=2.0)
+    decision, _ = decide(state, load, 1, 1.0, target)
+    assert decision.desired == 3 and "oldest job waited 6.0 s (max wait 2 s)" in decision.reason
+    # A job older than the target adds a worker even where the backlog formula would not.
+    decision, _ = decide(state, Load(1.0, 1, 3, oldest_age=9.0), 3, 3.0, target)
+    assert decision.desired == 4
+    # Nothing waits: the target asks for nothing.
+    decision, _ = decide(state, Load(1.0, 0, 1, oldest_age=0.0), 1, 1.0, target)
+    assert decision.desired == 1
+
+
 # ---------------------------------------------------------------- 4. down slowly
 
 

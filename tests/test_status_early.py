@@ -52,7 +52,7 @@ def test_status_answers_starting_before_the_first_worker_and_running_once_ready(
     assert st["state"] == "starting" and not st["running"]
     # The socket was bound before any worker was spawned: the master's own order of events
     # (its log is one stream; process start times from /proc are too coarse to compare).
-    wait_for(lambda: h.workers() or None, 10, what="the first workers")
+    h.wait_log(r": spawned -> starting", 10)  # the first spawn, as the master logs it
     log = h.log()
     assert f"control socket {socket_path(h.state_dir)}" in log
     assert log.index("control socket ") < log.index(": spawned -> starting")

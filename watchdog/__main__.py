@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from herder.common import statelock
+from herder.common import jsonlog, statelock
 from herder.common.config import Config, ConfigError
 from herder.common.exits import EX_CONFIG, EX_TEMPFAIL
 from herder.watchdog.core import Watchdog
@@ -24,10 +24,11 @@ def main(argv: list[str]) -> int:
     except ConfigError:
         print("herder watchdog: start herder with `herder run`", file=sys.stderr)
         return EX_CONFIG
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=cfg.log_level.upper(),
-        format="%(asctime)s herder-watchdog[%(process)d] %(levelname)s %(message)s",
+    jsonlog.setup(
+        cfg.log_level,
+        cfg.log_format,
+        "watchdog",
+        "%(asctime)s herder-watchdog[%(process)d] %(levelname)s %(message)s",
     )
     if cfg.state_dir:
         try:

@@ -87,6 +87,11 @@ class Watchdog:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self._wake_w)
+        # `herder run` blocked these across its exec (a PID 1 drops what it has no handler
+        # for): what arrived meanwhile is delivered now.
+        signal.pthread_sigmask(
+            signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+        )
 
     def handle_signals(self) -> None:
         while self._signals:

@@ -111,6 +111,8 @@ class Notifier:
 
     def close(self) -> None:
         """Last words, still without blocking: what waits, and the final status."""
+        if self.address is None:  # no service manager listens (a container, a terminal)
+            return
         self.flush(force=True)
         self.dropped += len(self._pending) + (self._status != self._status_sent)
         if self.dropped:

@@ -73,10 +73,12 @@ class Channel:
             self._last_idle, self._last_paused = now, paused
             self._send(wp.idle_line(time.time(), paused))
 
-    def busy(self, job_id: str, timeout: float | None) -> None:
+    def busy(
+        self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
+    ) -> None:
         with self._lock:
             self._job_id = job_id
-        self._send(wp.busy_line(job_id, time.time(), timeout))
+        self._send(wp.busy_line(job_id, time.time(), timeout, queue, func))
 
     def done(self, job_id: str, ok: bool | None) -> None:
         """ok: the job's outcome; None: an ending (`end`) is over."""

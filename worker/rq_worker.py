@@ -235,7 +235,8 @@ class HerderMixin(BaseWorker):
     def _took(self, result: tuple[Job, Queue] | None) -> tuple[Job, Queue] | None:
         if result is not None:
             job = result[0]
-            self.channel.busy(job.id, job.timeout)  # before any bookkeeping: see the module doc
+            # Before any bookkeeping (see the module doc); the queue and function label its metrics.
+            self.channel.busy(job.id, job.timeout, job.origin, function_name(job))
         return result
 
     def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:  # type: ignore[override]
@@ -284,6 +285,15 @@ class HerderMixin(BaseWorker):
         job.perform = performing  # type: ignore[method-assign]
         self._job_ok = super().perform_job(job, queue, execution)
         return self._job_ok
+
+
+def function_name(job: Job) -> str:
+    """The job's function as RQ names it (`module.func`); `?` when its data cannot be read
+    (RQ fails such a job itself, with the reason)."""
+    try:
+        return job.func_name
+    except Exception:
+        return "?"
 
 
 def herder_worker_class(base: type[BaseWorker] = SimpleWorker) -> type[BaseWorker]:

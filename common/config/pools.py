@@ -26,6 +26,7 @@ POOL_KEYS = frozenset(
         "scale_interval",
         "scale_down_delay",
         "drain_target",
+        "max_wait",
         "cluster_max_workers",
         "host_ttl",
         "job_timeout",

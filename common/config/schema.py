@@ -97,6 +97,11 @@ class Config:
     drain_target: float = setting(
         30.0, "Size the fleet to empty the backlog within this many seconds.", reload=APPLY
     )
+    max_wait: float | None = setting(
+        None,
+        "Latency target: autoscale so that no job waits in its queue longer than this many seconds.",
+        reload=APPLY,
+    )
     # Several hosts on one Redis: a cap on the whole cluster's workers.
     host_id: str = setting("", "This host's name in a cluster (default hostname:pid).")
     # A new value applies; turning the cap on or off needs a restart (reload_plan).
@@ -150,6 +155,7 @@ class Config:
         "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID).",
     )
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR.", reload=WORKERS)
+    log_format: str = setting("text", 'text, or json: one JSON object per line (README, "Logs").')
     user: str = setting("", "Started as root: run the master, workers and embedded Redis as this user.")
     # Self-defense: cull a worker whose jobs keep failing (within a shared budget), and recycle
     # workers by jobs, age and memory, a replacement first (docs/design.md, "Self-defense").
@@ -245,6 +251,17 @@ class Config:
         "Seconds the fleet may be below its minimum of ready workers, or Redis unreachable, "
         "before health says degraded.",
         reload=APPLY,
+    )
+    # Event hooks: a push when something happens (docs/operations.md, "Event hooks").
+    on_event: str = setting(
+        "",
+        "Run this command (no shell) with each event as JSON on its stdin: a worker killed or culled, "
+        "a budget spent, a job given up, the master restarted, health changing.",
+        reload=APPLY,
+    )
+    on_event_url: str = setting("", "POST each event's JSON to this http(s) URL.", reload=APPLY)
+    on_event_timeout: float = setting(
+        10.0, "Seconds an event hook may run (or a webhook take) before it is killed.", reload=APPLY
     )
     # User code at worker start (docs/operations.md, "Django" and "Worker start-up hook").
     worker_init: str = setting(
@@ -353,7 +370,7 @@ class Config:
 
 # Keys a user may write in a file or flag that map to another field name.
 ALIASES = {"queue": "queues", "path": "paths", "exception_handler": "exception_handlers"}
-SECRET_KEYS = {"redis_url"}
+SECRET_KEYS = {"redis_url", "on_event_url"}  # URLs that may carry a password: shown redacted
 KEYS = [f.name for f in fields(Config) if not f.metadata.get("internal")]
 HELP = {f.name: f.metadata["help"] for f in fields(Config) if f.name in KEYS}
 

@@ -160,6 +160,7 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
         "cull_failure_window",
         "recycle_share",
         "health_grace",
+        "on_event_timeout",
     ]
     for key in positive:
         if not getattr(cfg, key) > 0:
@@ -167,7 +168,7 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
     for key in ("cull_failures", "cull_budget", "max_jobs_jitter", "max_age_jitter"):
         if getattr(cfg, key) < 0:
             raise bad(key, f"must not be negative, got {getattr(cfg, key)}")
-    for key in ("max_jobs", "max_age", "max_memory", "max_memory_hard"):
+    for key in ("max_jobs", "max_age", "max_memory", "max_memory_hard", "max_wait"):
         if getattr(cfg, key) is not None and not getattr(cfg, key) > 0:
             raise bad(key, f"must be greater than 0, got {getattr(cfg, key)}")
     if (
@@ -207,6 +208,14 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
             http_address(cfg.http)
         except ValueError as exc:
             raise bad("http", str(exc)) from None
+    if cfg.on_event:
+        try:
+            if not shlex.split(cfg.on_event):
+                raise ValueError("is empty")
+        except ValueError as exc:  # unbalanced quotes
+            raise bad("on_event", f"is not a command line: {exc}") from None
+    if cfg.on_event_url and urlsplit(cfg.on_event_url).scheme not in ("http", "https"):
+        raise bad("on_event_url", "must be an http:// or https:// URL")
     for key in ("worker_class", "job_class", "queue_class", "serializer", "rq_config"):
         if getattr(cfg, key) and not is_dotted(getattr(cfg, key)):
             raise bad(key, f"must be a dotted name like package.module.Name, got {getattr(cfg, key)!r}")
@@ -231,3 +240,5 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
             raise bad(key, f"must not be negative, got {getattr(cfg, key)}")
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise bad("log_level", f"must be DEBUG, INFO, WARNING or ERROR, got {cfg.log_level!r}")
+    if cfg.log_format not in ("text", "json"):
+        raise bad("log_format", f"must be text or json, got {cfg.log_format!r}")

@@ -30,6 +30,8 @@ from herder.supervisor.ctl import client, render, service
 
 MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+
 
 def default_state_dir() -> str:
     if os.geteuid() == 0:
@@ -209,6 +211,10 @@ def run(ctx: click.Context, **opts) -> None:
     env[statelock.ENV_LOCK_FD] = str(lock_fd)
     os.set_inheritable(lock_fd, True)  # through this exec only: the watchdog makes it close-on-exec again
     sys.stderr.flush()
+    # As PID 1 (a container) a signal with no handler is dropped: a SIGTERM while the watchdog
+    # starts would be lost. Blocked, it stays pending through the exec until the watchdog's
+    # handlers are in place (it unblocks them then: watchdog/core.py, install_signals).
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     os.execve(sys.executable, [sys.executable, "-P", "-m", "herder.watchdog"], env)
 
 

@@ -63,8 +63,10 @@ def render(status: dict[str, Any]) -> str:
         if q["backlog"] is None:
             lines.append(f"queue {q['name']}: not read yet")
             continue
+        oldest = f", oldest waiting {q['oldest_age']:.1f} s" if q.get("oldest_age") else ""
         lines.append(
-            f"queue {q['name']}: {q['backlog']} waiting, {q['running']} running, growth {q['growth']:+.1f}/s"
+            f"queue {q['name']}: {q['backlog']} waiting, {q['running']} running, "
+            f"growth {q['growth']:+.1f}/s{oldest}"
         )
     if status.get("scheduler"):
         lines.append(render_scheduler(status["scheduler"]))

@@ -32,7 +32,7 @@ def template_path(kind: str) -> Path:
 
 def stop_budget(cfg: Config) -> int:
     """Seconds the service manager should allow for a stop: herder's drain plus margin."""
-    return int(cfg.stop_timeout + cfg.kill_timeout + 15)
+    return int(cfg.drain_seconds + 15)  # the longest pool's stop timeout, then the kill
 
 
 def run_argv(herder: str, cfg: Config, config_file: str | None) -> list[str]:

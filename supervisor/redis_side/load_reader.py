@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from redis import Redis
 from rq.queue import Queue
@@ -30,7 +31,7 @@ log = logging.getLogger("herder")
 class Reading:
     load: Load | None  # None: Redis did not answer
     grant: Grant | None  # the default pool's (or the one pool a pool's own reading is for)
-    per_queue: tuple[tuple[str, int, int], ...] = ()  # (queue, backlog, running)
+    per_queue: tuple[tuple[str, int, int, float], ...] = ()  # (queue, backlog, running, oldest age)
     kills: tuple[int, int, float] | None = None  # cluster kill counters: current, previous, read at
     grants: dict[str, Grant] = field(default_factory=dict)  # by pool, for the pools with a cluster cap
 
@@ -39,7 +40,12 @@ class Reading:
         if self.load is None:
             return Reading(None, None, kills=self.kills)
         mine = tuple(q for q in self.per_queue if q[0] in queues)
-        load = Load(self.load.at, sum(b for _, b, _ in mine), sum(r for _, _, r in mine))
+        load = Load(
+            self.load.at,
+            sum(q[1] for q in mine),
+            sum(q[2] for q in mine),
+            max((q[3] for q in mine), default=0.0),
+        )
         return Reading(load, self.grants.get(pool), mine, self.kills, {})
 
 
@@ -147,6 +153,29 @@ class LoadReader:
             self._wake()
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
+    def _ages(self, heads: list[bytes | None]) -> list[float]:
+        """Seconds each queue's oldest waiting job has waited (RQ's `enqueued_at`), 0 for an
+        empty queue or an unreadable time; one more round trip, only for non-empty queues."""
+        ages = [0.0] * len(heads)
+        ids = [(i, h.decode()) for i, h in enumerate(heads) if h]
+        if not ids:
+            return ages
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for _, job_id in ids:
+                    pipe.hget(f"rq:job:{job_id}", "enqueued_at")
+                stamps = pipe.execute()
+        except Exception:  # the next reading tries again; the lengths above still count
+            return ages
+        now = time.time()
+        for (i, _), stamp in zip(ids, stamps, strict=True):
+            if stamp:
+                try:
+                    ages[i] = max(0.0, now - datetime.fromisoformat(stamp.decode()).timestamp())
+                except ValueError:
+                    pass
+        return ages
+
     def _read(self) -> Reading:
         now_redis = time.time()  # for ZCOUNT of unexpired started entries; skew only blurs abandoned ones
         with self._lock:
@@ -157,6 +186,7 @@ class LoadReader:
             for _, queue_key, wip_key in keys:
                 pipe.llen(queue_key)
                 pipe.zcount(wip_key, now_redis, "+inf")
+                pipe.lindex(queue_key, 0)  # the oldest waiting job (RQ pops from the left)
             read_at = time.time()
             if cluster:
                 pipe.mget(*cluster_keys(read_at, cluster.kill_window))
@@ -183,10 +213,13 @@ class LoadReader:
                 "Redis answers again after %.1f s: scaling resumes", time.monotonic() - self._outage_since
             )
             self._outage_since = None
+        heads = [replies[3 * i + 2] for i in range(len(keys))]
+        ages = self._ages(heads)
         per_queue = tuple(
-            (name, int(replies[2 * i]), int(replies[2 * i + 1])) for i, (name, _, _) in enumerate(keys)
+            (name, int(replies[3 * i]), int(replies[3 * i + 1]), ages[i])
+            for i, (name, _, _) in enumerate(keys)
         )
-        rest = replies[2 * len(keys) :]  # the kill counters, then each pool's reservation
+        rest = replies[3 * len(keys) :]  # the kill counters, then each pool's reservation
         grants = {pool: parse_grant(reply) for pool, reply in zip(clusters, rest[1:], strict=True)}
         kills = None
         if cluster:
@@ -194,8 +227,9 @@ class LoadReader:
             kills = (current, previous, read_at)
         load = Load(
             at=time.monotonic(),
-            backlog=sum(b for _, b, _ in per_queue),
-            running=sum(r for _, _, r in per_queue),
+            backlog=sum(q[1] for q in per_queue),
+            running=sum(q[2] for q in per_queue),
+            oldest_age=max((q[3] for q in per_queue), default=0.0),
         )
         grant = grants.get(DEFAULT_POOL) or next(iter(grants.values()), None)
         return Reading(load, grant, per_queue, kills, grants)

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from redis import Redis
@@ -133,6 +133,8 @@ class Recovery:
         self.configure(cfg)
         self.sweeping = sweeping  # herder's RQ workers: sweep; a --worker-command fleet: not
         self.counts = Counts()
+        # Told of each job given up (job id, queue, why): the event hooks (master.py).
+        self.on_give_up: Callable[[str, str, str], None] | None = None
         self._move = connection.register_script(MOVE)
         self._cull_take = connection.register_script(CULL_TAKE)
         self._answers: dict[int, bool] = {}  # cull tickets answered
@@ -473,6 +475,7 @@ class Recovery:
         elif outcome == "over" and self.sweeping:  # herder's RQ workers: a worker ends it
             self.counts.failed += 1
             self.counts.failed_by_queue[r.queue] += 1
+            self._given_up(r)
             with self._cond:
                 self._give_ups += 1
                 self._endings[r.job_id] = self._give_ups
@@ -492,10 +495,15 @@ class Recovery:
                 pipe.execute()
             self.counts.failed += 1  # counted once its failure Result is written
             self.counts.failed_by_queue[r.queue] += 1
+            self._given_up(r)
             log.error("job %s: moved to the failed job registry: %s", r.job_id, message)
         elif outcome == "litter":
             log.debug("job %s: removed a leftover entry from the %s list", r.job_id, r.source)
         return outcome
+
+    def _given_up(self, r: Recover) -> None:
+        if self.on_give_up is not None:
+            self.on_give_up(r.job_id, r.queue, r.why)
 
     def _note(self, job_id: str, count: int, why: str) -> None:
         """The count and the reason in the job's meta, for a person reading it (best effort)."""
