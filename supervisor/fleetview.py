@@ -7,7 +7,7 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from herder.common.config import KEYS, SECRET_KEYS, redact_url
+from herder.common.config import KEYS, SECRET_KEYS, redact_setting, redact_url
 from herder.supervisor.fleet import Worker
 from herder.supervisor.pool import Pool
 from herder.supervisor.redis_side.recovery import Counts
@@ -52,10 +52,6 @@ def fleet_view(m: Fleet) -> FleetView:
                 (
                     "cull_budget_spent",
                     next((named(p, pools) for p in pools if p.retirement.degraded), ""),
-                ),
-                (
-                    "memory_pressure",
-                    f"memory pressure: {m.memory.reason}; no scale-up" if m.memory.reason else "",
                 ),
             ],
         ),
@@ -159,7 +155,7 @@ def settings(m: Fleet) -> dict[str, Any]:
     settings shown are the first pool's; `pools` has what each pool sets itself."""
     first = m.pool_list()[0]
     out: dict[str, Any] = {k: getattr(m.cfg, k) for k in KEYS}
-    out.update({k: redact_url(out[k]) for k in SECRET_KEYS if out[k]})
+    out.update({k: redact_setting(k, out[k]) for k in SECRET_KEYS if out[k]})
     out.update(
         redis_url=redact_url(m.cfg.redis_url),
         workers_limit=m.cfg.limit,

@@ -123,6 +123,8 @@ class HttpEndpoint:
             "reasons": [text for _, text in problems],
             "workers": {"ready": v.ready, "desired": v.desired},
         }
+        if v.memory_pressure:  # said, not a problem: scale-up waits, the pod keeps its work
+            body["memory_pressure"] = f"{v.memory_pressure}; no scale-up"
         return (503 if problems else 200), body
 
     def metrics(self) -> bytes:

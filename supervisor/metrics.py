@@ -51,6 +51,9 @@ class Vitals:
     job_rate: float | None = None  # learned jobs/s of one busy worker
     # By pool: workers by state, and desired, running, ready (the `pool` label of the fleet metrics).
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Said beside health, never degrading it: memory pressure holds scale-up, but a probe that
+    # restarted the pod for it would lose the work in flight (pressure.py).
+    memory_pressure: str = ""
 
     def problems(self, now: float) -> list[tuple[str, str]]:
         """Health as of `now`: the loop's reasons, and the loop itself if it stopped publishing."""
@@ -111,6 +114,7 @@ def vitals_of(v: FleetView) -> Vitals:
         loop_lag=v.loop_lag,
         job_rate=v.job_rate,
         pools=pools,
+        memory_pressure=v.memory_pressure,
     )
 
 
@@ -214,6 +218,11 @@ class VitalsCollector:
         yield from (length, running, growth, oldest)
         yield _gauge(
             "herder_master_loop_lag_seconds", "How late the master loop's last pass came.", v.loop_lag
+        )
+        yield _gauge(
+            "herder_memory_pressure",
+            "1 while the cgroup's memory is near its limit and scale-up is held.",
+            1 if v.memory_pressure else 0,
         )
         if v.job_rate is not None:
             yield _gauge("herder_job_rate", "Learned jobs per second of one busy worker.", v.job_rate)

@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from herder.common.config import KEYS, SECRET_KEYS, Config, all_queues, redact_url
+from herder.common.config import KEYS, Config, all_queues, redact_setting, redact_url
 from herder.supervisor.fleet import Worker
 from herder.supervisor.states import WORKING
 from herder.supervisor.workerproc import Observations
@@ -199,7 +199,7 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
             "failed_by_herder": 0,
             "recycled": {},
         },  # fmt: skip
-        "settings": {k: redact_url(v) if k in SECRET_KEYS else v for k, v in settings.items() if k in KEYS},
+        "settings": {k: redact_setting(k, v) for k, v in settings.items() if k in KEYS},
         "scheduler": None,
         "jobs": {"ok": 0, "failed": 0},
         "killed_by": {},

@@ -57,7 +57,13 @@ def test_status_matches_the_real_process_tree(herder, jobs):
     assert len(busy) == 1 and busy[0]["job"] == job.id and busy[0]["job_seconds"] >= 0
     assert all(w["rss"] > 10 * 2**20 for w in st["workers"])
     assert st["queues"] == [
-        {"name": "default", "backlog": 0, "running": 1, "growth": st["queues"][0]["growth"]}
+        {
+            "name": "default",
+            "backlog": 0,
+            "running": 1,
+            "growth": st["queues"][0]["growth"],
+            "oldest_age": 0.0,
+        }
     ]
     text = cli(h, "status")
     assert text.returncode == 0

@@ -40,7 +40,14 @@ from herder.common.config.schema import (
     normalize_key,
     repeatable,
 )
-from herder.common.config.values import coerce, http_address, is_dotted, parse_worker_command, redact_url
+from herder.common.config.values import (
+    coerce,
+    http_address,
+    is_dotted,
+    parse_worker_command,
+    redact_setting,
+    redact_url,
+)
 from herder.common.exits import EX_CONFIG
 
 __all__ = [
@@ -75,6 +82,7 @@ __all__ = [
     "load_file",
     "normalize_key",
     "parse_worker_command",
+    "redact_setting",
     "redact_url",
     "reload_plan",
     "reload_policy",

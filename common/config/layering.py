@@ -14,8 +14,8 @@ from urllib.parse import quote
 
 from herder.common.config.limits import default_workers_limit
 from herder.common.config.pools import coerce_pools, validate_pools
-from herder.common.config.schema import KEYS, SECRET_KEYS, Config, ConfigError, normalize_key
-from herder.common.config.values import coerce, redact_url
+from herder.common.config.schema import KEYS, Config, ConfigError, normalize_key
+from herder.common.config.values import coerce, redact_setting
 
 
 def rq_settings_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str]]:
@@ -163,7 +163,7 @@ def describe(cfg: Config, sources: dict[str, str]) -> list[tuple[str, str, str]]
     rows = []
     for key in KEYS:
         value = getattr(cfg, key)
-        shown = redact_url(value) if key in SECRET_KEYS else value
+        shown = redact_setting(key, value)
         if key == "workers_limit" and value is None:
             shown = f"{cfg.limit} ({default_workers_limit()[1]})"
         if isinstance(shown, list):

@@ -12,7 +12,7 @@ import typing
 from typing import Any
 from urllib.parse import urlsplit
 
-from herder.common.config.schema import KEYS, Config, ConfigError, OverLimit
+from herder.common.config.schema import KEYS, SECRET_KEYS, Config, ConfigError, OverLimit
 
 _TYPES = {k: v for k, v in typing.get_type_hints(Config).items() if k in KEYS}
 
@@ -51,6 +51,20 @@ def redact_url(url: str | None) -> str:
         return "(none)"
     url = _USERINFO_PASSWORD.sub(r"\1***\2", url)
     return _QUERY_PASSWORD.sub(r"\1***", url)
+
+
+def redact_setting(key: str, value: Any) -> Any:
+    """A setting as logs, status and `herder config` show it: a Redis URL without its password,
+    a webhook URL without its path, query or user (Slack's and Discord's carry the secret in
+    the path)."""
+    if key == "on_event_url" and value:
+        parts = urlsplit(value)
+        where = f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+        hidden = parts.path not in ("", "/") or parts.query or parts.username
+        return where + ("/***" if hidden else "")
+    if key in SECRET_KEYS:
+        return redact_url(value)
+    return value
 
 
 _USERINFO_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/@?#]*:)[^@/?#]*(@)", re.IGNORECASE)

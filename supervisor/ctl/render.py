@@ -34,6 +34,8 @@ def render(status: dict[str, Any]) -> str:
     ]
     if status.get("health", "ok") != "ok":
         lines.append(f"health: {status['health']}")
+    if status.get("memory_pressure"):
+        lines.append(f"memory pressure: {status['memory_pressure']}; no scale-up")
     if status.get("paused"):
         lines.append("paused: this host's workers take no new jobs (herder resume)")
     if status.get("suspended"):
