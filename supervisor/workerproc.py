@@ -1,10 +1,11 @@
-"""One worker subprocess and the two reader threads that watch its pipes: the real
-ProcessHandle (herder.supervisor.fleet) that the process launcher hands the master.
+"""One worker subprocess and the readers of its two pipes: the real ProcessHandle
+(herder.supervisor.fleet) that the process launcher hands the master.
 
-Readers only record what they saw (Go-style: one reader per pipe); the master's loop
-reads a snapshot and decides. Whatever a worker writes, the master's memory stays
-bounded: lines are length-capped, stderr is rate-limited, a stdout flood is slowed by
-back-pressure (the reader pauses, the worker blocks on its full pipe).
+Readers only record what they saw; the master's loop reads a snapshot and decides. One
+thread feeds every worker's readers (herder.supervisor.pipes), so the master's cost per line
+does not grow with the fleet. Whatever a worker writes, the master's memory stays bounded:
+lines are length-capped, stderr is rate-limited, a stdout flood is slowed by back-pressure
+(its pipe is left unread for the rest of the second, the worker blocks on it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
@@ -31,34 +32,16 @@ from herder.common.worker_protocol import (
     end_request,
     parse_line,
 )
-from herder.supervisor import logs
+from herder.supervisor import logs, pipes
 
 log = logging.getLogger("herder")
 
 # A busy worker sends ~3 lines a job; 20k lines/s is ~6x the fastest no-op job rate seen.
 STDOUT_LINES_PER_SECOND = 20_000
-# Pauses after each chunk read. Every write into a pipe whose reader is blocked costs
-# both processes a wake-up; a busy fleet writes ~5 lines per job. Pausing lets lines
-# accumulate into one read. EOF (a dead worker) still wakes a blocked reader at once.
-STDOUT_COALESCE = 0.005
-STDERR_COALESCE = 0.02
 STDERR_LINES_PER_SECOND = 1000  # RQ logs ~4 lines a job; fast no-op jobs reach ~250 jobs/s
-CHUNK = 65536
 # The pids of processes a WorkerProcess watches and has not reaped: whoever reaps strays
 # (the master, a subreaper with the fork server) must leave these to their owner.
 WATCHED: set[int] = set()
-
-
-def read_chunks(fd: int) -> Iterator[bytes]:
-    """What a pipe delivers, chunk by chunk, until EOF (or an error, which ends it too)."""
-    while True:
-        try:
-            chunk = os.read(fd, CHUNK)
-        except OSError:
-            return
-        if not chunk:
-            return
-        yield chunk
 
 
 @dataclass
@@ -154,7 +137,7 @@ class WorkerProcess:
     fields: dict[str, Any] = field(default_factory=dict)  # what its relayed JSON lines carry
     lock: threading.Lock = field(default_factory=threading.Lock)
     finished: deque[FinishedJob] = field(default_factory=lambda: deque(maxlen=FINISHED_KEPT))
-    readers: list[threading.Thread] = field(default_factory=list)
+    stdout_done: threading.Event = field(default_factory=threading.Event)  # its reader saw EOF
 
     @property
     def pid(self) -> int:
@@ -203,48 +186,13 @@ class WorkerProcess:
             obs=Observations(last_seen=time.monotonic()),
             fields=fields,
         )
-        proc.readers = [
-            threading.Thread(
-                target=proc._read_stdout, args=(wake,), name=f"out-{slot}-{popen.pid}", daemon=True
-            ),
-            threading.Thread(target=proc._read_stderr, name=f"err-{slot}-{popen.pid}", daemon=True),
-        ]
-        for t in proc.readers:
-            t.start()
         WATCHED.add(popen.pid)
+        hub = pipes.hub()
+        hub.add(popen.stdout.fileno(), StdoutReader(proc, wake))
+        hub.add(popen.stderr.fileno(), StderrReader(proc))
         return proc
 
     # ---- readers -------------------------------------------------------------------
-
-    def _read_stdout(self, wake: Callable[[], None]) -> None:
-        assert self.popen.stdout
-        splitter = LineSplitter(MAX_LINE_BYTES)
-        window_start, lines_in_window = time.monotonic(), 0
-        for chunk in read_chunks(self.popen.stdout.fileno()):
-            important = False
-            for raw, truncated in splitter.feed(chunk):
-                lines_in_window += 1
-                if truncated:
-                    with self.lock:
-                        self.obs.oversized += 1
-                        self.obs.last_error = f"line longer than {MAX_LINE_BYTES} bytes"
-                    continue
-                important |= self._record(raw)
-            if important:
-                wake()
-            time.sleep(STDOUT_COALESCE)  # let a busy worker's lines pile up: fewer wake-ups
-            now = time.monotonic()
-            if now - window_start >= 1.0:
-                window_start, lines_in_window = now, 0
-            elif lines_in_window > STDOUT_LINES_PER_SECOND:
-                with self.lock:
-                    self.obs.throttled += 1
-                time.sleep(1.0 - (now - window_start))
-        with self.lock:
-            self.obs.stdout_eof = True
-            self.obs.eof_at = time.monotonic()
-        self.popen.stdout.close()  # the reader owns its pipe: no fd is closed under a read
-        wake()
 
     def _record(self, raw: bytes) -> bool:
         """Record one stdout line; True if the master should look now."""
@@ -290,32 +238,6 @@ class WorkerProcess:
                     o.said_stop = True
                     return True
         return False
-
-    def _read_stderr(self) -> None:
-        assert self.popen.stderr
-        splitter = LineSplitter(MAX_LINE_BYTES)
-        window_start, logged = time.monotonic(), 0
-        prefix = self.label
-        for chunk in read_chunks(self.popen.stderr.fileno()):
-            now = time.monotonic()
-            if now - window_start >= 1.0:
-                window_start, logged = now, 0
-            lines = []
-            for raw, truncated in splitter.feed(chunk):
-                if logged >= STDERR_LINES_PER_SECOND:  # the master reports the count
-                    with self.lock:
-                        self.obs.stderr_dropped += 1
-                    continue
-                logged += 1
-                text = raw.decode("utf-8", "replace").rstrip()
-                lines.append(text + " [line truncated]" if truncated else text)
-            logs.relay(prefix, lines, self._json_fields() if lines and logs.json_lines else None)
-            time.sleep(STDERR_COALESCE)
-        tail = splitter.flush()
-        if tail:
-            lines = [tail.decode("utf-8", "replace").rstrip()]
-            logs.relay(prefix, lines, self._json_fields() if logs.json_lines else None)
-        self.popen.stderr.close()
 
     def _json_fields(self) -> dict[str, Any]:
         """Its relayed lines' fields, with the job it runs as the master reads them (best
@@ -380,10 +302,85 @@ class WorkerProcess:
         code = self.popen.wait()
         WATCHED.discard(self.pid)
         # The stdout reader may still hold the worker's last lines (its final `done`).
-        self.readers[0].join(timeout=1.0)
+        self.stdout_done.wait(timeout=1.0)
         try:
             if self.popen.stdin:
                 self.popen.stdin.close()
         except OSError:
             pass
         return code
+
+
+class StdoutReader:
+    """The protocol channel: each line recorded in the worker's Observations (pipes.PipeReader)."""
+
+    def __init__(self, proc: WorkerProcess, wake: Callable[[], None]) -> None:
+        self.proc, self.wake = proc, wake
+        self.splitter = LineSplitter(MAX_LINE_BYTES)
+        self.window_start, self.lines = time.monotonic(), 0
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+        proc, important = self.proc, False
+        for raw, truncated in self.splitter.feed(chunk):
+            self.lines += 1
+            if truncated:
+                with proc.lock:
+                    proc.obs.oversized += 1
+                    proc.obs.last_error = f"line longer than {MAX_LINE_BYTES} bytes"
+                continue
+            important |= proc._record(raw)
+        if now - self.window_start >= 1.0:
+            self.window_start, self.lines = now, 0
+        elif self.lines > STDOUT_LINES_PER_SECOND:  # a flood: unread for the rest of the second
+            with proc.lock:
+                proc.obs.throttled += 1
+            return important, self.window_start + 1.0
+        return important, None
+
+    def eof(self) -> None:
+        proc = self.proc
+        with proc.lock:
+            proc.obs.stdout_eof = True
+            proc.obs.eof_at = time.monotonic()
+        assert proc.popen.stdout
+        proc.popen.stdout.close()  # the reader owns its pipe: no fd is closed under a read
+        proc.stdout_done.set()
+
+
+class StderrReader:
+    """Whatever the worker (and its jobs) print: relayed into herder's log, rate-limited."""
+
+    def __init__(self, proc: WorkerProcess) -> None:
+        self.proc = proc
+        self.wake: Callable[[], None] = _nothing  # stderr never needs the loop's attention
+        self.splitter = LineSplitter(MAX_LINE_BYTES)
+        self.window_start, self.logged = time.monotonic(), 0
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+        proc = self.proc
+        if now - self.window_start >= 1.0:
+            self.window_start, self.logged = now, 0
+        lines = []
+        for raw, truncated in self.splitter.feed(chunk):
+            if self.logged >= STDERR_LINES_PER_SECOND:  # the master reports the count
+                with proc.lock:
+                    proc.obs.stderr_dropped += 1
+                continue
+            self.logged += 1
+            text = raw.decode("utf-8", "replace").rstrip()
+            lines.append(text + " [line truncated]" if truncated else text)
+        logs.relay(proc.label, lines, proc._json_fields() if lines and logs.json_lines else None)
+        return False, None
+
+    def eof(self) -> None:
+        proc = self.proc
+        tail = self.splitter.flush()
+        if tail:
+            lines = [tail.decode("utf-8", "replace").rstrip()]
+            logs.relay(proc.label, lines, proc._json_fields() if logs.json_lines else None)
+        assert proc.popen.stderr
+        proc.popen.stderr.close()
+
+
+def _nothing() -> None:
+    pass

@@ -1,4 +1,5 @@
-"""What every part of scripts/bench/run shares: its errors, its progress lines, polling, and medians."""
+"""What every part of scripts/bench/run shares: its errors, its progress lines, polling, medians
+and the steady-state rate of a run."""
 
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ def p90(xs: list[float]) -> float:
         return math.nan
     s = sorted(xs)
     return s[max(0, math.ceil(0.9 * len(s)) - 1)]
+
+
+def steady_rate(ends: list[float]) -> float:
+    """Jobs per second between the 10% and the 90% job done, from every job's end time, sorted."""
+    n = len(ends)
+    lo, hi = n // 10, n - 1 - n // 10
+    return (hi - lo) / (ends[hi] - ends[lo]) if hi > lo and ends[hi] > ends[lo] else math.nan
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.01) -> T:

@@ -1,7 +1,8 @@
 """The contenders (herder, with and without its fork server; `rq worker-pool` with two worker
 classes; supervisord running `rq worker` processes), the job they all run, and how each pool
 is launched, found and stopped: the same way for all of them; and `Scenario`, what each
-scenario (bench_throughput.py, bench_crash.py, bench_idle.py, bench_scaling.py) runs them with.
+scenario (bench_throughput.py, bench_crash.py, bench_idle.py, bench_scaling.py) runs them with
+(bench_floor.py's floor is no contender: it runs its own processes, in the throughput rounds).
 
 herder is reached only through its command line (`herder run`, `herder scale`), the command
 lines of its processes and its logs, never through its modules, which may move.

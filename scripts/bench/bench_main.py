@@ -1,10 +1,12 @@
 """scripts/bench's command line, and the run: herder against `rq worker-pool` and supervisord +
 `rq worker`, on one private Redis.
 
-The measurements, each at equal worker counts: throughput (bench_throughput.py), crash to
+The measurements, each at equal worker counts: throughput (bench_throughput.py) with the
+floor beside it (the least a reliable Redis queue does per job, bench_floor.py), crash to
 replacement, also under full CPU load (bench_crash.py), start-up, memory and stop of an idle
-pool (bench_idle.py), and herder at several pool sizes (bench_scaling.py); see
-docs/benchmarks.md for what is measured and how.
+pool (bench_idle.py), and herder at several pool sizes (bench_scaling.py); the report, with
+the targets of issues 10 and 19, is bench_report.py. See docs/benchmarks.md for what is
+measured and how.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from bench_contenders import ALL_CONTENDERS, BY_KEY, HERDER_MIN_UPTIME, Launcher
 from bench_cpu import Noise
 from bench_crash import CrashTest
 from bench_facts import machine_facts
+from bench_floor import FLOOR_KEY
+from bench_floor import command as floor_command
 from bench_idle import IdleTest
-from bench_procs import Processes, RedisServer, become_subreaper, end_all
+from bench_procs import Processes, RedisServer, become_subreaper, end_all, raise_open_files
 from bench_report import publish, render
 from bench_scaling import ScalingTest
 from bench_source import herder_digest, snapshot_herder
@@ -35,7 +39,7 @@ ALL_KEYS = ",".join(c.key for c in ALL_CONTENDERS)
 
 
 def sizes(text: str) -> list[int]:
-    """ "1,4,16,64" -> [1, 4, 16, 64]; "" -> []."""
+    """ "4,16,64,256" -> [4, 16, 64, 256]; "" -> []."""
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -48,12 +52,15 @@ def sizes(text: str) -> list[int]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="scripts/bench",
-        description="Benchmark herder against `rq worker-pool` and supervisord + `rq worker`: throughput, "
-        "crash to replacement (also under full CPU load), start-up, memory and stop of idle pools, scaling.",
+        description="Benchmark herder against `rq worker-pool` and supervisord + `rq worker`: throughput "
+        "(beside the floor, a bare Redis queue loop), crash to replacement (also under full CPU load), "
+        "start-up, memory and stop of idle pools, scaling; and the targets of issues 10 and 19.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--workers", type=int, default=4, help="workers per pool, the same for every contender")
-    p.add_argument("--jobs", type=int, default=2000, help="no-op jobs per throughput round")
+    p.add_argument(
+        "--jobs", type=int, default=2000, help="no-op jobs per throughput round (the floor gets as many)"
+    )
     p.add_argument(
         "--rounds", type=int, default=3, help="throughput rounds per contender (the median is reported)"
     )
@@ -73,13 +80,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--scale-sizes",
         type=sizes,
-        default=[1, 4, 16, 64],
-        help="pool sizes of the scaling table, comma-separated (empty: no scaling table)",
+        default=[4, 16, 64, 256],
+        help="pool sizes of the scaling table, comma-separated (empty: no scaling table); herder gets "
+        "--workers-limit N above 16",
     )
     p.add_argument(
         "--scale-contenders",
         default="herder,rq-simple,supervisord",
         help="contenders in the scaling table, comma-separated keys",
+    )
+    p.add_argument(
+        "--scale-peers-max",
+        type=int,
+        default=64,
+        help="the peers among --scale-contenders (all but herder's variants) run only at pool sizes up to "
+        "this (0: at every size); herder's variants run at every size",
     )
     p.add_argument("--scale-jobs-min", type=int, default=2000, help="scaling: jobs per run, at least")
     p.add_argument(
@@ -95,8 +110,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="more arguments for `herder run`, one string (shell-quoted), appended to its command line",
     )
     p.add_argument("--markdown", metavar="PATH", help="also write the report to this file")
-    p.add_argument("--skip-throughput", action="store_true")
-    p.add_argument("--skip-crash", action="store_true")
+    p.add_argument(
+        "--skip-throughput", action="store_true", help="skip the throughput rounds (and the floor)"
+    )
+    p.add_argument(
+        "--skip-floor",
+        action="store_true",
+        help="leave the floor (a bare Redis queue loop, bench_floor.py) out of the throughput rounds",
+    )
+    p.add_argument("--skip-crash", action="store_true", help="skip the crash test (without load)")
     p.add_argument("--skip-load-crash", action="store_true", help="skip the crash test under full CPU load")
     p.add_argument("--skip-idle", action="store_true", help="skip the idle pools (start-up, memory, stop)")
     p.add_argument("--skip-scaling", action="store_true", help="skip the scaling table")
@@ -117,7 +139,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="only kill workers at least this old (herder backs off on workers dying within --min-uptime)",
     )
     p.add_argument(
-        "--round-timeout", type=float, default=300.0, help="give up on a throughput round after this"
+        "--round-timeout",
+        type=float,
+        default=300.0,
+        help="give up on a throughput round after this many seconds (a scaling run: this x its jobs / "
+        "--jobs, if more)",
     )
     p.add_argument(
         "--stop-timeout", type=float, default=30.0, help="seconds a pool may take to stop on SIGTERM"
@@ -146,6 +172,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.workers, args.jobs, args.rounds, args.kills, args.load_kills, args.idle_runs) < 1:
         p.error("--workers, --jobs, --rounds, --kills, --load-kills and --idle-runs must be at least 1")
+    if args.scale_peers_max < 0:
+        p.error("--scale-peers-max must be 0 (no limit) or more")
     for option in ("contenders", "scale_contenders"):
         unknown = [k for k in getattr(args, option).split(",") if k.strip() and k.strip() not in BY_KEY]
         if unknown:
@@ -175,6 +203,8 @@ def main(argv: list[str]) -> int:
         say("warning: could not become a child subreaper; orphaned workers may escape the cleanup")
 
     started = time.monotonic()
+    # Pools of hundreds of workers hold thousands of pipes and Redis connections.
+    files_note = raise_open_files(max([args.workers, *args.scale_sizes]))
     tmp = Path(tempfile.mkdtemp(prefix="herder-bench-"))
     procs = Processes()
     server = RedisServer(args.redis_server, tmp, procs)
@@ -189,6 +219,8 @@ def main(argv: list[str]) -> int:
         if herder_src:
             say(f"herder runs from a snapshot of its source (digest {digest}) in {herder_src}")
         facts = machine_facts(conn, launcher.bindir, digest)
+        if files_note:
+            facts["open files limit (RLIMIT_NOFILE)"] = files_note
         say("contenders: " + "; ".join(c.label for c in launcher.contenders))
         noise = Noise(args.quiet_wait, args.max_other_load, findings)
         scenario = (args, conn, launcher, noise, findings)
@@ -210,6 +242,7 @@ def main(argv: list[str]) -> int:
                 findings.problems.append(f"{note}: some runs measured different code")
         facts["bench duration"] = f"{(time.monotonic() - started) / 60:.1f} min"
         commands = {c.key: launcher.command(c) for c in launcher.contenders}
+        commands[FLOOR_KEY] = floor_command(server.url)
         report = render(args, command, facts, launcher.contenders, commands, results, findings)
         publish(report, args.markdown)
         code = 1 if findings.problems else 0

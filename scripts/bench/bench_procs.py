@@ -1,4 +1,5 @@
-"""The processes the bench starts: the subreaper, the private redis-server, and ending them all.
+"""The processes the bench starts: the subreaper, the open files limit they inherit, the private
+redis-server, and ending them all.
 
 Every process it starts (Redis, the pools and whatever they spawn) is ended in `finally`,
 on Ctrl-C and on error as well: the bench makes itself a child subreaper, so even workers
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -57,6 +59,21 @@ def child_pids(pid: int) -> set[int]:
     if not tasks:
         return {p.pid for p in psutil.Process(pid).children()}  # raises NoSuchProcess if it is gone
     return found
+
+
+def raise_open_files(workers: int) -> str | None:
+    """Raise our soft limit on open files (inherited by Redis and every pool) to what pools of
+    `workers` need, within the hard limit: a master holds pipes to each worker, and Redis a
+    connection or more per worker. Returns what it did, or None if the limit was enough."""
+    need = 1024 + 16 * workers
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return None
+    new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if new <= soft:
+        return f"{soft} (hard limit {hard}); pools of {workers} may want {need}"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    return f"raised from {soft} to {new} for pools of up to {workers} workers"
 
 
 def child_env() -> dict[str, str]:

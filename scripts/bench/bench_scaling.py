@@ -1,10 +1,15 @@
 """The scaling scenario: herder (and, unless told otherwise, rq worker-pool with SimpleWorker
-and supervisord + rq worker) at several pool sizes (--scale-sizes, default 1,4,16,64).
+and supervisord + rq worker) at several pool sizes (--scale-sizes, default 4,16,64,256).
+The peers run only at sizes up to --scale-peers-max (default 64: a few hundred fresh `rq
+worker` interpreters take minutes to start on a small machine); herder runs at every size,
+with `--workers-limit N` above 16 (bench_contenders.py), as its default limit is
+min(16 x CPUs, memory / 64 MiB).
 
 Each run: enqueue the jobs on a side list (max(--scale-jobs-min, --scale-jobs-per-worker x N));
 launch the pool of N on the empty queue; time until all N workers are registered; let it idle
 (--idle-settle) and read memory and the supervising process's thread count; move all the jobs
-into the queue at once (RENAME); time them (RQ's job timestamps, as in bench_throughput.py);
+into the queue at once (RENAME); time them (RQ's job timestamps, as in bench_throughput.py;
+--round-timeout grows with the jobs);
 the supervising process's CPU time (psutil, user + system, that process alone) between the
 release and the last job done, per 1,000 jobs; its peak thread count meanwhile.
 """
@@ -35,6 +40,10 @@ class ScalingTest(Scenario):
         running = {c.key for c in self.launcher.contenders}
         return [BY_KEY[k] for k in keys if k in running]
 
+    def skipped(self, c: Contender, size: int) -> bool:
+        """A peer above --scale-peers-max (herder's variants run at every size)."""
+        return not c.is_herder and 0 < self.args.scale_peers_max < size
+
     def jobs_for(self, size: int) -> int:
         return max(self.args.scale_jobs_min, self.args.scale_jobs_per_worker * size)
 
@@ -43,6 +52,9 @@ class ScalingTest(Scenario):
         results: dict[str, dict[int, dict]] = {c.key: {} for c in contenders}
         for size in self.args.scale_sizes:
             for c in contenders:
+                if self.skipped(c, size):
+                    say(f"scaling: {c.label}, {size} workers: skipped (above --scale-peers-max)")
+                    continue
                 say(f"scaling: {c.label}, {size} workers, {self.jobs_for(size)} jobs")
                 try:
                     res = self.run_one(c, size)
@@ -87,7 +99,8 @@ class ScalingTest(Scenario):
 
             cpu0 = cpu_of(master)
             release(self.redis)
-            wait_done(self.redis, pool, n, self.args.round_timeout, sample)
+            timeout = self.args.round_timeout * max(1.0, n / self.args.jobs)
+            wait_done(self.redis, pool, n, timeout, sample)
             cpu1 = cpu_of(master)
         except psutil.NoSuchProcess as exc:
             raise BenchError(f"the pool's master process is gone ({exc}); see {pool.log_path}") from exc

@@ -5,7 +5,9 @@ jobs/s is N over the span from the first job's `started_at` to the last job's `e
 launch to the last `ended_at`), start-up (pool launch to the first job's `started_at` and
 `ended_at`), steady-state jobs/s (10% to 90% of the `ended_at`s), and CPU per job split
 between the workers and the supervising processes. Contenders take turns round by round,
-with the Redis DB flushed before every run.
+with the Redis DB flushed before every run; each round ends with the floor's turn (a bare
+Redis queue loop timed the same way, bench_floor.py) unless --skip-floor. Its results are
+under the key FLOOR_KEY beside the contenders'.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 
-from bench_base import BenchError, say
+from bench_base import BenchError, say, steady_rate
 from bench_contenders import JOB_FUNC, QUEUE, Contender, Pool, Scenario
 from bench_cpu import CpuMeter
+from bench_floor import FLOOR_KEY, FLOOR_LABEL, FloorTest
 
 STAGING_KEY = f"rq:queue:{QUEUE}:staging"
 
@@ -102,6 +105,9 @@ class ThroughputTest(Scenario):
     def run(self) -> dict[str, list[dict]]:
         contenders = self.launcher.contenders
         results: dict[str, list[dict]] = {c.key: [] for c in contenders}
+        floor = None if self.args.skip_floor else FloorTest(self)
+        if floor:
+            results[FLOOR_KEY] = []
         for r in range(1, self.args.rounds + 1):
             for c in contenders:  # taking turns spreads any drift over everyone
                 say(f"throughput round {r}/{self.args.rounds}: {c.label}, {self.args.jobs} jobs")
@@ -121,7 +127,27 @@ class ThroughputTest(Scenario):
                     f"{res['workers_used']} workers ran jobs; stopped in {res['stop'].seconds:.1f} s; "
                     f"other processes' load {res['other_load']:.2f} cores, steal {res['steal']:.2f}"
                 )
+            if floor:  # last in the round: the contenders' order stays what it was
+                self.floor_round(floor, r, results[FLOOR_KEY])
         return results
+
+    def floor_round(self, floor: FloorTest, r: int, into: list[dict]) -> None:
+        say(f"throughput round {r}/{self.args.rounds}: {FLOOR_LABEL}, {self.args.jobs} jobs")
+        try:
+            res = floor.round(r)
+        except BenchError as exc:
+            self.findings.problems.append(f"throughput, {FLOOR_LABEL}, round {r}: {exc}")
+            say(f"  FAILED: {exc}")
+            return
+        into.append(res)
+        say(
+            f"  {res['jobs_per_s']:.0f} jobs/s over {res['span']:.2f} s "
+            f"(steady {res['steady_jobs_per_s']:.0f}); wall {res['wall']:.2f} s; "
+            f"first job done {res['first_done_after'] * 1000:.0f} ms after launch; "
+            f"CPU/job {res['cpu_workers'] * 1000:.2f} ms; {res['workers_used']} processes ran jobs; "
+            f"stopped in {res['stop_seconds']:.2f} s; "
+            f"other processes' load {res['other_load']:.2f} cores, steal {res['steal']:.2f}"
+        )
 
     def round(self, c: Contender, round_no: int) -> dict:
         n = self.args.jobs
@@ -145,8 +171,7 @@ class ThroughputTest(Scenario):
         starts, ends, by_worker = job_times(self.redis, ids, pool.log_path)
         first, last = min(starts), max(ends)
         ends.sort()
-        lo, hi = n // 10, n - 1 - n // 10
-        steady = (hi - lo) / (ends[hi] - ends[lo]) if ends[hi] > ends[lo] else math.nan
+        steady = steady_rate(ends)
         cpu_sup = cpu_work = math.nan
         if len(snaps) == 2 and snaps[1][0] > snaps[0][0]:
             jobs = snaps[1][0] - snaps[0][0]

@@ -1,0 +1,129 @@
+"""One thread reads every worker's pipes: a selectors loop over all their stdout and stderr.
+
+A thread per pipe made the master's CPU per job grow with the fleet (104 threads at 48
+workers fought for the GIL and the cores; docs/benchmarks.md): the hub's cost per line is
+flat in the fleet size, and one thread stays one thread at 4 workers or 256.
+
+Readers still only record what they saw; the master's loop decides. Each pipe has a
+PipeReader (herder.supervisor.workerproc has the two kinds) that the hub feeds chunk by
+chunk. After a pass that read anything the hub sleeps COALESCE: lines pile up in the pipes,
+so a busy fleet costs fewer wake-ups and reads (EOF still shows within COALESCE). A reader
+may ask to be paused (a flooding worker): its pipe leaves the selector until then, and the
+worker blocks on its full pipe (back-pressure), never the master.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+CHUNK = 65536
+COALESCE = 0.005  # seconds the hub sleeps after a pass that read anything
+
+
+class PipeReader(Protocol):
+    wake: Callable[[], None]  # tells the master's loop to look now
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+        """Take a chunk; (the master should look now, pause the pipe until this monotonic time)."""
+        ...
+
+    def eof(self) -> None:
+        """The pipe ended (or failed): flush, close it, say so."""
+        ...
+
+
+class PipeHub:
+    def __init__(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._poke_r, self._poke_w = os.pipe()
+        os.set_blocking(self._poke_r, False)
+        os.set_blocking(self._poke_w, False)
+        self._sel.register(self._poke_r, selectors.EVENT_READ, None)
+        self._lock = threading.Lock()
+        self._new: list[tuple[int, PipeReader]] = []
+        self._paused: dict[int, tuple[float, PipeReader]] = {}  # fd -> (resume at, reader)
+        self._thread = threading.Thread(target=self._run, name="pipes", daemon=True)
+        self._thread.start()
+
+    def add(self, fd: int, reader: PipeReader) -> None:
+        """Read `fd` from now on (any thread); the reader closes it at EOF."""
+        os.set_blocking(fd, False)
+        with self._lock:
+            self._new.append((fd, reader))
+        self._poke()
+
+    def _poke(self) -> None:
+        try:
+            os.write(self._poke_w, b"\0")
+        except BlockingIOError:
+            pass  # already poked
+
+    def _run(self) -> None:
+        while True:
+            timeout = None
+            if self._paused:
+                timeout = max(0.0, min(at for at, _ in self._paused.values()) - time.monotonic())
+            events = self._sel.select(timeout)
+            now = time.monotonic()
+            wakes: set[Callable[[], None]] = set()
+            read_any = False
+            for key, _ in events:
+                if key.data is None:
+                    self._take_new()
+                    continue
+                reader: PipeReader = key.data
+                try:
+                    chunk = os.read(key.fd, CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self._sel.unregister(key.fd)
+                    reader.eof()
+                    wakes.add(reader.wake)
+                    continue
+                read_any = True
+                important, pause_until = reader.feed(chunk, now)
+                if important:
+                    wakes.add(reader.wake)
+                if pause_until is not None:
+                    self._sel.unregister(key.fd)
+                    self._paused[key.fd] = (pause_until, reader)
+            for fd, (at, reader) in list(self._paused.items()):
+                if at <= now:
+                    del self._paused[fd]
+                    self._sel.register(fd, selectors.EVENT_READ, reader)
+            for wake in wakes:
+                wake()
+            if read_any:
+                time.sleep(COALESCE)  # let busy workers' lines pile up: fewer wake-ups and reads
+
+    def _take_new(self) -> None:
+        try:
+            while os.read(self._poke_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self._lock:
+            new, self._new = self._new, []
+        for fd, reader in new:
+            self._sel.register(fd, selectors.EVENT_READ, reader)
+
+
+_hub: PipeHub | None = None
+_hub_lock = threading.Lock()
+
+
+def hub() -> PipeHub:
+    """The process's one hub, started on first use (after any fork: the master's own)."""
+    global _hub
+    with _hub_lock:
+        if _hub is None:
+            _hub = PipeHub()
+        return _hub

@@ -1,0 +1,89 @@
+"""The pipe hub (herder.supervisor.pipes): one thread reads many pipes, pauses a flooding one
+and says EOF; and a fleet's master keeps a fixed number of threads whatever its size."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+import psutil
+
+from conftest import HERDER, wait_for
+from herder.supervisor.pipes import PipeHub
+
+
+class Recorder:
+    def __init__(self, pause_after: int | None = None) -> None:
+        self.data = b""
+        self.feeds = 0
+        self.ended = threading.Event()
+        self.pause_after = pause_after
+        self.paused_at: float | None = None
+        self.woken = 0
+
+    def wake(self) -> None:
+        self.woken += 1
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+        self.data += chunk
+        self.feeds += 1
+        if self.pause_after is not None and self.feeds == self.pause_after:
+            self.paused_at = now
+            return True, now + 0.5
+        return True, None
+
+    def eof(self) -> None:
+        self.ended.set()
+
+
+def test_one_thread_reads_many_pipes_and_says_eof() -> None:
+    hub = PipeHub()
+    pipes = [os.pipe() for _ in range(50)]
+    readers = [Recorder() for _ in pipes]
+    for (r, _), rec in zip(pipes, readers, strict=True):
+        hub.add(r, rec)
+    for i, (_, w) in enumerate(pipes):
+        os.write(w, f"line {i}\n".encode())
+        os.close(w)
+    for i, rec in enumerate(readers):
+        assert rec.ended.wait(5), f"pipe {i}: no EOF"
+        assert rec.data == f"line {i}\n".encode() and rec.woken >= 1
+    for r, _ in pipes:
+        os.close(r)
+
+
+def test_a_paused_pipe_is_left_unread_until_its_time_then_read_again() -> None:
+    hub = PipeHub()
+    r, w = os.pipe()
+    rec = Recorder(pause_after=1)
+    hub.add(r, rec)
+    os.write(w, b"first\n")
+    wait_for(lambda: rec.paused_at, 5, what="the first chunk")
+    os.write(w, b"second\n")
+    time.sleep(0.2)  # an absence: within the pause, nothing more is read
+    assert rec.data == b"first\n"
+    wait_for(lambda: rec.data == b"first\nsecond\n" or None, 5, what="the pipe read again after the pause")
+    assert time.monotonic() - rec.paused_at >= 0.5
+    os.close(w)
+    assert rec.ended.wait(5)
+    os.close(r)
+
+
+def test_the_masters_threads_do_not_grow_with_the_fleet(herder) -> None:
+    h = herder(workers="3")
+    h.wait_workers(3)
+    master = h.master()
+    assert master is not None
+    few = master.num_threads()
+    scaled = subprocess.run(
+        [HERDER, "scale", "12", "--state-dir", h.state_dir], capture_output=True, timeout=30
+    )
+    assert scaled.returncode == 0, scaled.stderr
+    h.wait_status(
+        lambda s: s["desired"] == s["actual"] == 12 and len(s["workers"]) == 12, 60, what="12 workers"
+    )
+    many = psutil.Process(master.pid).num_threads()
+    assert many == few, f"{few} threads at 3 workers, {many} at 12"
+    h.stop_and_check()
