@@ -27,6 +27,9 @@ COALESCE = 0.005  # seconds the hub sleeps after a pass that read anything
 
 class PipeReader(Protocol):
     wake: Callable[[], None]  # tells the master's loop to look now
+    # Read first within a pass, lowest first: a worker's stdout (`busy <job>`) before its
+    # stderr (the job's own lines), so a relayed line knows the job it came from.
+    order: int
 
     def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
         """Take a chunk; (the master should look now, pause the pipe until this monotonic time)."""
@@ -68,7 +71,7 @@ class PipeHub:
             timeout = None
             if self._paused:
                 timeout = max(0.0, min(at for at, _ in self._paused.values()) - time.monotonic())
-            events = self._sel.select(timeout)
+            events = sorted(self._sel.select(timeout), key=lambda e: e[0].data.order if e[0].data else -1)
             now = time.monotonic()
             wakes: set[Callable[[], None]] = set()
             read_any = False

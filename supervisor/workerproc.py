@@ -314,6 +314,8 @@ class WorkerProcess:
 class StdoutReader:
     """The protocol channel: each line recorded in the worker's Observations (pipes.PipeReader)."""
 
+    order = 0  # before stderr in a pass of the hub
+
     def __init__(self, proc: WorkerProcess, wake: Callable[[], None]) -> None:
         self.proc, self.wake = proc, wake
         self.splitter = LineSplitter(MAX_LINE_BYTES)
@@ -349,6 +351,8 @@ class StdoutReader:
 
 class StderrReader:
     """Whatever the worker (and its jobs) print: relayed into herder's log, rate-limited."""
+
+    order = 1
 
     def __init__(self, proc: WorkerProcess) -> None:
         self.proc = proc

@@ -15,6 +15,8 @@ from herder.supervisor.pipes import PipeHub
 
 
 class Recorder:
+    order = 0
+
     def __init__(self, pause_after: int | None = None) -> None:
         self.data = b""
         self.feeds = 0
