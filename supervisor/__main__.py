@@ -7,8 +7,10 @@ resolved Config in the environment.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -50,6 +52,8 @@ def open_control(cfg: Config, started_at: float) -> ControlServer | None:
 def main() -> int:
     cfg = Config.from_env()
     logs.setup(cfg.log_level, cfg.log_format)
+    # `kill -USR2 <master>` prints every thread's stack to the log: what a stuck loop waits on.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     started_at = time.time()
     control = open_control(cfg, started_at)
     # The fork server (plain spawns with --no-fork-server or where fork is wrong) starts

@@ -42,6 +42,12 @@ def past_job_timeout(obs: Observations, now: float, cfg: Config) -> float | None
     return over if timeout >= 0 and over > cfg.job_timeout_grace else None
 
 
+def read_late(verdict: Verdict | None, w: Worker) -> bool:
+    """A silence the master's own reader explains: the worker's lines wait unread in its pipe
+    (a master starved of CPU by its busy fleet reads late). Never a reason to kill."""
+    return verdict is not None and verdict.kind == "silent" and w.proc.unread() > 0
+
+
 def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | None:
     """Why this worker must be killed now, or None while it is fine."""
     over = past_job_timeout(obs, now, cfg)

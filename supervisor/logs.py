@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -27,9 +28,25 @@ def setup(level: str, log_format: str = jsonlog.TEXT) -> None:
     jsonlog.setup(level, log_format, "master", FORMAT)
 
 
-def relay(prefix: str, lines: list[str], fields: dict[str, Any] | None = None) -> None:
+_held: list[str] = []  # relayed text waiting for the pipe hub's end of pass (flush_held)
+_held_lock = threading.Lock()
+
+
+def flush_held() -> None:
+    """Write what `relay(..., hold=True)` kept, as one write: the pipe hub calls it after each
+    pass, so a big fleet's lines cost one write a pass, not one a worker."""
+    with _held_lock:
+        if not _held:
+            return
+        text = "".join(_held)
+        _held.clear()
+    _write(text)
+
+
+def relay(prefix: str, lines: list[str], fields: dict[str, Any] | None = None, hold: bool = False) -> None:
     """Log `lines` from a worker (already decoded, without newlines) at INFO, prefixed; in
-    JSON, each line carries `fields` (process, pid, pool, slot, job_id) instead of the prefix."""
+    JSON, each line carries `fields` (process, pid, pool, slot, job_id) instead of the prefix.
+    `hold`: keep them for flush_held (the pipe hub's end of pass)."""
     if not lines or not log.isEnabledFor(logging.INFO):
         return
     handlers = logging.getLogger().handlers
@@ -37,7 +54,6 @@ def relay(prefix: str, lines: list[str], fields: dict[str, Any] | None = None) -
         for line in lines:  # an unusual logging setup: take the slow, general path
             log.info("%s: %s", prefix, line)
         return
-    handler = handlers[0]
     now = time.time()
     if json_lines:
         text = jsonlog.relay_lines(lines, jsonlog.iso_ts(now), fields or {"process": prefix})
@@ -45,6 +61,16 @@ def relay(prefix: str, lines: list[str], fields: dict[str, Any] | None = None) -
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
         head = f"{stamp} herder[{os.getpid()}] INFO {prefix}: "
         text = "".join(f"{head}{line}\n" for line in lines)
+    if hold:
+        with _held_lock:
+            _held.append(text)
+        return
+    _write(text)
+
+
+def _write(text: str) -> None:
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
     with handler.lock:  # StreamHandler always creates one
         try:
             handler.stream.write(text)

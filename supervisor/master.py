@@ -36,7 +36,7 @@ from herder.supervisor.hooks import EventHooks, HealthChanges
 from herder.supervisor.http_endpoint import Publisher
 from herder.supervisor.jobstats import JobStats
 from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
-from herder.supervisor.liveness import derived_state, judge
+from herder.supervisor.liveness import derived_state, judge, read_late
 from herder.supervisor.pool import Pool, share_limit
 from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
@@ -98,6 +98,7 @@ class Master:
         self.started_at = clock.wall() if started_at is None else started_at
         self.restarts = restarts  # times the watchdog restarted the master before this one
         self.ever_ready = False  # the fleet was ready once (`ready` to the watchdog, health)
+        self.lagging_reads, self._lag_said_at = 0, float("-inf")  # silences the reader's lag explained
         self.health = HealthWatch()
         self.jobstats = JobStats()  # herder_job_duration_seconds
         self.memory = memory or MemoryWatch()  # the cgroup near its memory limit: no scale-up
@@ -403,6 +404,16 @@ class Master:
                     w.sigkilled = True
                 continue
             verdict, fleet = judge(w, obs, now, cfg), max(self.target, len(self.live_workers()))
+            if read_late(verdict, w):
+                # Its lines wait in the pipe: the master's reader is behind (starved of CPU by
+                # a busy fleet), the worker is not silent. Never kill on the master's own lag.
+                self.lagging_reads += 1
+                if now - self._lag_said_at > 60:
+                    self._lag_said_at = now
+                    log.warning("slot %d pid %d: looks silent, but its lines wait unread: this master is "
+                                "short of CPU (workers at nice +%d; see worker_nice); not killed", w.slot,
+                                w.pid, cfg.worker_nice)  # fmt: skip
+                verdict = None
             if verdict is None:
                 self.guard.responsive(w)
             elif not verdict.judged_hung or self.guard.allow(w, verdict.reason, fleet, self.clock.wall()):

@@ -50,6 +50,7 @@ class PipeHub:
         self._lock = threading.Lock()
         self._new: list[tuple[int, PipeReader]] = []
         self._paused: dict[int, tuple[float, PipeReader]] = {}  # fd -> (resume at, reader)
+        self.after_pass: list[Callable[[], None]] = []  # run after each pass that read anything
         self._thread = threading.Thread(target=self._run, name="pipes", daemon=True)
         self._thread.start()
 
@@ -105,6 +106,8 @@ class PipeHub:
             for wake in wakes:
                 wake()
             if read_any:
+                for after in self.after_pass:
+                    after()
                 time.sleep(COALESCE)  # let busy workers' lines pile up: fewer wake-ups and reads
 
     def _take_new(self) -> None:

@@ -27,7 +27,7 @@ from herder.common.exits import describe
 from herder.common.rq_names import ENV_SCHEDULER_NAME, rq_scheduler_name
 from herder.supervisor.fleet import ProcessHandle, Slot, Worker, died_young
 from herder.supervisor.launcher import Clock, worker_env
-from herder.supervisor.liveness import judge
+from herder.supervisor.liveness import judge, read_late
 from herder.supervisor.redis_side.scheduler_locks import LockReading, SchedulerLocks
 from herder.supervisor.states import LEAVING, WorkerState
 from herder.supervisor.workerproc import WorkerProcess
@@ -144,7 +144,7 @@ class SchedulerKeeper:
                 w.sigkilled = True
             return
         verdict = judge(w, obs, now, cfg)
-        if verdict is not None:
+        if verdict is not None and not read_late(verdict, w):
             self._kill(w, verdict.reason)
 
     def _stop(self, w: Worker, why: str) -> None:

@@ -10,10 +10,13 @@ lines are length-capped, stderr is rate-limited, a stdout flood is slowed by bac
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
+import struct
 import subprocess
+import termios
 import threading
 import time
 from collections import deque
@@ -188,6 +191,8 @@ class WorkerProcess:
         )
         WATCHED.add(popen.pid)
         hub = pipes.hub()
+        if logs.flush_held not in hub.after_pass:  # relayed lines: one write a pass
+            hub.after_pass.append(logs.flush_held)
         hub.add(popen.stdout.fileno(), StdoutReader(proc, wake))
         hub.add(popen.stderr.fileno(), StderrReader(proc))
         return proc
@@ -251,6 +256,15 @@ class WorkerProcess:
     def snapshot(self) -> Observations:
         with self.lock:
             return Observations(**vars(self.obs))
+
+    def unread(self) -> int:
+        """Bytes waiting in its stdout pipe that the hub has not read yet (a starved master's
+        hub falls behind: a worker whose lines wait there is not silent)."""
+        try:
+            assert self.popen.stdout
+            return struct.unpack("i", fcntl.ioctl(self.popen.stdout.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+        except (OSError, ValueError, AssertionError):
+            return 0  # closed, or not a pipe
 
     def take_finished(self) -> list[FinishedJob]:
         """The jobs finished since the last call (the loop folds them into the job metrics)."""
@@ -373,7 +387,7 @@ class StderrReader:
             self.logged += 1
             text = raw.decode("utf-8", "replace").rstrip()
             lines.append(text + " [line truncated]" if truncated else text)
-        logs.relay(proc.label, lines, proc._json_fields() if lines and logs.json_lines else None)
+        logs.relay(proc.label, lines, proc._json_fields() if lines and logs.json_lines else None, hold=True)
         return False, None
 
     def eof(self) -> None:

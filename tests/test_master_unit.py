@@ -61,6 +61,11 @@ class FakeProc:
     def take_finished(self) -> list:
         return []
 
+    def unread(self) -> int:
+        return self.pending
+
+    pending = 0  # bytes of its stdout the hub has not read (a starved master)
+
     def send_stop(self) -> None:
         self.stops += 1
 
@@ -292,6 +297,23 @@ def test_a_silent_worker_gets_sigterm_then_sigkill_after_the_kill_timeout(clock:
     assert recovery.requeues == [
         ("job-1", "killed by herder: silent for 3.5 s (heartbeat timeout 3 s) while running the job")
     ]
+
+
+def test_a_worker_whose_lines_wait_unread_is_not_silent(clock: FakeClock) -> None:
+    # A master starved of CPU by its busy fleet reads late: the lines are in the pipe.
+    m, _, _ = make(clock, workers=1)
+    m.step()
+    proc = live(m)[0]
+    proc.ready()
+    m.step()
+    proc.pending = 120  # `beat` lines written, not yet read by the master's reader
+    clock.advance(3.5)  # past the 3 s heartbeat timeout, as the master's reads go
+    m.step()
+    assert proc.signals == [] and m.workers[0].state != WorkerState.KILLING
+    assert m.lagging_reads == 1
+    proc.pending = 0  # read, and still nothing new: now it is silent
+    m.step()
+    assert proc.signals == [signal.SIGTERM, signal.SIGCONT]
 
 
 def test_the_kill_budget_spares_half_the_fleet_and_health_recovers(clock: FakeClock) -> None:

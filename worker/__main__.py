@@ -49,6 +49,8 @@ def main() -> int:
     from herder.common.rq_names import rq_worker_name
 
     cfg = Config.from_env()
+    if cfg.worker_nice:  # below the master (an increment on its niceness): it must see deaths
+        os.nice(cfg.worker_nice)  # and hangs at once while every worker is busy
     # The channel goes first: from here on fd 1 is stderr and only the channel
     # writes protocol lines.
     from herder.worker.channel import Channel

@@ -37,6 +37,7 @@ POOL_KEYS = frozenset(
         "stop_timeout",
         "kill_timeout",
         "max_requeues",
+        "worker_nice",
         "min_uptime",
         "backoff_initial",
         "backoff_max",

@@ -17,6 +17,7 @@ from typing import Any
 from herder.common.config.limits import default_workers_limit
 
 ENV_RESOLVED = "HERDER_RESOLVED_CONFIG"
+WORKER_NICE = 5  # docs/design.md, "The master's share of the CPU"
 
 
 class ConfigError(Exception):
@@ -124,6 +125,12 @@ class Config:
     stop_timeout: float = setting(30.0, "Seconds a stopping worker has to finish its job.", reload=APPLY)
     kill_timeout: float = setting(5.0, "Seconds from SIGTERM to SIGKILL.", reload=APPLY)
     max_requeues: int = setting(3, "Times a dead worker's job is requeued before it is failed.", reload=APPLY)
+    # The master must win the CPU against its own busy workers to see deaths and hangs at once.
+    worker_nice: int = setting(
+        WORKER_NICE,
+        "Niceness workers run at (0-19), above the master's, so it stays responsive.",
+        reload=WORKERS,
+    )
     # How often a master looks for jobs no live worker holds (docs/design.md, "Jobs are never lost").
     sweep_interval: float = setting(
         1.0, "Seconds between sweeps for jobs whose worker is gone.", reload=APPLY

@@ -179,6 +179,8 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
     for key in positive:
         if not getattr(cfg, key) > 0:
             raise bad(key, f"must be greater than 0, got {getattr(cfg, key)}")
+    if not 0 <= cfg.worker_nice <= 19:
+        raise bad("worker_nice", f"must be 0 to 19 (a niceness), got {cfg.worker_nice}")
     for key in ("cull_failures", "cull_budget", "max_jobs_jitter", "max_age_jitter"):
         if getattr(cfg, key) < 0:
             raise bad(key, f"must not be negative, got {getattr(cfg, key)}")
