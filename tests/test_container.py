@@ -51,7 +51,7 @@ WANTED_METRIC = "herder_workers_wanted"
 # The watchdog SIGKILLs a master still running this long past the drain (watchdog/__main__.py:
 # stop_grace = drain_seconds + 10): the pod's grace period must leave room for it.
 WATCHDOG_BACKSTOP = 10.0
-SECRET_PLACEHOLDER = "redis://:secret-from-the-Secret@redis.invalid:6379/0"
+SECRET_PLACEHOLDER = "redis://:secret-from-the-Secret@redis.invalid/0"  # never connected to
 
 
 # ---- reading the files ------------------------------------------------------------------
