@@ -9,6 +9,7 @@ one write, in the same format, under the handler's lock so lines never interleav
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -43,6 +44,13 @@ def flush_held() -> None:
     _write(text)
 
 
+@functools.lru_cache(maxsize=4)
+def _second(epoch: int) -> str:
+    """The date and time of an epoch second, as logging's asctime shows it: formatted once a
+    second, not once a chunk (with many workers the relay sees many small chunks)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
 def relay(prefix: str, lines: list[str], fields: dict[str, Any] | None = None, hold: bool = False) -> None:
     """Log `lines` from a worker (already decoded, without newlines) at INFO, prefixed; in
     JSON, each line carries `fields` (process, pid, pool, slot, job_id) instead of the prefix.
@@ -58,7 +66,7 @@ def relay(prefix: str, lines: list[str], fields: dict[str, Any] | None = None, h
     if json_lines:
         text = jsonlog.relay_lines(lines, jsonlog.iso_ts(now), fields or {"process": prefix})
     else:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
+        stamp = _second(int(now)) + f",{int(now % 1 * 1000):03d}"
         head = f"{stamp} herder[{os.getpid()}] INFO {prefix}: "
         text = "".join(f"{head}{line}\n" for line in lines)
     if hold:

@@ -12,6 +12,8 @@ import time
 
 from herder.common import uplink_protocol as up
 
+STATUS_EVERY = 1.0  # seconds between two status lines to the watchdog
+
 
 class Uplink:
     def __init__(self) -> None:
@@ -19,6 +21,7 @@ class Uplink:
         os.dup2(2, 1)
         self._parent = os.getppid()
         self._last_status = b""
+        self._status_at = float("-inf")
 
     def _send(self, line: bytes) -> None:
         if self._fd is None:
@@ -35,10 +38,13 @@ class Uplink:
         self._send(up.alive_line(time.time()))
 
     def status(self, text: str) -> None:
-        """A one-line summary for systemd's STATUS=; sent only when it changes."""
+        """A one-line summary for systemd's STATUS=; sent when it changes, at most once a
+        second (its busy count changes every pass of a busy fleet's loop; the watchdog
+        passes it on at most once a second anyway)."""
         line = up.status_line(text)
-        if line != self._last_status:
-            self._last_status = line
+        now = time.monotonic()
+        if line != self._last_status and now - self._status_at >= STATUS_EVERY:
+            self._last_status, self._status_at = line, now
             self._send(line)
 
     def reloading(self) -> None:
