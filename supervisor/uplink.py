@@ -12,8 +12,6 @@ import time
 
 from herder.common import uplink_protocol as up
 
-STATUS_EVERY = 1.0  # seconds between two status lines to the watchdog
-
 
 class Uplink:
     def __init__(self) -> None:
@@ -21,7 +19,6 @@ class Uplink:
         os.dup2(2, 1)
         self._parent = os.getppid()
         self._last_status = b""
-        self._status_at = float("-inf")
 
     def _send(self, line: bytes) -> None:
         if self._fd is None:
@@ -38,13 +35,10 @@ class Uplink:
         self._send(up.alive_line(time.time()))
 
     def status(self, text: str) -> None:
-        """A one-line summary for systemd's STATUS=; sent when it changes, at most once a
-        second (its busy count changes every pass of a busy fleet's loop; the watchdog
-        passes it on at most once a second anyway)."""
+        """A one-line summary for systemd's STATUS=; sent only when it changes."""
         line = up.status_line(text)
-        now = time.monotonic()
-        if line != self._last_status and now - self._status_at >= STATUS_EVERY:
-            self._last_status, self._status_at = line, now
+        if line != self._last_status:
+            self._last_status = line
             self._send(line)
 
     def reloading(self) -> None:
