@@ -270,7 +270,12 @@ class HerderMixin(BaseWorker):
                     ok = job.get_status(refresh=True) == JobStatus.FINISHED
                 except RedisError:
                     ok = False
-            self.channel.done(job.id, ok)
+            if not self.finished(job.id, ok):
+                self.channel.done(job.id, ok)
+
+    def finished(self, job_id: str, ok: bool) -> bool:
+        """True when the `done` line is held back (the fast path sends it with the finish)."""
+        return False
 
     def perform_job(self, job: Job, queue: Queue, execution) -> bool:  # type: ignore[override]
         perform = job.perform
@@ -309,6 +314,10 @@ HerderWorker = herder_worker_class(SimpleWorker)
 def make_worker(cfg: Config, name: str, connection: Redis) -> HerderMixin:
     """The worker `rq worker` would build from the same options (docs/migrating-from-rq.md)."""
     cls = herder_worker_class(import_attribute(cfg.worker_class) if cfg.worker_class else SimpleWorker)
+    if cfg.fast_path and not (cfg.worker_class or cfg.queue_class) and cfg.dequeue_strategy == "default":
+        from herder.worker.fast_path import HerderFastWorker
+
+        cls = HerderFastWorker
     options: dict = {"name": name, "connection": connection}
     if cfg.job_class:
         options["job_class"] = import_attribute(cfg.job_class)

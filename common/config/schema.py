@@ -214,6 +214,13 @@ class Config:
         factory=list,
         reload=WORKERS,
     )
+    # RQ's per-job writes in two round trips instead of about eleven (docs/design.md, "Fast path").
+    fast_path: bool = setting(
+        True,
+        "Do RQ's per-job bookkeeping in 2 round trips (off: RQ's own code path, call by call; "
+        "a --worker-class, --queue-class or other dequeue strategy always takes RQ's).",
+        reload=WORKERS,
+    )
     # `rq worker`'s own options, for users coming from it (docs/migrating-from-rq.md).
     worker_class: str = setting(
         "", "RQ Worker class (dotted path) to combine with herder's protocol (rq worker -w).", reload=WORKERS

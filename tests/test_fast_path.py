@@ -1,0 +1,151 @@
+"""herder's fast job lifecycle leaves RQ's Redis state, key by key (herder.worker.fast_path).
+
+The same jobs, with the same ids, run once under RQ's own `rq worker -w SimpleWorker --burst`
+on one redis-server and once under `herder run` on another. Then every key both left is
+compared: its type, its TTL (none, or one), a hash's fields (and their values, but for the
+timestamps, names and ids that differ from run to run), a sorted set's or list's members, a
+stream's entries. Success, failure, a Retry, a dependency, callbacks, a result TTL of 0 and
+worker statistics. Real Redis, real workers, RQ's own worker as the reference."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from redis import Redis
+from rq import Callback, Queue, Retry
+from rq.job import Job
+
+from conftest import JOBS_DIR, start_redis, wait_for
+
+BIN = Path(sys.executable).parent
+ENDED = {"finished", "failed"}
+
+# Fields whose values differ between any two runs (times, the worker's name, execution ids; a
+# traceback, which names herder's frames around the job's).
+VOLATILE = re.compile(
+    rb"^(created_at|enqueued_at|started_at|ended_at|last_heartbeat|birth|death|worker_name|name|pid|"
+    rb"hostname|ip_address|current_job|successful_job_count|failed_job_count|total_working_time|"
+    rb"version|python_version|job_id|id|exc_info|exc_string|execution_id|shutdown_requested_date)$"
+)
+
+
+def enqueue_scenario(conn: Redis) -> list[str]:
+    """Every kind of ending the fast path touches; ids fixed so both runs name the same keys."""
+    q = Queue("default", connection=conn)
+    q.enqueue("herder_rqcompat.add", 1, 2, job_id="ok", result_ttl=600)
+    q.enqueue("herder_rqcompat.add", 5, 6, job_id="kept", result_ttl=-1)
+    q.enqueue("herder_rqcompat.add", 3, 4, job_id="gone", result_ttl=0)
+    q.enqueue("herder_rqcompat.add", 7, 8, job_id="parent")
+    q.enqueue(
+        "herder_rqcompat.add",
+        9,
+        10,
+        job_id="child",
+        depends_on="parent",
+        on_success=Callback("herder_rqcompat.noted_success"),
+    )
+    q.enqueue(
+        "herder_rqcompat.fail",
+        "bad",
+        job_id="broken",
+        failure_ttl=300,
+        on_failure=Callback("herder_rqcompat.noted_failure"),
+    )
+    q.enqueue("herder_testjobs.fail_times", "flaky", 1, job_id="flaky", retry=Retry(max=2))
+    q.enqueue(
+        "herder_rqcompat.add", 0, 0, job_id="noted", on_success=Callback("herder_rqcompat.noted_success")
+    )
+    return ["ok", "kept", "parent", "child", "broken", "flaky", "noted"]
+
+
+def ended(conn: Redis, ids: list[str]) -> bool:
+    return all(Job.fetch(i, connection=conn).get_status().value in ENDED for i in ids)
+
+
+def state(conn: Redis, names: dict[bytes, bytes]) -> dict[bytes, tuple]:
+    """What RQ left: every key but herder's own and the scheduler's, with run-specific names
+    (worker names, execution ids) replaced by placeholders."""
+    out: dict[bytes, tuple] = {}
+    for key in conn.scan_iter(count=1000):
+        if key.startswith((b"herder:", b"rq:scheduler", b"rq:cron")) or key in (b"rq:suspended",):
+            continue
+        kind = conn.type(key)
+        ttl = conn.ttl(key)
+        if kind == b"hash":
+            fields = conn.hgetall(key)
+            value: object = sorted((f, b"*" if VOLATILE.match(f) else v) for f, v in fields.items())
+        elif kind == b"zset":
+            value = sorted(normal(m, names) for m in conn.zrange(key, 0, -1))
+        elif kind == b"list":
+            value = [normal(m, names) for m in conn.lrange(key, 0, -1)]
+        elif kind == b"set":
+            value = sorted(normal(m, names) for m in conn.smembers(key))
+        elif kind == b"stream":
+            value = [sorted((f, b"*" if VOLATILE.match(f) or f.endswith(b"_at") else v) for f, v in e.items())
+                     for _, e in conn.xrange(key)]  # fmt: skip
+        else:
+            value = conn.get(key)
+        if key.startswith(b"stamped:"):  # the test job's own times
+            value = len(value)  # type: ignore[arg-type]
+        out[normal(key, names)] = (kind, "no ttl" if ttl == -1 else "ttl", value)
+    return out
+
+
+def normal(text: bytes, names: dict[bytes, bytes]) -> bytes:
+    for real, placeholder in names.items():
+        text = text.replace(real, placeholder)
+    return re.sub(rb"[0-9a-f]{32}", b"<execution>", text)
+
+
+def worker_names(conn: Redis) -> dict[bytes, bytes]:
+    """rq:worker:<name> keys: the one worker that ran the jobs becomes <worker>."""
+    keys = [k for k in conn.scan_iter(match="rq:worker:*") if conn.type(k) == b"hash"]
+    return {k.split(b":", 2)[2]: b"<worker>" for k in keys}
+
+
+def worker_stats(conn: Redis) -> list[tuple[int, int]]:
+    stats = []
+    for key in conn.scan_iter(match="rq:worker:*"):
+        if conn.type(key) == b"hash":
+            w = conn.hgetall(key)
+            stats.append((int(w.get(b"successful_job_count", 0)), int(w.get(b"failed_job_count", 0))))
+    return sorted(stats)
+
+
+@pytest.fixture
+def two_redis(tmp_path: Path):
+    servers = [start_redis(tmp_path / name) for name in ("rq", "herder") if not (tmp_path / name).mkdir()]
+    yield [Redis(port=port) for _, port in servers], [port for _, port in servers]
+    for proc, _ in servers:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("path", ["fast", "rq"])
+def test_herder_leaves_what_rqs_simple_worker_leaves(herder, two_redis, path: str) -> None:
+    (by_rq, by_herder), (rq_port, herder_port) = two_redis
+    ids = enqueue_scenario(by_rq)
+    assert enqueue_scenario(by_herder) == ids
+    subprocess.run(
+        [BIN / "rq", "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--path", str(JOBS_DIR),
+         "--url", f"redis://127.0.0.1:{rq_port}", "default"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    wait_for(lambda: ended(by_rq, ids), 30, what="RQ's worker to end every job")  # the Retry's interval
+
+    flags = {"no_fast_path": True} if path == "rq" else {}
+    h = herder(redis_url=f"redis://127.0.0.1:{herder_port}", workers="1", no_scheduler=True, **flags)
+    wait_for(lambda: ended(by_herder, ids), 30, what="herder to end every job")
+    h.stop_and_check()
+
+    # The worker's own statistics, as RQ counts them: 7 ended well (flaky on its retry), 2 failed.
+    assert worker_stats(by_herder) == worker_stats(by_rq) == [(7, 2)]
+    ours, theirs = state(by_herder, worker_names(by_herder)), state(by_rq, worker_names(by_rq))
+    assert sorted(ours) == sorted(theirs)  # the same keys
+    for key in theirs:
+        assert ours[key] == theirs[key], key
