@@ -64,7 +64,7 @@ def main() -> int:
 
     from herder.common.redis_connect import connect
     from herder.worker import hooks
-    from herder.worker.rq_worker import make_worker
+    from herder.worker.rq_worker import log_to_master, make_worker
 
     try:  # the user's start-up code: a failure is this worker's failed start (the slot backs off)
         hooks.django_after_fork(cfg)
@@ -91,9 +91,11 @@ def main() -> int:
     name = rq_worker_name(socket.gethostname(), os.environ.get(wp.ENV_SLOT, "0"), os.getpid())
     w = make_worker(cfg, name, connection)
     w.attach(channel, cfg.lease_seconds)
+    log_format = "%(levelname)s %(message)s"
+    log_to_master(log_format)
     w.work(
         logging_level=cfg.log_level.upper(),
-        log_format="%(levelname)s %(message)s",
+        log_format=log_format,
         dequeue_strategy=cfg.dequeue_strategy,
     )
     channel.stopped()

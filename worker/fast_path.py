@@ -25,13 +25,19 @@ tests/test_fast_path.py compares the Redis state key by key with RQ's SimpleWork
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
-from redis.exceptions import ResponseError
+from redis.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.executions import Execution
 from rq.job import Job, Retry
 from rq.logutils import blue, green
@@ -106,6 +112,7 @@ while true do  -- as RQ: after a vanished job, pop again from the first queue
   if not popped then return {1} end
 end
 """
+SCRIPT_SHA = hashlib.sha1(FINISH_AND_TAKE.encode()).hexdigest()
 
 
 class NotRecordable(Exception):
@@ -189,7 +196,7 @@ class FastPathMixin(HerderMixin):
     _deferring: Job | None = None  # the job whose success is being recorded
     _job_beat: tuple[Any, int] | None = None
     _prepared: str | None = None  # the job whose start went out with its execution
-    _finish_script: Any = None
+    _script_conn: Connection | None = None
 
     # ---- start: one transaction -------------------------------------------------
 
@@ -314,10 +321,28 @@ class FastPathMixin(HerderMixin):
         return None
 
     def _run_script(self, guards: list[str], commands: list[tuple[Any, ...]], take: list[Any]) -> list[Any]:
-        if self._finish_script is None:
-            self._finish_script = self.connection.register_script(FINISH_AND_TAKE)
         packed = pack_commands(commands, self.connection.connection_pool.get_encoder())
-        return self._finish_script(keys=[], args=[len(guards), *guards, *packed, *take])
+        return self._evalsha([len(guards), *guards, *packed, *take])
+
+    def _evalsha(self, args: list[Any]) -> Any:
+        """The script on a connection of its own, without redis-py's per-call machinery (pool,
+        retries, events: five times the cost of the call itself). A lost connection is not
+        retried: a script sent twice would write twice. The error goes up, as RQ's own would."""
+        conn = self._script_conn
+        if conn is None:
+            conn = self._script_conn = self.connection.connection_pool.get_connection()
+        try:
+            try:
+                conn.send_command("EVALSHA", SCRIPT_SHA, 0, *args)
+                return conn.read_response()
+            except NoScriptError:  # a restarted or flushed Redis: load it, then the same call
+                conn.send_command("SCRIPT", "LOAD", FINISH_AND_TAKE)
+                conn.read_response()
+                conn.send_command("EVALSHA", SCRIPT_SHA, 0, *args)
+                return conn.read_response()
+        except (RedisConnectionError, RedisTimeoutError):
+            conn.disconnect()  # the next call connects again
+            raise
 
     def _finish_by_rq(self, pending: PendingFinish, after: list[tuple[Any, ...]]) -> None:
         self._write_job_beat(pending.job, pending.beat)
@@ -397,11 +422,48 @@ class FastPathMixin(HerderMixin):
         try:
             self.flush()
         finally:
+            if self._script_conn is not None:
+                self.connection.connection_pool.release(self._script_conn)
+                self._script_conn = None
             super().teardown()
 
 
 class HerderFastWorker(FastPathMixin, SimpleWorker):
     """herder's default worker: RQ's SimpleWorker, herder's protocol, the fast lifecycle."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        remember_resolved_serializers()
+        super().__init__(*args, **kwargs)
+
+
+def remember_resolved_serializers() -> None:
+    """RQ checks a job's serializer against a typing Protocol each time it builds a Job, Queue,
+    registry or Result from one: about 8 us a check, seven per job, a tenth of a no-op job's
+    cost here. The check depends only on the serializer, so its answer is kept per serializer.
+    Done in this worker process only; the answer is RQ's own (its function, called once)."""
+    import rq.serializers
+
+    original = rq.serializers.resolve_serializer
+    if getattr(original, "remembers", False):
+        return
+    known: dict[Any, Any] = {}
+
+    def resolve_serializer(serializer: Any = None) -> Any:
+        try:
+            return known[serializer]
+        except (KeyError, TypeError):  # new, or unhashable (then never kept)
+            resolved = original(serializer)
+            with contextlib.suppress(TypeError):
+                known[serializer] = resolved
+            return resolved
+
+    resolve_serializer.remembers = True  # type: ignore[attr-defined]
+    for module in list(sys.modules.values()):
+        if (
+            getattr(module, "__name__", "").startswith("rq")
+            and getattr(module, "resolve_serializer", None) is original
+        ):
+            module.resolve_serializer = resolve_serializer  # type: ignore[attr-defined]
 
 
 def pack_commands(commands: list[tuple[Any, ...]], encoder: Any) -> tuple[bytes, bytes, bytes]:

@@ -23,14 +23,17 @@ neither kills it nor counts it as a fault, and a `stop` ends it at once.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 import time
 
 from redis import Redis
 from redis.exceptions import RedisError
 from rq.callbacks import execute_stopped_callback
 from rq.command import parse_payload
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT
 from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
 from rq.queue import Queue
@@ -290,6 +293,29 @@ class HerderMixin(BaseWorker):
         job.perform = performing  # type: ignore[method-assign]
         self._job_ok = super().perform_job(job, queue, execution)
         return self._job_ok
+
+
+def log_to_master(log_format: str) -> None:
+    """RQ's own log set-up (rq.logutils.setup_loghandlers: info to stdout, errors to stderr,
+    not propagated), with plain handlers. RQ's colourising one asks isatty() of its stream for
+    every record, a system call per line; a worker's streams are always the master's pipes.
+    As RQ, nothing is added when a handler is already in place (a user's logging config)."""
+    logger = logging.getLogger("rq.worker")
+    node: logging.Logger | None = logger
+    while node is not None:
+        if node.handlers:
+            return
+        node = node.parent
+    formatter = logging.Formatter(fmt=log_format, datefmt=DEFAULT_LOGGING_DATE_FORMAT)
+    for stream, wanted in (
+        (sys.stdout, lambda r: r.levelno < logging.ERROR),
+        (sys.stderr, lambda r: r.levelno >= logging.ERROR),
+    ):
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(formatter)
+        handler.addFilter(wanted)
+        logger.addHandler(handler)
+    logger.propagate = False
 
 
 def function_name(job: Job) -> str:
