@@ -23,6 +23,8 @@ from typing import Protocol
 
 CHUNK = 65536
 COALESCE = 0.005  # seconds the hub sleeps after a pass that read anything
+BUSY_PIPES = 8  # pipes with something to read in one pass, above which the sleep grows...
+COALESCE_MAX_FACTOR = 8.0  # ... to at most this many times COALESCE (40 ms)
 
 
 class PipeReader(Protocol):
@@ -108,7 +110,10 @@ class PipeHub:
             if read_any:
                 for after in self.after_pass:
                     after()
-                time.sleep(COALESCE)  # let busy workers' lines pile up: fewer wake-ups and reads
+                # Let busy workers' lines pile up: fewer wake-ups and reads. Longer when many pipes
+                # had something (a large busy fleet), so a read still finds a few lines, not one:
+                # the master's cost per job stays flat as the fleet grows.
+                time.sleep(COALESCE * min(COALESCE_MAX_FACTOR, max(1.0, len(events) / BUSY_PIPES)))
 
     def _take_new(self) -> None:
         try:
