@@ -46,6 +46,7 @@ WORKER_NAME = "herder-worker"
 def preload(paths: list[str], modules: list[str]) -> None:
     """What every worker would import anyway, and the user's --preload modules."""
     import herder.worker.__main__  # noqa: F401
+    import herder.worker.fast_path  # noqa: F401  (herder's default worker class)
     import herder.worker.rq_worker  # noqa: F401  (rq, redis, herder's worker class)
     from herder.common.redis_connect import connect  # noqa: F401
 
