@@ -339,11 +339,13 @@ HerderWorker = herder_worker_class(SimpleWorker)
 
 def make_worker(cfg: Config, name: str, connection: Redis) -> HerderMixin:
     """The worker `rq worker` would build from the same options (docs/migrating-from-rq.md)."""
-    cls = herder_worker_class(import_attribute(cfg.worker_class) if cfg.worker_class else SimpleWorker)
+    cls: type[BaseWorker]
     if cfg.fast_path and not (cfg.worker_class or cfg.queue_class) and cfg.dequeue_strategy == "default":
-        from herder.worker.fast_path import HerderFastWorker
+        from herder.worker.fast_path import HerderFastWorker  # RQ's writes in two round trips
 
         cls = HerderFastWorker
+    else:  # RQ's own code path, call by call
+        cls = herder_worker_class(import_attribute(cfg.worker_class) if cfg.worker_class else SimpleWorker)
     options: dict = {"name": name, "connection": connection}
     if cfg.job_class:
         options["job_class"] = import_attribute(cfg.job_class)
