@@ -9,6 +9,7 @@ worker statistics. Real Redis, real workers, RQ's own worker as the reference.""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -149,3 +150,50 @@ def test_herder_leaves_what_rqs_simple_worker_leaves(herder, two_redis, path: st
     assert sorted(ours) == sorted(theirs)  # the same keys
     for key in theirs:
         assert ours[key] == theirs[key], key
+
+
+def seen_mid_job(conn: Redis, job_id: str, names: dict[bytes, bytes]) -> dict[bytes, tuple]:
+    """The snapshot herder_rqcompat.snapshot took while job_id ran, normalised as `state`."""
+    out: dict[bytes, tuple] = {}
+    for key, (kind, has_ttl, value) in json.loads(conn.get(f"seen:{job_id}")).items():
+        if key.startswith(("herder:", "rq:scheduler", "rq:cron")):
+            continue
+        if kind == "hash":
+            fields = {f.encode("latin-1"): v.encode("latin-1") for f, v in value.items()}
+            value = sorted((f, b"*" if VOLATILE.match(f) else v) for f, v in fields.items())
+        elif kind in ("zset", "list", "set"):
+            members = [normal(m.encode("latin-1"), names) for m in value]
+            value = members if kind == "list" else sorted(members)
+        out[normal(key.encode("latin-1"), names)] = (kind, has_ttl, value)
+    return out
+
+
+@pytest.mark.parametrize("path", ["fast", "rq"])
+def test_a_running_job_sees_what_it_sees_under_rqs_simple_worker(herder, two_redis, path: str) -> None:
+    """The start of a job, which the end state cannot show (the finish overwrites most of it):
+    each job snapshots every key while it runs (its hash, the started registry, its execution,
+    the worker's hash, the intermediate list), the first job and two taken by the finish script."""
+    (by_rq, by_herder), (rq_port, herder_port) = two_redis
+    ids = ["first", "second", "third"]
+    for conn in (by_rq, by_herder):
+        q = Queue("default", connection=conn)
+        for job_id in ids:
+            q.enqueue("herder_rqcompat.snapshot", job_id=job_id, result_ttl=600)
+    subprocess.run(
+        [BIN / "rq", "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--path", str(JOBS_DIR),
+         "--url", f"redis://127.0.0.1:{rq_port}", "default"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert ended(by_rq, ids)
+
+    flags = {"no_fast_path": True} if path == "rq" else {}
+    h = herder(redis_url=f"redis://127.0.0.1:{herder_port}", workers="1", no_scheduler=True, **flags)
+    wait_for(lambda: ended(by_herder, ids), 30, what="herder to end every job")
+    h.stop_and_check()
+
+    for job_id in ids:
+        ours = seen_mid_job(by_herder, job_id, worker_names(by_herder))
+        theirs = seen_mid_job(by_rq, job_id, worker_names(by_rq))
+        assert sorted(ours) == sorted(theirs), job_id  # the same keys
+        for key in theirs:
+            assert ours[key] == theirs[key], (job_id, key)

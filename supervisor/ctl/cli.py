@@ -20,13 +20,12 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-import herder.watchdog.embedded_redis as embedded_redis
 from herder.common import config as settings
 from herder.common import statelock
 from herder.common.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError, OverLimit
 from herder.common.exits import EX_TEMPFAIL
 from herder.supervisor import __version__
-from herder.supervisor.ctl import client, render, service
+from herder.supervisor.ctl import client, render
 
 MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
 
@@ -194,6 +193,8 @@ def run(ctx: click.Context, **opts) -> None:
         cfg.state_dir = prepare_state_dir(cfg.state_dir or default_state_dir(), owner)
         if cfg.redis_url is None:
             # No Redis given: the watchdog runs a private one in the state dir.
+            import herder.watchdog.embedded_redis as embedded_redis  # only now: every command starts faster
+
             if shutil.which("redis-server") is None:
                 raise ConfigError(
                     "redis_url", f"not set, and no redis-server on PATH. {embedded_redis.INSTALL_HINT}"
@@ -266,6 +267,8 @@ def install_service(ctx: click.Context, kind: str, output: str | None, label: st
     if not os.access(herder, os.X_OK):
         herder = shutil.which("herder") or "herder"
     config_path = os.path.abspath(config_file) if config_file else None
+    from herder.supervisor.ctl import service  # xml and urllib: only this command pays for them
+
     if kind == "systemd":
         group = grp.getgrgid(entry.pw_gid).gr_name if entry else user
         text = service.render_systemd(cfg, herder, user, group, config_path)

@@ -48,3 +48,33 @@ def noted_failure(job, connection, exc_type, exc_value, traceback) -> None:  # n
 
 def noted_stop(job, connection) -> None:  # noqa: ANN001
     connection.rpush(f"callbacks:{job.id}", "stopped")
+
+
+def snapshot() -> int:
+    """Every key RQ has written by the time the job runs, stored as JSON under seen:<job id>:
+    {key: [type, has a TTL, value]}, bytes as latin-1. What a user's code sees mid-job."""
+    import json
+
+    job = get_current_job()
+    assert job is not None
+    conn = job.connection
+    seen: dict[str, list] = {}
+    for key in conn.scan_iter(count=1000):
+        if key.startswith(b"seen:"):
+            continue
+        kind = conn.type(key).decode()
+        if kind == "hash":
+            value: object = {f.decode("latin-1"): v.decode("latin-1") for f, v in conn.hgetall(key).items()}
+        elif kind == "zset":
+            value = [m.decode("latin-1") for m in conn.zrange(key, 0, -1)]
+        elif kind == "list":
+            value = [m.decode("latin-1") for m in conn.lrange(key, 0, -1)]
+        elif kind == "set":
+            value = sorted(m.decode("latin-1") for m in conn.smembers(key))
+        elif kind == "string":
+            value = conn.get(key).decode("latin-1")
+        else:
+            value = kind
+        seen[key.decode("latin-1")] = [kind, conn.ttl(key) != -1, value]
+    conn.set(f"seen:{job.id}", json.dumps(seen))
+    return len(seen)
