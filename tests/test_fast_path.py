@@ -197,3 +197,23 @@ def test_a_running_job_sees_what_it_sees_under_rqs_simple_worker(herder, two_red
         assert sorted(ours) == sorted(theirs), job_id  # the same keys
         for key in theirs:
             assert ours[key] == theirs[key], (job_id, key)
+
+
+def test_a_flushed_script_is_loaded_again_and_no_job_is_lost(herder, conn: Redis) -> None:
+    """A restarted or flushed Redis forgets the script: the worker loads it and sends the same
+    call again. Flushed while the worker idles (its next start finds none), then once more as
+    a burst runs (a finish and take, or the next start, finds none)."""
+    q = Queue("default", connection=conn)
+    h = herder(workers="1", no_scheduler=True)
+    first = q.enqueue("herder_rqcompat.add", 1, 1)
+    wait_for(lambda: ended(conn, [first.id]), 30, what="the first job")
+    conn.script_flush()
+    burst = [q.enqueue("herder_rqcompat.add", i, i).id for i in range(20)]
+    wait_for(lambda: len(conn.lrange("rq:queue:default", 0, -1)) < 15, 30, what="the burst to start")
+    conn.script_flush()
+    wait_for(lambda: ended(conn, burst), 30, what="the burst")
+    assert all(Job.fetch(i, connection=conn).get_status().value == "finished" for i in [first.id, *burst])
+    assert [r["sum"] for r in (Job.fetch(i, connection=conn).return_value() for i in burst)] == [
+        2 * i for i in range(20)
+    ]
+    h.stop_and_check()
