@@ -155,16 +155,18 @@ def test_herder_leaves_what_rqs_simple_worker_leaves(herder, two_redis, path: st
 def seen_mid_job(conn: Redis, job_id: str, names: dict[bytes, bytes]) -> dict[bytes, tuple]:
     """The snapshot herder_rqcompat.snapshot took while job_id ran, normalised as `state`."""
     out: dict[bytes, tuple] = {}
-    for key, (kind, has_ttl, value) in json.loads(conn.get(f"seen:{job_id}")).items():
+    for key, (kind, ttl, value) in json.loads(conn.get(f"seen:{job_id}")).items():
         if key.startswith(("herder:", "rq:scheduler", "rq:cron")):
             continue
         if kind == "hash":
             fields = {f.encode("latin-1"): v.encode("latin-1") for f, v in value.items()}
             value = sorted((f, b"*" if VOLATILE.match(f) else v) for f, v in fields.items())
-        elif kind in ("zset", "list", "set"):
+        elif kind == "zset":
+            value = sorted((normal(m.encode("latin-1"), names), score) for m, score in value)
+        elif kind in ("list", "set"):
             members = [normal(m.encode("latin-1"), names) for m in value]
             value = members if kind == "list" else sorted(members)
-        out[normal(key.encode("latin-1"), names)] = (kind, has_ttl, value)
+        out[normal(key.encode("latin-1"), names)] = (kind, ttl, value)
     return out
 
 
@@ -172,13 +174,17 @@ def seen_mid_job(conn: Redis, job_id: str, names: dict[bytes, bytes]) -> dict[by
 def test_a_running_job_sees_what_it_sees_under_rqs_simple_worker(herder, two_redis, path: str) -> None:
     """The start of a job, which the end state cannot show (the finish overwrites most of it):
     each job snapshots every key while it runs (its hash, the started registry, its execution,
-    the worker's hash, the intermediate list), the first job and two taken by the finish script."""
+    the worker's hash, the intermediate list), with TTLs and time scores to ten seconds. On the
+    fast path the first job starts in a round trip of its own, the next ones are started by the
+    script that takes them (herder.worker.start_template), and a job with another timeout (so
+    another heartbeat TTL) starts on its own again before its template is used."""
     (by_rq, by_herder), (rq_port, herder_port) = two_redis
-    ids = ["first", "second", "third"]
+    ids = ["first", "second", "third", "longer", "longer-too", "back"]
+    timeouts = [None, None, None, 600, 600, None]
     for conn in (by_rq, by_herder):
         q = Queue("default", connection=conn)
-        for job_id in ids:
-            q.enqueue("herder_rqcompat.snapshot", job_id=job_id, result_ttl=600)
+        for job_id, timeout in zip(ids, timeouts, strict=True):
+            q.enqueue("herder_rqcompat.snapshot", job_id=job_id, result_ttl=600, job_timeout=timeout)
     subprocess.run(
         [BIN / "rq", "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--path", str(JOBS_DIR),
          "--url", f"redis://127.0.0.1:{rq_port}", "default"],
@@ -217,3 +223,17 @@ def test_a_flushed_script_is_loaded_again_and_no_job_is_lost(herder, conn: Redis
         2 * i for i in range(20)
     ]
     h.stop_and_check()
+
+
+def test_one_round_trip_a_job_once_the_start_template_is_learnt(herder, conn: Redis) -> None:
+    """A run of jobs with one timeout: the first starts in a script call of its own, then each
+    finish takes the next job and writes its start, in one call (two before the template)."""
+    q = Queue("default", connection=conn)
+    conn.config_resetstat()
+    ids = [q.enqueue("herder_rqcompat.add", i, 1).id for i in range(30)]
+    h = herder(workers="1", no_scheduler=True)
+    wait_for(lambda: ended(conn, ids), 30, what="the jobs")
+    h.stop_and_check()
+    assert all(Job.fetch(i, connection=conn).get_status().value == "finished" for i in ids)
+    calls = conn.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert len(ids) <= calls <= len(ids) + 3  # + the first start, the last finish, a spare

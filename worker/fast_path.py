@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import sys
 import time
+import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from redis import Redis
@@ -47,15 +50,21 @@ from rq.suspension import WORKERS_SUSPENDED
 from rq.utils import get_version, now
 from rq.worker import SimpleWorker, WorkerStatus
 
+from herder.worker import start_template
 from herder.worker.rq_worker import HerderMixin
+from herder.worker.start_template import FrozenClock, NotTemplatable, StartTemplate, timeout_key
 
-# The finish RQ built, then the next job. ARGV: the guards (their number, then the sets that
-# must be empty), the recorded commands (their number, then each one's argument count and its
-# arguments), then the take: '' for none, or the suspension key, the job key prefix and
+# The finish RQ built, then the next job and its start. ARGV: the guards (their number, then
+# the sets that must be empty), the recorded commands (their number, then each one's argument
+# count and its arguments), the start template (herder.worker.start_template: its number of
+# commands, 0 for none; then the job `timeout` field it is for, the execution id, the time as
+# RQ's ISO string and as a float, the number of scores and the scores, then its commands as
+# the recorded ones), then the take: '' for none, or the suspension key, the job key prefix and
 # 'move' src dst | 'pop' n queue-keys...
 # Returns {0} (a guard set is not empty: nothing written), {1} (written, no job taken),
-# {2, queue_key, job_id, field sizes, fields joined} or {3, error} (a recorded command failed;
-# as with EXEC, the others ran).
+# {2, queue_key, job_id, field sizes, fields joined} (taken), {3, error} (a recorded command
+# failed; as with EXEC, the others ran) or {4, queue_key, job_id, field sizes, fields joined,
+# error or ''} (taken and started from the template).
 FINISH_AND_TAKE = """
 local i = 1
 local function arg() local v = ARGV[i]; i = i + 1; return v end
@@ -70,6 +79,35 @@ for _ = 1, tonumber(arg()) do
   if type(r) == 'table' and r.err and not err then err = r.err end
 end
 if err then return {3, err} end
+local starts, expected, marks, first = tonumber(arg()), nil, nil, nil
+if starts > 0 then
+  expected = arg()
+  marks = {E = arg(), I = arg(), F = arg()}
+  for k = 1, tonumber(arg()) do marks[string.char(96 + k)] = arg() end
+  first = i
+  for _ = 1, starts do i = i + 1 + tonumber(ARGV[i]) end
+end
+local function start(h, id)  -- the template filled in for this job, or nil if it is not for it
+  local timeout, origin = '', nil
+  for k = 1, #h, 2 do
+    if h[k] == 'timeout' then timeout = h[k + 1] elseif h[k] == 'origin' then origin = h[k + 1] end
+  end
+  if not origin or timeout ~= expected then return nil end
+  marks.J, marks.Q = id, origin
+  local failed, at = '', first
+  for _ = 1, starts do
+    local n, args = tonumber(ARGV[at]), {}
+    for k = 1, n do
+      local a = ARGV[at + k]
+      if string.find(a, '\\0', 1, true) then a = (string.gsub(a, '%z(.)', marks)) end
+      args[k] = a
+    end
+    local r = redis.pcall(unpack(args))
+    if type(r) == 'table' and r.err and failed == '' then failed = r.err end
+    at = at + 1 + n
+  end
+  return failed
+end
 local mode = arg()
 if mode == '' then return {1} end
 if redis.call('EXISTS', arg()) == 1 then return {1} end
@@ -79,6 +117,8 @@ local function taken(queue, id)  -- the hash as two strings: parsing one reply o
   if #h == 0 then return nil end
   local sizes = {}
   for k = 1, #h do sizes[k] = #h[k] end
+  local failed = starts > 0 and start(h, id)
+  if failed then return {4, queue, id, table.concat(sizes, ','), table.concat(h), failed} end
   return {2, queue, id, table.concat(sizes, ','), table.concat(h)}
 end
 if mode == 'move' then
@@ -182,6 +222,9 @@ class PendingFinish:
     done: tuple[str, bool] | None = None  # the `done` line, sent once the finish is in Redis
 
 
+MAX_TEMPLATES = 16  # start templates a worker keeps (one per job timeout it has seen)
+
+
 class FastPathMixin(HerderMixin):
     """herder's protocol with the fast lifecycle; on RQ's SimpleWorker only (HerderFastWorker)."""
 
@@ -190,28 +233,106 @@ class FastPathMixin(HerderMixin):
     _job_beat: tuple[Any, int] | None = None
     _prepared: str | None = None  # the job whose start went out with its execution
     _script_conn: Connection | None = None
+    _clock: FrozenClock | None = None
+    _template: StartTemplate | None = None  # the next start, written by the take (see below)
+    _templates: dict[str, StartTemplate] | None = None  # by the job `timeout` field each is for
+    _no_template: str | None = None  # why starts keep a round trip of their own
+    _started: tuple[str, datetime, str, str] | None = None  # (job, time, execution, error): written
 
-    # ---- start: one transaction -------------------------------------------------
+    # ---- start: one transaction, or none of its own -------------------------------
 
     def prepare_execution(self, job: Job) -> Execution:
-        """RQ's prepare_execution and prepare_job_execution, the same writes, one transaction."""
+        """RQ's prepare_execution and prepare_job_execution: the same writes, in one script
+        call, or already written by the script that took the job (from the start template)."""
+        started, self._started = self._started, None
+        if started is not None and started[0] == job.id:
+            _, t, execution_id, error = started
+            execution, _ = self._record_start(job, t, execution_id)  # RQ's objects; Redis has it
+            if error:  # as EXEC: the others ran, the error is raised
+                raise ResponseError(error)
+            self._prepared = job.id
+            return execution
+        t, execution_id = now(), uuid.uuid4().hex
+        execution, commands = self._record_start(job, t, execution_id)
+        lease = RecordingPipeline(self.connection)
+        self.renew_lease(lease)  # herder's lease, when due, rides along
+        reply = self._run_script([], [*commands, *lease.take_recorded()], None, [""])  # one reply
+        if int(reply[0]) == 3:
+            raise ResponseError(_text(reply[1]))
+        self._prepared = job.id
+        self._learn_template(job, t, execution_id, commands)
+        return execution
+
+    def _record_start(
+        self, job: Job, t: datetime, execution_id: str
+    ) -> tuple[Execution, list[tuple[Any, ...]]]:
+        """What RQ's two start transactions write for `job`, recorded, at time t with this
+        execution id; RQ's objects (the execution, the job's and the worker's fields) as RQ leaves them."""
+        if self._clock is None:
+            self._clock = FrozenClock()
         pipeline = RecordingPipeline(self.connection)
-        ttl = self.get_heartbeat_ttl(job)
-        execution = Execution.create(job, ttl, pipeline=pipeline, worker_name=self.name)
-        self.executions[execution.id] = execution
-        self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
-        # From here on RQ's prepare_job_execution (the horse's half, in this process).
-        self.heartbeat(ttl, pipeline=pipeline)
-        job.heartbeat(now(), ttl, pipeline=pipeline)
-        job.prepare_for_execution(self.name, pipeline=pipeline)
+        with self._clock(t, execution_id):
+            ttl = self.get_heartbeat_ttl(job)
+            execution = Execution.create(job, ttl, pipeline=pipeline, worker_name=self.name)
+            self.executions[execution.id] = execution
+            self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
+            # From here on RQ's prepare_job_execution (the horse's half, in this process).
+            super(HerderMixin, self).heartbeat(ttl, pipeline=pipeline)  # RQ's; herder's lease apart
+            job.heartbeat(t, ttl, pipeline=pipeline)
+            job.prepare_for_execution(self.name, pipeline=pipeline)
         pipeline.persist(job.key)
         if len(self.queues) == 1:  # as RQ: only one queue's dequeue moves into the intermediate list
             pipeline.lrem(self.queues[0].intermediate_queue_key, 1, job.id)
-        reply = self._run_script([], pipeline.take_recorded(), [""])  # one reply, not one per command
-        if int(reply[0]) == 3:  # as EXEC: the others ran, the error is raised
-            raise ResponseError(_text(reply[1]))
-        self._prepared = job.id
-        return execution
+        return execution, pipeline.take_recorded()
+
+    def _learn_template(
+        self, job: Job, t: datetime, execution_id: str, commands: list[tuple[Any, ...]]
+    ) -> None:
+        """After a start of its own: the template for jobs with this one's timeout (the next
+        job likely has the same), from RQ's code run for a stand-in, kept only if it gives this
+        real start byte for byte. Each timeout's template is made once."""
+        key = timeout_key(job.timeout)
+        if self._no_template:
+            return
+        if self._templates is None:
+            self._templates = {}
+        if key in self._templates:
+            self._template = self._templates[key]
+            return
+        if len(self._templates) >= MAX_TEMPLATES:
+            return  # a worker whose jobs have many timeouts: the rest keep two round trips
+        if not start_template.rq_version_ok():
+            self._drop_template(f"RQ {start_template.rq.__version__} is not one whose start herder has read")
+            return
+        encode = self._encode
+        stand_in = self.job_class(
+            start_template.STAND_IN_JOB, connection=self.connection, serializer=self.serializer
+        )
+        stand_in.origin, stand_in.timeout = start_template.STAND_IN_QUEUE, job.timeout
+        state, beat = self._state, self.last_heartbeat
+        try:
+            _, recorded = self._record_start(
+                stand_in, start_template.STAND_IN_TIME, start_template.STAND_IN_EXECUTION
+            )
+            template = StartTemplate.from_recording(key, recorded, encode)
+        except NotTemplatable as exc:
+            self._drop_template(str(exc))
+            return
+        except Exception as exc:  # RQ's start needs more of a job than a stand-in has
+            self._drop_template(f"RQ's start failed for a stand-in job: {exc!r}")
+            return
+        finally:
+            self.executions.pop(start_template.STAND_IN_EXECUTION, None)
+            self._state, self.last_heartbeat = state, beat
+        real = [[encode(a) for a in c] for c in commands]
+        if template.fill(job.id, job.origin, execution_id, t, encode) != real:
+            self._drop_template("the template did not give RQ's own start for a real job")
+            return
+        self._template = self._templates[key] = template
+
+    def _drop_template(self, why: str) -> None:
+        self._template, self._no_template = None, why
+        logging.getLogger("herder").info("fast path: each start keeps its own round trip (%s)", why)
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         if self._prepared == job.id:
@@ -293,7 +414,8 @@ class FastPathMixin(HerderMixin):
         return False
 
     def flush(self, take: bool = False) -> tuple[Job, Queue] | None:
-        """Send the waiting finish (and take the next job if `take`): one round trip."""
+        """Send the waiting finish (and take the next job if `take`, and write its start when
+        the template fits it): one round trip."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
@@ -301,7 +423,11 @@ class FastPathMixin(HerderMixin):
         self._write_job_beat(pending.job, pending.beat, beat)
         before, after = beat.take_recorded(), pending.after.take_recorded()
         commands = [*before, *pending.finish, *after]
-        reply = self._run_script(pending.guards, commands, self._take_args() if take else [""])
+        start = None
+        if take and self._template is not None:
+            t, execution_id = now(), uuid.uuid4().hex
+            start = (self._template, self._template.script_values(t, execution_id, self._encode))
+        reply = self._run_script(pending.guards, commands, start, self._take_args() if take else [""])
         code = int(reply[0])
         if code == 0:  # the job has dependents: RQ's own finish (WATCH, dependents, MULTI)
             self._finish_by_rq(pending, after)
@@ -309,13 +435,28 @@ class FastPathMixin(HerderMixin):
             self.channel.done(*pending.done)
         if code == 3:
             raise ResponseError(_text(reply[1]))
-        if code == 2:
-            return self._took_from_script(_text(reply[1]), _text(reply[2]), unpack_hash(reply[3], reply[4]))
+        if code in (2, 4):
+            job_id = _text(reply[2])
+            if code == 4:  # its start is written: prepare_execution makes RQ's objects only
+                self._started = (job_id, t, execution_id, _text(reply[5]))
+            return self._took_from_script(_text(reply[1]), job_id, unpack_hash(reply[3], reply[4]))
         return None
 
-    def _run_script(self, guards: list[str], commands: list[tuple[Any, ...]], take: list[Any]) -> list[Any]:
-        encoder = self.connection.connection_pool.get_encoder()
-        return self._evalsha(resp_request(guards, commands, take, encoder))
+    def _run_script(
+        self,
+        guards: list[str],
+        commands: list[tuple[Any, ...]],
+        start: tuple[StartTemplate, list[Any]] | None,
+        take: list[Any],
+    ) -> list[Any]:
+        return self._evalsha(resp_request(guards, commands, start, take, self._encode))
+
+    @property
+    def _encode(self) -> Any:
+        encode = self.__dict__.get("_encode_fn")
+        if encode is None:
+            encode = self.__dict__["_encode_fn"] = _encoder(self.connection.connection_pool.get_encoder())
+        return encode
 
     def _evalsha(self, request: bytes) -> Any:
         """The script on a connection of its own, without redis-py's per-call machinery (pool,
@@ -459,29 +600,53 @@ def remember_resolved_serializers() -> None:
             module.resolve_serializer = resolve_serializer  # type: ignore[attr-defined]
 
 
-def resp_request(guards: list[str], commands: list[tuple[Any, ...]], take: list[Any], encoder: Any) -> bytes:
+def _encoder(encoder: Any) -> Any:
+    """redis-py's encoding of an argument, with its common cases inlined (the same bytes)."""
+    if (encoder.encoding, encoder.encoding_errors) != ("utf-8", "strict"):
+        return encoder.encode
+
+    def encode(a: Any) -> bytes:
+        kind = type(a)
+        if kind is bytes:
+            return a
+        if kind is str:
+            return a.encode()
+        return b"%d" % a if kind is int else encoder.encode(a)
+
+    return encode
+
+
+def resp_request(
+    guards: list[str],
+    commands: list[tuple[Any, ...]],
+    start: tuple[StartTemplate, list[Any]] | None,
+    take: list[Any],
+    encode: Any,
+) -> bytes:
     """The EVALSHA call as the bytes Redis reads (RESP), framed here in one pass: redis-py's
     per-argument packing was a third of the worker's CPU per job. Each command goes as its own
     arguments, so the script splits nothing (splitting one joined argument in Lua cost Redis
-    about 16 us a call); each argument's bytes are what redis-py's encoder makes of it."""
-    encode = encoder.encode
-    if (encoder.encoding, encoder.encoding_errors) == ("utf-8", "strict"):  # the same bytes, faster
-
-        def encode(a: Any) -> bytes:
-            kind = type(a)
-            if kind is bytes:
-                return a
-            if kind is str:
-                return a.encode()
-            return b"%d" % a if kind is int else encoder.encode(a)
-
+    about 16 us a call); each argument's bytes are what redis-py's encoder makes of it. A start
+    template's commands are framed once, when it is made."""
     args: list[Any] = ["EVALSHA", SCRIPT_SHA, 0, len(guards), *guards, len(commands)]
     for command in commands:
         args.append(len(command))
         args.extend(command)
-    args.extend(take)
-    values = [encode(a) for a in args]
-    return b"*%d\r\n%b" % (len(values), b"".join([b"$%d\r\n%b\r\n" % (len(v), v) for v in values]))
+    framed, framed_size = b"", 0
+    if start is None:
+        args.append(0)
+    else:
+        template, values = start
+        args.extend(values)
+        framed, framed_size = template.framed, template.size
+    head = [encode(a) for a in args]
+    tail = [encode(a) for a in take]
+    return b"*%d\r\n%b%b%b" % (
+        len(head) + framed_size + len(tail),
+        b"".join([b"$%d\r\n%b\r\n" % (len(v), v) for v in head]),
+        framed,
+        b"".join([b"$%d\r\n%b\r\n" % (len(v), v) for v in tail]),
+    )
 
 
 def unpack_hash(sizes: bytes, joined: bytes) -> dict[bytes, bytes]:

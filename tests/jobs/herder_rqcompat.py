@@ -52,8 +52,10 @@ def noted_stop(job, connection) -> None:  # noqa: ANN001
 
 def snapshot() -> int:
     """Every key RQ has written by the time the job runs, stored as JSON under seen:<job id>:
-    {key: [type, has a TTL, value]}, bytes as latin-1. What a user's code sees mid-job."""
+    {key: [type, TTL, value]}, bytes as latin-1. What a user's code sees mid-job. A TTL, and a
+    sorted set's score that is a time, are kept as seconds from now to the nearest ten."""
     import json
+    import time
 
     job = get_current_job()
     assert job is not None
@@ -66,7 +68,10 @@ def snapshot() -> int:
         if kind == "hash":
             value: object = {f.decode("latin-1"): v.decode("latin-1") for f, v in conn.hgetall(key).items()}
         elif kind == "zset":
-            value = [m.decode("latin-1") for m in conn.zrange(key, 0, -1)]
+            value = [
+                [m.decode("latin-1"), round(score - time.time(), -1) if score > 1e9 else score]
+                for m, score in conn.zrange(key, 0, -1, withscores=True)
+            ]
         elif kind == "list":
             value = [m.decode("latin-1") for m in conn.lrange(key, 0, -1)]
         elif kind == "set":
@@ -75,6 +80,7 @@ def snapshot() -> int:
             value = conn.get(key).decode("latin-1")
         else:
             value = kind
-        seen[key.decode("latin-1")] = [kind, conn.ttl(key) != -1, value]
+        ttl = conn.ttl(key)
+        seen[key.decode("latin-1")] = [kind, ttl if ttl < 0 else round(ttl, -1), value]
     conn.set(f"seen:{job.id}", json.dumps(seen))
     return len(seen)

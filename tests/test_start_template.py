@@ -1,0 +1,95 @@
+"""The start template (herder.worker.start_template): RQ's own start, recorded for a stand-in
+job, is kept only when it gives a real job's start byte for byte, and refused otherwise.
+
+Unit tests of the worker's logic: a real Redis connection object (the worker needs one), but
+nothing is sent: RQ's start is recorded, never run. The end-to-end checks are in
+tests/test_fast_path.py (a running job sees the same keys under RQ's worker and herder's)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+from rq.utils import now
+
+from herder.worker import start_template
+from herder.worker.fast_path import HerderFastWorker
+
+
+@pytest.fixture
+def worker(conn: Redis) -> HerderFastWorker:
+    return HerderFastWorker([Queue("default", connection=conn)], connection=conn, name="unit-worker")
+
+
+def start_of(worker: HerderFastWorker, job: Job) -> tuple:
+    t, execution_id = now(), uuid.uuid4().hex
+    _, commands = worker._record_start(job, t, execution_id)
+    return t, execution_id, commands
+
+
+def encoded(worker: HerderFastWorker, commands: list) -> list[list[bytes]]:
+    return [[worker._encode(a) for a in command] for command in commands]
+
+
+def test_the_template_gives_rqs_own_start_for_the_next_job(worker: HerderFastWorker, conn: Redis) -> None:
+    q = Queue("default", connection=conn)
+    first = q.enqueue("herder_rqcompat.add", 1, 2, job_timeout=77)
+    worker._learn_template(first, *start_of(worker, first))
+    template = worker._template
+    assert template is not None and template.key == "77" and worker._no_template is None
+    assert start_template.STAND_IN_EXECUTION not in worker.executions  # the stand-in left nothing
+
+    second = q.enqueue("herder_rqcompat.add", 3, 4, job_timeout=77)
+    t, execution_id, commands = start_of(worker, second)
+    filled = template.fill(second.id, second.origin, execution_id, t, worker._encode)
+    assert filled == encoded(worker, commands)
+    assert b"\x00J" in b"".join(a for c in template.commands for a in c)  # the job id is a marker
+
+    other = q.enqueue("herder_rqcompat.add", 5, 6, job_timeout=500)  # another heartbeat TTL
+    worker._learn_template(other, *start_of(worker, other))
+    assert worker._template is not None and worker._template.key == "500"
+    assert set(worker._templates or {}) == {"77", "500"}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param(lambda job: str(job.description), id="a job field the stand-in does not share"),
+        pytest.param(lambda job: repr(time.time()), id="a clock the template does not pin"),
+    ],
+)
+def test_a_start_that_depends_on_more_keeps_its_own_round_trip(
+    worker: HerderFastWorker, conn: Redis, monkeypatch: pytest.MonkeyPatch, extra
+) -> None:
+    """An RQ whose start writes something the template cannot stand in for: the check against
+    the real start refuses it, and every start keeps its own round trip."""
+    original = Job.prepare_for_execution
+
+    def prepare_for_execution(self: Job, worker_name: str, pipeline) -> None:  # noqa: ANN001
+        original(self, worker_name, pipeline)
+        pipeline.hset(self.key, "extra", extra(self))
+
+    monkeypatch.setattr(Job, "prepare_for_execution", prepare_for_execution)
+    job = Queue("default", connection=conn).enqueue("herder_rqcompat.add", 1, 2)
+    worker._learn_template(job, *start_of(worker, job))
+    assert worker._template is None
+    assert worker._no_template == "the template did not give RQ's own start for a real job"
+
+
+def test_a_start_that_fails_for_a_stand_in_keeps_its_own_round_trip(
+    worker: HerderFastWorker, conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = Job.prepare_for_execution
+
+    def prepare_for_execution(self: Job, worker_name: str, pipeline) -> None:  # noqa: ANN001
+        original(self, worker_name, pipeline)
+        pipeline.hset(self.key, "func", self.func_name)  # the stand-in has no function
+
+    monkeypatch.setattr(Job, "prepare_for_execution", prepare_for_execution)
+    job = Queue("default", connection=conn).enqueue("herder_rqcompat.add", 1, 2)
+    worker._learn_template(job, *start_of(worker, job))
+    assert worker._template is None and "stand-in" in (worker._no_template or "")

@@ -1,0 +1,163 @@
+"""RQ's start writes for the next job, as a template the finish-and-take script fills in.
+
+A job's start (RQ's prepare_execution and prepare_job_execution) writes about fifteen commands
+whose arguments depend on five things only: the job's id, its origin queue, a new execution
+id, the time, and the heartbeat TTL (from the job's timeout). So RQ's own code is run once for
+a stand-in job, with a stand-in execution id and a stand-in clock (`frozen_clock`), and what
+it records becomes a template: each stand-in value replaced by a marker (NUL and a letter).
+The script that finishes a job and takes the next one fills the markers in with the taken
+job's id and origin and the time and execution id the worker sends, and writes the start in
+the same round trip.
+
+A template is trusted only once it has matched a real start byte for byte: the worker's first
+job (and the first of each other timeout) starts the two-round-trip way, its commands recorded
+under the same frozen clock, and the template filled in with that job's values must give the
+same commands. If they differ (an RQ version whose start depends on something else) the
+template is dropped and every start keeps its own round trip. The script uses a template
+only for a job whose `timeout` field is the one the template was made for.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import re
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import rq
+import rq.executions
+import rq.utils
+
+# Stand-ins no real job, queue or time has: a NUL-free id and queue name, an execution id that
+# is valid hex (RQ makes it a UUID's hex) and a time in the next century with odd microseconds.
+STAND_IN_JOB = "herder-stand-in-job"
+STAND_IN_QUEUE = "herder-stand-in-queue"
+STAND_IN_EXECUTION = "e0" * 16
+STAND_IN_TIME = datetime(2101, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+INT_RANGE = 10**8  # an integer argument this close to the stand-in time is a time (a score)
+MARK = re.compile(rb"\x00(.)", re.DOTALL)
+TESTED_RQ = ("3.",)  # RQ versions whose start was read and depends on id, origin and timeout only
+
+
+class NotTemplatable(Exception):
+    """The recorded start cannot be a template (it says why)."""
+
+
+def rq_version_ok() -> bool:
+    return str(getattr(rq, "__version__", "")).startswith(TESTED_RQ)
+
+
+def timeout_key(timeout: Any) -> str:
+    """The job hash's `timeout` field as RQ writes it (to_dict: the number, absent when None)."""
+    return "" if timeout is None else str(timeout)
+
+
+class FrozenClock:
+    """RQ's clock and execution ids pinned for the length of a `with`: every `now()` and
+    `current_timestamp()` in RQ's modules gives one time, Execution.create one id."""
+
+    def __init__(self) -> None:
+        self.sites: list[tuple[Any, str]] = []
+        for module in list(sys.modules.values()):
+            name = getattr(module, "__name__", "") or ""
+            if name != "rq" and not name.startswith("rq."):
+                continue
+            for attr in ("now", "current_timestamp"):
+                if getattr(module, attr, None) is getattr(rq.utils, attr):
+                    self.sites.append((module, attr))
+
+    @contextlib.contextmanager
+    def __call__(self, t: datetime, execution_id: str) -> Iterator[None]:
+        stamp = calendar.timegm(t.utctimetuple())
+        fakes: dict[str, Callable[[], Any]] = {"now": lambda: t, "current_timestamp": lambda: stamp}
+        fixed = uuid.UUID(hex=execution_id)
+        originals = [(m, a, getattr(m, a)) for m, a in self.sites]
+        original_uuid4 = rq.executions.uuid4
+        for module, attr in self.sites:
+            setattr(module, attr, fakes[attr])
+        rq.executions.uuid4 = lambda: fixed  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            for module, attr, original in originals:
+                setattr(module, attr, original)
+            rq.executions.uuid4 = original_uuid4  # type: ignore[assignment]
+
+
+def time_values(t: datetime, encode: Callable[[Any], bytes], offsets: list[int]) -> list[bytes]:
+    """What the markers I, F and a, b, ... stand for at time t: RQ's ISO form, the float
+    timestamp as redis-py sends it, and each integer score (whole seconds + an offset)."""
+    stamp = calendar.timegm(t.utctimetuple())
+    return [rq.utils.utcformat(t).encode(), encode(t.timestamp()), *(b"%d" % (stamp + k) for k in offsets)]
+
+
+class StartTemplate:
+    """One recorded start with its stand-ins marked, for jobs of one `timeout` field."""
+
+    def __init__(self, key: str, commands: list[list[bytes]], offsets: list[int]) -> None:
+        self.key = key
+        self.commands = commands
+        self.offsets = offsets
+        self.size = sum(1 + len(c) for c in commands)  # the script arguments the commands take
+        self.framed = b"".join(
+            b"$%d\r\n%b\r\n" % (len(v), v) for c in commands for v in (b"%d" % len(c), *c)
+        )  # RESP, made once: the same bytes in every request
+
+    @classmethod
+    def from_recording(
+        cls, key: str, recorded: list[tuple[Any, ...]], encode: Callable[[Any], bytes]
+    ) -> StartTemplate:
+        stamp = calendar.timegm(STAND_IN_TIME.utctimetuple())
+        iso, flt = time_values(STAND_IN_TIME, encode, [])
+        marks = [
+            (STAND_IN_EXECUTION.encode(), b"\x00E"),
+            (STAND_IN_JOB.encode(), b"\x00J"),
+            (STAND_IN_QUEUE.encode(), b"\x00Q"),
+            (iso, b"\x00I"),
+            (flt, b"\x00F"),
+        ]
+        offsets: list[int] = []
+        commands = []
+        for command in recorded:
+            args = []
+            for a in command:
+                if type(a) is int and abs(a - stamp) < INT_RANGE:
+                    if a - stamp not in offsets:
+                        offsets.append(a - stamp)
+                    if len(offsets) > 26:
+                        raise NotTemplatable("more than 26 different times")
+                    args.append(b"\x00" + bytes([96 + offsets.index(a - stamp) + 1]))
+                    continue
+                v = encode(a)
+                if b"\x00" in v:
+                    raise NotTemplatable("a NUL byte in a recorded argument")
+                for stand_in, mark in marks:
+                    v = v.replace(stand_in, mark)
+                args.append(v)
+            commands.append(args)
+        return cls(key, commands, offsets)
+
+    def script_values(self, t: datetime, execution_id: str, encode: Callable[[Any], bytes]) -> list[Any]:
+        """The arguments before the template's commands: their number, the timeout field it is
+        for, the execution id, the time's forms and the scores."""
+        iso, flt, *ints = time_values(t, encode, self.offsets)
+        return [len(self.commands), self.key, execution_id, iso, flt, len(ints), *ints]
+
+    def fill(
+        self, job_id: str, origin: str, execution_id: str, t: datetime, encode: Callable[[Any], bytes]
+    ) -> list[list[bytes]]:
+        """The template filled in here, as the script fills it in (to check it against RQ)."""
+        iso, flt, *ints = time_values(t, encode, self.offsets)
+        values = {
+            b"J": job_id.encode(),
+            b"Q": origin.encode(),
+            b"E": execution_id.encode(),
+            b"I": iso,
+            b"F": flt,
+        }
+        values.update({bytes([96 + i + 1]): v for i, v in enumerate(ints)})
+        return [[MARK.sub(lambda m: values.get(m.group(1), m.group(0)), a) for a in c] for c in self.commands]
