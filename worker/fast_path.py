@@ -1,20 +1,22 @@
-"""herder's fast job lifecycle: RQ's own writes for each job, in two round trips instead of about eleven.
+"""herder's fast job lifecycle: RQ's own writes for each job, in one round trip instead of about eleven.
 
 RQ's SimpleWorker spends a no-op job's time mostly waiting on Redis: a heartbeat, the state,
 the dequeue, the job's hash, an execution transaction, a start transaction, the job's heartbeat,
 a WATCH and a read of the dependents, the finish transaction and the state again, each its
-own round trip. This mixin sends the same commands, built by RQ's own code, in two:
+own round trip. This mixin sends the same commands, built by RQ's own code, in one script call:
 
-1. **start**: the execution and the start, RQ's two transactions (prepare_execution and
-   prepare_job_execution), as one.
-2. **finish and take**: the finish transaction RQ's handle_job_success builds is recorded,
-   not sent (`RecordingPipeline`), together with the state and heartbeat writes after it.
-   Before the next dequeue one script runs it, then takes the next job exactly as RQ's
-   dequeue does (LMOVE into the intermediate list for one queue, LPOP in order for several;
-   a vanished job is skipped) and returns its hash. RQ WATCHes the job's dependents set
-   around its transaction; the script checks it is empty instead, atomically, and when it
-   is not nothing is written and RQ's own path finishes the job (dependents are enqueued by
-   RQ's code).
+1. **finish**: the finish transaction RQ's handle_job_success builds is recorded, not sent
+   (`RecordingPipeline`), together with the state and heartbeat writes after it. RQ WATCHes
+   the job's dependents set around its transaction; the script checks it is empty instead,
+   atomically, and when it is not nothing is written and RQ's own path finishes the job
+   (dependents are enqueued by RQ's code).
+2. **take**: then the script takes the next job exactly as RQ's dequeue does (LMOVE into the
+   intermediate list for one queue, LPOP in order for several; a vanished job is skipped)
+   and returns its hash.
+3. **start**: and writes that job's start, RQ's two transactions (prepare_execution and
+   prepare_job_execution), from a template RQ's code recorded for a stand-in job
+   (herder.worker.start_template). A job the template is not for (another timeout), and the
+   first job, start in a script call of their own.
 
 `done` goes to the master only once the finish is in Redis, so a job the master counts done
 is done in Redis too. Everything else stays RQ's code path: a failed job, a Retry, a job with

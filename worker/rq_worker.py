@@ -341,7 +341,7 @@ def make_worker(cfg: Config, name: str, connection: Redis) -> HerderMixin:
     """The worker `rq worker` would build from the same options (docs/migrating-from-rq.md)."""
     cls: type[BaseWorker]
     if cfg.fast_path and not (cfg.worker_class or cfg.queue_class) and cfg.dequeue_strategy == "default":
-        from herder.worker.fast_path import HerderFastWorker  # RQ's writes in two round trips
+        from herder.worker.fast_path import HerderFastWorker  # RQ's writes in one round trip
 
         cls = HerderFastWorker
     else:  # RQ's own code path, call by call

@@ -61,6 +61,10 @@ def flaky_connection(tag: str) -> str:
     job = get_current_job()
     assert job is not None
     conn = job.connection
+    # A job of some length, as real ones are, and as long on every worker: healthy workers that
+    # finish no-op jobs in one round trip each could otherwise drain the queue before the broken
+    # one fails a few, and a broken one failing at once could spend every retry of a job.
+    time.sleep(0.02)
     if conn.exists(f"broken:{os.getpid()}") or conn.exists("db_down"):
         conn.rpush(f"failed-on:{tag}", os.getpid())
         raise ConnectionError("the database connection is gone")
