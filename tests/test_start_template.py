@@ -93,3 +93,22 @@ def test_a_start_that_fails_for_a_stand_in_keeps_its_own_round_trip(
     job = Queue("default", connection=conn).enqueue("herder_rqcompat.add", 1, 2)
     worker._learn_template(job, *start_of(worker, job))
     assert worker._template is None and "stand-in" in (worker._no_template or "")
+
+
+def test_the_pinned_clock_is_this_threads_only() -> None:
+    """While a stand-in's time is pinned, RQ's other threads in the worker (its pubsub
+    listener, herder's sentinel) still read the real clock."""
+    import threading
+
+    import rq.utils
+
+    seen: dict[str, object] = {}
+    clock = start_template.FrozenClock()
+    with clock(start_template.STAND_IN_TIME, start_template.STAND_IN_EXECUTION):
+        other = threading.Thread(target=lambda: seen.update(other=rq.utils.now()))
+        other.start()
+        other.join()
+        seen["this"] = rq.utils.now()
+    assert seen["this"] == start_template.STAND_IN_TIME
+    assert seen["other"] != start_template.STAND_IN_TIME and seen["other"].year < 2100  # type: ignore[attr-defined]
+    assert rq.utils.now().year < 2100  # restored

@@ -23,6 +23,7 @@ import calendar
 import contextlib
 import re
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -72,14 +73,22 @@ class FrozenClock:
 
     @contextlib.contextmanager
     def __call__(self, t: datetime, execution_id: str) -> Iterator[None]:
+        """Pinned for this thread only: the worker's other threads (RQ's pubsub listener,
+        herder's sentinel) keep the real clock, even while a stand-in's time is pinned."""
         stamp = calendar.timegm(t.utctimetuple())
-        fakes: dict[str, Callable[[], Any]] = {"now": lambda: t, "current_timestamp": lambda: stamp}
         fixed = uuid.UUID(hex=execution_id)
+        owner = threading.get_ident()
+        real_now, real_stamp, real_uuid4 = rq.utils.now, rq.utils.current_timestamp, rq.executions.uuid4
+
+        def pinned(value: Any, real: Callable[[], Any]) -> Callable[[], Any]:
+            return lambda: value if threading.get_ident() == owner else real()
+
+        fakes = {"now": pinned(t, real_now), "current_timestamp": pinned(stamp, real_stamp)}
         originals = [(m, a, getattr(m, a)) for m, a in self.sites]
         original_uuid4 = rq.executions.uuid4
         for module, attr in self.sites:
             setattr(module, attr, fakes[attr])
-        rq.executions.uuid4 = lambda: fixed  # type: ignore[assignment]
+        rq.executions.uuid4 = pinned(fixed, real_uuid4)  # type: ignore[assignment]
         try:
             yield
         finally:
