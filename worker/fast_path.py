@@ -194,6 +194,18 @@ class RecordingPipeline(Pipeline):
         return recorded
 
 
+class _Discard:
+    """Takes any pipeline command and keeps nothing: RQ's start run for the objects it leaves
+    (its writes are already in Redis), without building the commands."""
+
+    def __getattr__(self, name: str) -> Any:
+        return _ignore
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 class _Recorder:
     """Stands in for the worker's connection while RQ builds its finish: its pipelines record."""
 
@@ -249,7 +261,7 @@ class FastPathMixin(HerderMixin):
         started, self._started = self._started, None
         if started is not None and started[0] == job.id:
             _, t, execution_id, error = started
-            execution, _ = self._record_start(job, t, execution_id)  # RQ's objects; Redis has it
+            execution, _ = self._record_start(job, t, execution_id, keep=False)  # Redis has it
             if error:  # as EXEC: the others ran, the error is raised
                 raise ResponseError(error)
             self._prepared = job.id
@@ -266,13 +278,14 @@ class FastPathMixin(HerderMixin):
         return execution
 
     def _record_start(
-        self, job: Job, t: datetime, execution_id: str
+        self, job: Job, t: datetime, execution_id: str, keep: bool = True
     ) -> tuple[Execution, list[tuple[Any, ...]]]:
-        """What RQ's two start transactions write for `job`, recorded, at time t with this
-        execution id; RQ's objects (the execution, the job's and the worker's fields) as RQ leaves them."""
+        """What RQ's two start transactions write for `job`, recorded (unless not `keep`), at
+        time t with this execution id; RQ's objects (the execution, the job's and the worker's
+        fields) as RQ leaves them."""
         if self._clock is None:
             self._clock = FrozenClock()
-        pipeline = RecordingPipeline(self.connection)
+        pipeline: Any = RecordingPipeline(self.connection) if keep else _Discard()
         with self._clock(t, execution_id):
             ttl = self.get_heartbeat_ttl(job)
             execution = Execution.create(job, ttl, pipeline=pipeline, worker_name=self.name)
@@ -285,7 +298,7 @@ class FastPathMixin(HerderMixin):
         pipeline.persist(job.key)
         if len(self.queues) == 1:  # as RQ: only one queue's dequeue moves into the intermediate list
             pipeline.lrem(self.queues[0].intermediate_queue_key, 1, job.id)
-        return execution, pipeline.take_recorded()
+        return execution, pipeline.take_recorded() if keep else []
 
     def _learn_template(
         self, job: Job, t: datetime, execution_id: str, commands: list[tuple[Any, ...]]
