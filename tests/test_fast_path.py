@@ -237,3 +237,8 @@ def test_one_round_trip_a_job_once_the_start_template_is_learnt(herder, conn: Re
     assert all(Job.fetch(i, connection=conn).get_status().value == "finished" for i in ids)
     calls = conn.info("commandstats")["cmdstat_evalsha"]["calls"]
     assert len(ids) <= calls <= len(ids) + 3  # + the first start, the last finish, a spare
+    # RQ's own lines for every job, as `rq worker` prints them, through herder's log.
+    log = h.log()
+    for job_id in ids:
+        taken = rf"INFO Worker \S+: default: herder_rqcompat\.add\(\d+, 1\) \({job_id}\)"
+        assert re.search(taken, log) and re.search(rf"INFO Worker \S+: default: Job OK \({job_id}\)", log)
