@@ -193,13 +193,19 @@ class Master:
             self.recovery.start()
         if self.restarts:  # the watchdog restarted the master: its last one died or hung
             self.hooks.emit("master_restarted", restarts=self.restarts)
-        while not (self.stopping and not self.workers and not self.sched.running):
+        while not self.stopped():
             began = self.clock.monotonic()
             self.step()
+            if self.stopped():
+                break  # the last one just exited: no tick to wait out
             worked, wait = self.clock.monotonic(), self.next_wait()
             self.events.wait(wait)
             self.health.loop_pass(began, worked, wait, self.clock.monotonic())
         return self.shut_down()
+
+    def stopped(self) -> bool:
+        """Stopping, and every worker and the scheduler process have exited."""
+        return self.stopping and not self.workers and not self.sched.running
 
     def step(self) -> None:
         """One pass of the loop (unit tests call it directly)."""
