@@ -28,6 +28,7 @@ tests/test_fast_path.py compares the Redis state key by key with RQ's SimpleWork
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import sys
@@ -466,12 +467,10 @@ class FastPathMixin(HerderMixin):
     ) -> list[Any]:
         return self._evalsha(resp_request(guards, commands, start, take, self._encode))
 
-    @property
+    @functools.cached_property
     def _encode(self) -> Any:
-        encode = self.__dict__.get("_encode_fn")
-        if encode is None:
-            encode = self.__dict__["_encode_fn"] = _encoder(self.connection.connection_pool.get_encoder())
-        return encode
+        """redis-py's argument encoding for this worker's connection (made once)."""
+        return _encoder(self.connection.connection_pool.get_encoder())
 
     def _evalsha(self, request: bytes) -> Any:
         """The script on a connection of its own, without redis-py's per-call machinery (pool,
