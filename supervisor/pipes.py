@@ -6,15 +6,18 @@ flat in the fleet size, and one thread stays one thread at 4 workers or 256.
 
 Readers still only record what they saw; the master's loop decides. Each pipe has a
 PipeReader (herder.supervisor.workerproc has the two kinds) that the hub feeds chunk by
-chunk. After a pass that read anything the hub sleeps COALESCE: lines pile up in the pipes,
-so a busy fleet costs fewer wake-ups and reads (EOF still shows within COALESCE). A reader
-may ask to be paused (a flooding worker): its pipe leaves the selector until then, and the
-worker blocks on its full pipe (back-pressure), never the master.
+chunk. After a pass that read anything the hub pauses COALESCE (longer when many pipes had
+something): lines pile up in the pipes, so a busy fleet costs fewer wake-ups and reads. The
+pause waits on the hub's poke pipe, so `hurry()` (the master reaping a worker, whose last
+lines it must read first) and a new pipe end it at once. A reader may ask to be paused (a
+flooding worker): its pipe leaves the selector until then, and the worker blocks on its full
+pipe (back-pressure), never the master.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import threading
 import time
@@ -22,9 +25,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 CHUNK = 65536
-COALESCE = 0.005  # seconds the hub sleeps after a pass that read anything
-BUSY_PIPES = 8  # pipes with something to read in one pass, above which the sleep grows...
-COALESCE_MAX_FACTOR = 8.0  # ... to at most this many times COALESCE (40 ms)
+COALESCE = 0.005  # seconds the hub pauses after a pass that read anything
+BUSY_PIPES = 8  # pipes with something to read in one pass, above which the pause grows...
+COALESCE_MAX_FACTOR = 16.0  # ... to at most this many times COALESCE (80 ms, at 128 such pipes)
 
 
 class PipeReader(Protocol):
@@ -43,7 +46,8 @@ class PipeReader(Protocol):
 
 
 class PipeHub:
-    def __init__(self) -> None:
+    def __init__(self, coalesce: float = COALESCE) -> None:
+        self.coalesce = coalesce
         self._sel = selectors.DefaultSelector()
         self._poke_r, self._poke_w = os.pipe()
         os.set_blocking(self._poke_r, False)
@@ -61,6 +65,10 @@ class PipeHub:
         os.set_blocking(fd, False)
         with self._lock:
             self._new.append((fd, reader))
+        self._poke()
+
+    def hurry(self) -> None:
+        """Read every pipe now, cutting a coalescing pause short (any thread)."""
         self._poke()
 
     def _poke(self) -> None:
@@ -112,8 +120,9 @@ class PipeHub:
                     after()
                 # Let busy workers' lines pile up: fewer wake-ups and reads. Longer when many pipes
                 # had something (a large busy fleet), so a read still finds a few lines, not one:
-                # the master's cost per job stays flat as the fleet grows.
-                time.sleep(COALESCE * min(COALESCE_MAX_FACTOR, max(1.0, len(events) / BUSY_PIPES)))
+                # the master's cost per job stays flat as the fleet grows. A poke ends it.
+                pause = self.coalesce * min(COALESCE_MAX_FACTOR, max(1.0, len(events) / BUSY_PIPES))
+                select.select([self._poke_r], [], [], pause)
 
     def _take_new(self) -> None:
         try:

@@ -315,8 +315,11 @@ class WorkerProcess:
         self.signal_group(signal.SIGKILL)
         code = self.popen.wait()
         WATCHED.discard(self.pid)
-        # The stdout reader may still hold the worker's last lines (its final `done`).
-        self.stdout_done.wait(timeout=1.0)
+        # The stdout reader may still hold the worker's last lines (its final `done`): the hub
+        # reads them now, not after its coalescing pause.
+        if not self.stdout_done.is_set():
+            pipes.hub().hurry()
+            self.stdout_done.wait(timeout=1.0)
         try:
             if self.popen.stdin:
                 self.popen.stdin.close()

@@ -83,6 +83,26 @@ def steady_threads(p: psutil.Process) -> int:
     return min(seen)
 
 
+def test_hurry_cuts_the_coalescing_pause_short() -> None:
+    """The master reaping a worker has the hub read its last lines now, not after the pause a
+    busy fleet's lines pile up in (issue 19: the pause grows to 80 ms)."""
+    hub = PipeHub(coalesce=30.0)  # a pause far longer than anything below waits
+    r, w = os.pipe()
+    rec = Recorder()
+    hub.add(r, rec)
+    os.write(w, b"first\n")
+    wait_for(lambda: rec.feeds == 1, timeout=5, what="the first line read")
+    os.write(w, b"second\n")  # the hub pauses now: the line waits in the pipe...
+    time.sleep(0.3)
+    assert rec.data == b"first\n"
+    hub.hurry()  # ... until hurried
+    wait_for(lambda: rec.data == b"first\nsecond\n", timeout=5, what="the second line read after hurry()")
+    os.close(w)
+    hub.hurry()
+    assert rec.ended.wait(5)
+    os.close(r)
+
+
 def test_the_masters_threads_do_not_grow_with_the_fleet(herder) -> None:
     h = herder(workers="3")
     h.wait_workers(3)
