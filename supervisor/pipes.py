@@ -17,7 +17,6 @@ pipe (back-pressure), never the master.
 from __future__ import annotations
 
 import os
-import select
 import selectors
 import threading
 import time
@@ -53,6 +52,8 @@ class PipeHub:
         os.set_blocking(self._poke_r, False)
         os.set_blocking(self._poke_w, False)
         self._sel.register(self._poke_r, selectors.EVENT_READ, None)
+        self._pause = selectors.DefaultSelector()  # the coalescing pause: a poke ends it early
+        self._pause.register(self._poke_r, selectors.EVENT_READ)
         self._lock = threading.Lock()
         self._new: list[tuple[int, PipeReader]] = []
         self._paused: dict[int, tuple[float, PipeReader]] = {}  # fd -> (resume at, reader)
@@ -122,7 +123,7 @@ class PipeHub:
                 # had something (a large busy fleet), so a read still finds a few lines, not one:
                 # the master's cost per job stays flat as the fleet grows. A poke ends it.
                 pause = self.coalesce * min(COALESCE_MAX_FACTOR, max(1.0, len(events) / BUSY_PIPES))
-                select.select([self._poke_r], [], [], pause)
+                self._pause.select(pause)
 
     def _take_new(self) -> None:
         try:
