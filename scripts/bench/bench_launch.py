@@ -74,8 +74,10 @@ def chain_env(url: str, tmp: Path, workers: int, herder_src: Path) -> dict[str, 
     env = child_env()
     env["PYTHONPATH"] = str(herder_src)
     env[ENV_RESOLVED] = cfg.to_env()
-    worker = {k: v for k, v in worker_env(cfg, 0).items() if k not in child_env() or k == "PYTHONPATH"}
-    env[ENV_LAUNCH] = json.dumps({"workers": workers, "env": {**env, **worker}})
+    from_master = {
+        k: v for k, v in worker_env(cfg, 0).items() if k.startswith("HERDER_") or k == "PYTHONUNBUFFERED"
+    }
+    env[ENV_LAUNCH] = json.dumps({"workers": workers, "env": {**env, **from_master}})
     return env
 
 

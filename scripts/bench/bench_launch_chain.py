@@ -11,11 +11,12 @@ series but the interpreters themselves. Standard library and herder only: it run
 - `single`: one interpreter, rq's pool's shape: imports what herder's workers need and forks
   them; no watchdog, master or template before it.
 
-Each forked worker runs herder's worker (herder.worker.__main__.main) with the environment a
-master gives slot N (HERDER_LAUNCH_ENV, JSON, from the bench), its stdin a pipe kept open and
-its protocol lines dropped. Every real step that sits between these interpreters in herder
-(the configuration handed over, the master's loop and its Redis side, a fork request) is left
-out, so what this measures is a lower bound for that process tree, not something to ship.
+Each worker is forked as herder's template forks one (herder.worker.template.fork_worker) and
+runs herder's worker with the environment a master gives slot N (HERDER_LAUNCH_ENV, JSON, from
+the bench), its stdin a pipe kept open and its protocol lines dropped. Every real step that
+sits between these interpreters in herder (the configuration handed over, the master's loop
+and its Redis side, a fork request) is left out, so what this measures is a lower bound for
+that process tree, not something to ship.
 """
 
 from __future__ import annotations
@@ -27,30 +28,31 @@ import sys
 import time
 
 ENV_LAUNCH = "HERDER_LAUNCH_ENV"  # {"workers": N, "env": {...}}: what each worker gets
+ENV_ROLE = "HERDER_LAUNCH_ROLE"
 ROLE_ARGV = [sys.executable, "-P", os.path.abspath(__file__)]
 
 
 def fork_workers() -> None:
-    """Import what herder's workers need, fork them, and wait to be killed."""
-    from herder.worker.template import preload
+    """Import what herder's workers need, fork them the template's own way (its double fork,
+    handing each worker to this process's master, a subreaper), and wait to be killed."""
+    import signal
+
+    from herder.common.prctl import become_subreaper
+    from herder.worker.template import fork_worker, preload
 
     preload([], [])
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the middle processes, as in the template
     spec = json.loads(os.environ[ENV_LAUNCH])
+    master = os.getppid() if os.environ.get(ENV_ROLE) == "template" else os.getpid()
+    if master == os.getpid():
+        become_subreaper()  # "single": this process is the workers' master too
     keep = []
+    devnull = os.open(os.devnull, os.O_WRONLY)
     for slot in range(spec["workers"]):
         stdin_r, stdin_w = os.pipe()
         keep.append(stdin_w)  # open: a worker stops on EOF
-        if os.fork() == 0:
-            os.dup2(stdin_r, 0)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.environ.clear()
-            os.environ.update(spec["env"])
-            os.environ["HERDER_SLOT"] = str(slot)
-            os.environ["HERDER_PARENT_PIDS"] = str(os.getppid())
-            from herder.worker.__main__ import main
-
-            os._exit(main())
+        env = dict(spec["env"], HERDER_SLOT=str(slot))
+        fork_worker({"env": env, "argv": ["herder-worker"]}, [stdin_r, devnull, 2], master)
         os.close(stdin_r)
     time.sleep(3600)
 
@@ -66,7 +68,10 @@ def main(role: str) -> None:
         watchdog += "c.Config.from_env()\ntime.sleep(3600)"
         os.execv(sys.executable, [sys.executable, "-P", "-c", watchdog])
     elif role == "master":
-        subprocess.Popen([*ROLE_ARGV, "template"])
+        from herder.common.prctl import become_subreaper
+
+        become_subreaper()  # the workers the template double-forks become this process's children
+        subprocess.Popen([*ROLE_ARGV, "template"], env=dict(os.environ, **{ENV_ROLE: "template"}))
         from herder.common.config import Config
 
         Config.from_env()
