@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import replace
 
+from herder.common import rq_seam, rq_support
 from herder.common.config import DEFAULT_POOL, Config, all_queues, pool_configs, redact_url
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
@@ -174,8 +175,12 @@ class Master:
     def run(self) -> int:
         self.events.install_signals()
         cfg, queues = self.cfg, ",".join(all_queues(self.cfg))
-        log.info("master %d starting: %d workers on queues %s, redis %s", os.getpid(), self.target, queues,
-                 redact_url(cfg.redis_url))  # fmt: skip
+        log.info("master %d starting: %d workers on queues %s, redis %s (%s)", os.getpid(), self.target,
+                 queues, redact_url(cfg.redis_url), rq_seam.describe())  # fmt: skip
+        # pip keeps to the supported ranges (a --no-deps install may not); an rq that moved a name
+        # the seam uses is named here, not found by a job at run time.
+        for problem in rq_support.support_problems() + rq_seam.names_missing():
+            log.warning('%s: see README, "Supported versions"', problem)
         if self.control and not self.control.started:
             try:
                 self.control.start()

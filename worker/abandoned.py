@@ -27,12 +27,10 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from rq.callbacks import execute_failure_callback
 from rq.exceptions import AbandonedJobError, NoSuchJobError
 from rq.job import JobStatus
-from rq.job_lifecycle import call_exception_handlers, record_job_failure
-from rq.rate_limit import release_slot
 
+from herder.common import rq_seam
 from herder.common.rq_names import ENDINGS_KEY, ending_claim_key, lease_key
 
 if TYPE_CHECKING:
@@ -117,11 +115,11 @@ def end_abandoned(worker: BaseWorker, job_id: str) -> str:
     exc_class = CAUSES.get(given_up.get("cause", ""), HerderAbandonedJob)
     exc = exc_class(reason)
     try:  # RQ's order: the callback, then the handlers; a raising callback never stops the rest
-        execute_failure_callback(job, worker.death_penalty_class, exc_class, exc, None)
+        rq_seam.failure_callback(job, worker.death_penalty_class, exc_class, exc, None)
     except Exception:
         log.exception("job %s: failure callback raised", job_id)
     try:
-        call_exception_handlers(worker._exc_handlers, job, exc_class, exc, None)
+        rq_seam.call_exception_handlers(rq_seam.exception_handlers(worker), job, exc_class, exc, None)
     except Exception:
         log.exception("job %s: an exception handler raised", job_id)
     queue = worker.queue_class(
@@ -132,14 +130,15 @@ def end_abandoned(worker: BaseWorker, job_id: str) -> str:
         if retry:
             job.retry(queue, pipe)
         else:
-            record_job_failure(job, reason, pipe)
+            rq_seam.record_failure(job, reason, pipe)
         pipe.hdel(ENDINGS_KEY, job_id)
         pipe.delete(ending_claim_key(job_id))
         pipe.execute()
     if not retry:
-        job.send_webhooks(JobStatus.FAILED, exc_string=reason)
+        if rq_seam.abandoned_sends_webhooks():
+            job.send_webhooks(JobStatus.FAILED, exc_string=reason)
         queue.enqueue_dependents(job)
-    release_slot(job)
+    rq_seam.release_slot(job)
     if retry:
         return f"retried ({job.retries_left} retries left): {reason}"
     return f"failed: {reason}"

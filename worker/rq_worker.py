@@ -31,7 +31,6 @@ import time
 
 from redis import Redis
 from redis.exceptions import RedisError
-from rq.callbacks import execute_stopped_callback
 from rq.command import parse_payload
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT
 from rq.exceptions import StopRequested
@@ -42,6 +41,7 @@ from rq.suspension import is_suspended
 from rq.utils import import_attribute
 from rq.worker import BaseWorker, SimpleWorker, WorkerStatus
 
+from herder.common import rq_seam
 from herder.common.config import Config
 from herder.common.rq_names import lease_key
 from herder.worker.abandoned import end_abandoned
@@ -68,6 +68,7 @@ class HerderMixin(BaseWorker):
     max_connection_wait_time = 1.0
     _performing: str | None = None  # the job whose own code is running now
     _rq_beat_at = float("-inf")  # monotonic time of the last plain heartbeat() sent to RQ
+    lease_quiet = False  # while the fast path records RQ's start: the lease rides apart
 
     def attach(self, channel: Channel, lease_seconds: float) -> None:
         self.channel = channel
@@ -83,7 +84,7 @@ class HerderMixin(BaseWorker):
         a tenth of a no-op job's cost). A third of the lease's life between renewals is enough.
         """
         now = time.monotonic()
-        if now - self.lease_renewed < self.lease_ttl / 3:
+        if self.lease_quiet or now - self.lease_renewed < self.lease_ttl / 3:
             return
         try:
             (pipeline or self.connection).set(self.lease, "1", ex=self.lease_ttl)
@@ -128,7 +129,7 @@ class HerderMixin(BaseWorker):
         self.log.warning("Worker %s: job %s stopped by user", self.name, job.id)
         self.handle_execution_ended(job, queue, job.failure_callback_timeout)
         try:
-            execute_stopped_callback(job, self.death_penalty_class)
+            rq_seam.stopped_callback(job, self.death_penalty_class)
         except Exception:
             self.log.exception("Worker %s: stopped callback for job %s raised", self.name, job.id)
         self.handle_job_failure(
@@ -139,8 +140,15 @@ class HerderMixin(BaseWorker):
             execution=execution,
         )
 
+    def handle_exception(self, job: Job, *exc_info) -> None:  # noqa: ANN002
+        """rq 2 ends a stopped job through its failure path: as its forking worker does for a
+        stopped horse, the exception handlers do not see it (rq 3 ends it in _finalize_failure)."""
+        if exc_info and exc_info[0] is JobStopped:
+            return
+        super().handle_exception(job, *exc_info)
+
     def _stop_job_now(self, signum: int, frame: object) -> None:
-        job_id = self._stopped_job_id
+        job_id = rq_seam.stopped_job_id(self)
         if job_id is not None and job_id == self._performing:  # never in RQ's own bookkeeping
             raise JobStopped(f"job {job_id} stopped by RQ's send_stop_job_command")
 
@@ -280,18 +288,22 @@ class HerderMixin(BaseWorker):
         """True when the `done` line is held back (the fast path sends it with the finish)."""
         return False
 
-    def perform_job(self, job: Job, queue: Queue, execution) -> bool:  # type: ignore[override]
+    def perform_job(self, job: Job, queue: Queue, *execution) -> bool:  # type: ignore[override]
+        """RQ's (rq 3 passes the execution, rq 2 does not), with the job's own run marked."""
         perform = job.perform
 
         def performing():  # noqa: ANN202 - whatever the job returns
             self._performing = job.id  # the window in which a stop request may interrupt
             try:
                 return perform()
+            except JobStopped:
+                rq_seam.stopped_instead_of_failed(job)  # rq 2: its on_stopped, not on_failure
+                raise
             finally:
                 self._performing = None
 
         job.perform = performing  # type: ignore[method-assign]
-        self._job_ok = super().perform_job(job, queue, execution)
+        self._job_ok = super().perform_job(job, queue, *execution)
         return self._job_ok
 
 
@@ -351,15 +363,35 @@ def herder_worker_class(base: type[BaseWorker] = SimpleWorker) -> type[BaseWorke
 HerderWorker = herder_worker_class(SimpleWorker)
 
 
+_fast_path_off: list[str | None] = []  # why the fast path cannot run here, found once per process
+
+
+def fast_path_unavailable() -> str | None:
+    """Why this rq and redis-py cannot take the fast path (rq_seam's check), or None. Found and
+    logged once: in the fork server, whose verdict its forked workers inherit, or in a worker
+    spawned on its own."""
+    if not _fast_path_off:
+        why = rq_seam.fast_path_missing()
+        if why:
+            print(
+                f"herder worker: fast path off on {rq_seam.describe()}: {why}; jobs take RQ's own path",
+                file=sys.stderr,
+            )
+        _fast_path_off.append(why)
+    return _fast_path_off[0]
+
+
 def make_worker(cfg: Config, name: str, connection: Redis) -> HerderMixin:
     """The worker `rq worker` would build from the same options (docs/migrating-from-rq.md)."""
-    cls: type[BaseWorker]
-    if cfg.fast_path and not (cfg.worker_class or cfg.queue_class) and cfg.dequeue_strategy == "default":
-        from herder.worker.fast_path import HerderFastWorker  # RQ's writes in one round trip
+    cls: type[BaseWorker] = herder_worker_class(
+        import_attribute(cfg.worker_class) if cfg.worker_class else SimpleWorker
+    )  # RQ's own code path, call by call
+    fast = cfg.fast_path and not (cfg.worker_class or cfg.queue_class) and cfg.dequeue_strategy == "default"
+    fast = fast and fast_path_unavailable() is None
+    if fast:
+        from herder.worker.fast_path.worker import HerderFastWorker  # RQ's writes in one round trip
 
         cls = HerderFastWorker
-    else:  # RQ's own code path, call by call
-        cls = herder_worker_class(import_attribute(cfg.worker_class) if cfg.worker_class else SimpleWorker)
     options: dict = {"name": name, "connection": connection}
     if cfg.job_class:
         options["job_class"] = import_attribute(cfg.job_class)
@@ -377,4 +409,12 @@ def make_worker(cfg: Config, name: str, connection: Redis) -> HerderMixin:
         options["worker_ttl"] = cfg.worker_ttl
     if cfg.maintenance_interval is not None:
         options["maintenance_interval"] = cfg.maintenance_interval
-    return cls(cfg.queues, **options)  # type: ignore[return-value]  # RQ makes the Queues
+    worker = cls(cfg.queues, **options)
+    why = rq_seam.worker_missing(worker, fast=True) if fast else None
+    if why:  # the rq in use builds its worker without a name the fast path reads
+        print(f"herder worker: fast path off on {rq_seam.describe()}: {why}", file=sys.stderr)
+        worker = HerderWorker(cfg.queues, **options)
+    why = rq_seam.worker_missing(worker)
+    if why:  # stop requests and endings would fail on it: said at once, not found by a job
+        print(f"herder worker: on {rq_seam.describe()}: {why}", file=sys.stderr)
+    return worker  # type: ignore[return-value]  # RQ makes the Queues

@@ -33,6 +33,7 @@ from rq.scheduler import RQScheduler
 from rq.scripts import ACQUIRE_OR_REFRESH_LOCK_SCRIPT, RELEASE_LOCK_SCRIPT
 from rq.utils import now
 
+from herder.common import rq_seam
 from herder.common.config import Config
 from herder.common.redis_connect import connect
 from herder.common.rq_names import CRON_LOCK_KEY, ENV_SCHEDULER_NAME
@@ -87,7 +88,7 @@ class HerderScheduler(RQScheduler):
         """One round trip renews this scheduler's record and takes or keeps every queue's lock;
         then the jobs that are due move onto the queues it holds."""
         self.last_heartbeat = now()
-        queues = sorted(self._queue_names)
+        queues = sorted(rq_seam.scheduler_queue_names(self))
         with self.connection.pipeline() as pipe:
             pipe.hset(self.key, mapping=self.to_dict())
             pipe.expire(self.key, self.lock_ttl)
@@ -102,15 +103,15 @@ class HerderScheduler(RQScheduler):
         held = {q for q, outcome in zip(queues, results[2:], strict=False) if outcome in (1, 2)}
         if self.cron is not None:
             self.cron_tick(results[-1] in (1, 2))
-        if held != self._acquired_locks or not self._ticked:
-            if held - self._acquired_locks:
-                say(f"holds the scheduler lock of {', '.join(sorted(held - self._acquired_locks))}")
-            if self._acquired_locks - held:
-                say(f"lost the scheduler lock of {', '.join(sorted(self._acquired_locks - held))}")
+        before = rq_seam.scheduler_locks(self)
+        if held != before or not self._ticked:
+            if held - before:
+                say(f"holds the scheduler lock of {', '.join(sorted(held - before))}")
+            if before - held:
+                say(f"lost the scheduler lock of {', '.join(sorted(before - held))}")
             if set(queues) - held:
                 say(f"standing by for {', '.join(sorted(set(queues) - held))} (another scheduler holds it)")
-            self._acquired_locks = held
-            self._scheduled_job_registries = []  # RQ rebuilds them for the locks now held
+            rq_seam.set_scheduler_locks(self, held)
             self._ticked = True
         if held:
             self.enqueue_scheduled_jobs()

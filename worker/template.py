@@ -43,11 +43,13 @@ TEMPLATE_NAME = "herder-forksrv"
 WORKER_NAME = "herder-worker"
 
 
-def preload(paths: list[str], modules: list[str]) -> None:
+def preload(paths: list[str], modules: list[str], fast_path: bool = True) -> None:
     """What every worker would import anyway, and the user's --preload modules."""
     import herder.worker.__main__  # noqa: F401
-    import herder.worker.fast_path  # noqa: F401  (herder's default worker class)
-    import herder.worker.rq_worker  # noqa: F401  (rq, redis, herder's worker class)
+    from herder.worker.rq_worker import fast_path_unavailable  # rq, redis, herder's worker class
+
+    if fast_path and fast_path_unavailable() is None:  # checked (and said) once: workers inherit it
+        import herder.worker.fast_path.worker  # noqa: F401  (herder's default worker class)
     from herder.common.redis_connect import connect  # noqa: F401
 
     # What the first connection and RQ's bookkeeping import lazily (seen with -X importtime).
@@ -161,7 +163,7 @@ def main() -> int:
     from herder.common.config import Config
 
     cfg = Config.from_env()
-    preload(cfg.paths, cfg.preload)
+    preload(cfg.paths, cfg.preload, cfg.fast_path)
     from herder.worker.hooks import setup_django
 
     if cfg.django_settings:

@@ -16,6 +16,7 @@ from herder.common.config.limits import default_workers_limit
 from herder.common.config.pools import coerce_pools, validate_pools
 from herder.common.config.schema import KEYS, Config, ConfigError, normalize_key
 from herder.common.config.values import coerce, redact_setting
+from herder.common.rq_support import unsupported_rq_setting
 
 
 def rq_settings_layer(module: str, paths: list[str]) -> dict[str, tuple[Any, str]]:
@@ -181,7 +182,11 @@ def example_file() -> str:
     lines = ["# herder configuration (TOML). Flags and HERDER_* variables override these.", "[herder]"]
     for key in KEYS:
         value = getattr(Config(), key)
-        if value is None or value == "" or value == []:
+        unsupported = unsupported_rq_setting(key, value)
+        if unsupported:  # a default the installed rq cannot serve: off here, said why
+            lines.append(f"# {key}: {unsupported}")
+            lines.append(f"# {key} = {'true' if value else 'false'}")
+        elif value is None or value == "" or value == []:
             lines.append(f"# {key} = ")
         elif isinstance(value, bool):
             lines.append(f"{key} = {'true' if value else 'false'}")

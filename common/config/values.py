@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from herder.common.config.schema import KEYS, SECRET_KEYS, Config, ConfigError, OverLimit
+from herder.common.rq_support import NEEDS_RQ, unsupported_rq_setting
 
 _TYPES = {k: v for k, v in typing.get_type_hints(Config).items() if k in KEYS}
 
@@ -179,6 +180,11 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
     for key in positive:
         if not getattr(cfg, key) > 0:
             raise bad(key, f"must be greater than 0, got {getattr(cfg, key)}")
+    for key in NEEDS_RQ:  # asked for on an rq that cannot serve it: one line naming the rq it needs
+        if src.get(key, "default") != "default":
+            why = unsupported_rq_setting(key, getattr(cfg, key))
+            if why:
+                raise bad(key, why)
     if not 0 <= cfg.worker_nice <= 19:
         raise bad("worker_nice", f"must be 0 to 19 (a niceness), got {cfg.worker_nice}")
     for key in ("cull_failures", "cull_budget", "max_jobs_jitter", "max_age_jitter"):

@@ -38,12 +38,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.defaults import DEFAULT_FAILURE_TTL
 from rq.job import Job
-from rq.job_lifecycle import record_job_failure
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.worker import Worker
 from rq.worker_registration import unregister
 
+from herder.common import rq_seam
 from herder.common.config import Config, pool_configs
 from herder.common.rq_names import ENDINGS_KEY, lease_key
 from herder.supervisor.redis_side.budget import CULL_TAKE, cull_keys
@@ -491,7 +491,7 @@ class Recovery:
             message = f"{r.why}; requeued {count - 1} times already (limit {limit}), so failed"
             job = Job.fetch(r.job_id, connection=c)
             with c.pipeline() as pipe:
-                record_job_failure(job, message, pipe)
+                rq_seam.record_failure(job, message, pipe)
                 pipe.execute()
             self.counts.failed += 1  # counted once its failure Result is written
             self.counts.failed_by_queue[r.queue] += 1
