@@ -1,4 +1,4 @@
-"""herder.worker.rq_shortcuts: each shortcut answers exactly as RQ's own function.
+"""herder.worker.fast_path.shortcuts: each shortcut answers exactly as RQ's own function.
 
 Pure functions against RQ's originals (no Redis): the common case and every edge where the
 shortcut hands over to RQ. The whole job's Redis state is compared with RQ's SimpleWorker in
@@ -17,7 +17,7 @@ import rq.serializers
 import rq.utils
 from rq.serializers import JSONSerializer
 
-from herder.worker import rq_shortcuts
+from herder.worker.fast_path import shortcuts as rq_shortcuts
 
 UTC = dt.UTC
 RQ_FORMAT = rq.utils.utcformat

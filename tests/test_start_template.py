@@ -1,4 +1,4 @@
-"""The start template (herder.worker.start_template): RQ's own start, recorded for a stand-in
+"""The start template (herder.worker.fast_path.start_template): RQ's own start, recorded for a stand-in
 job, is kept only when it gives a real job's start byte for byte, and refused otherwise.
 
 Unit tests of the worker's logic: a real Redis connection object (the worker needs one), but
@@ -9,20 +9,29 @@ from __future__ import annotations
 
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from redis import Redis
 from rq import Queue
 from rq.job import Job
+from rq.registry import StartedJobRegistry
 from rq.utils import now
 
-from herder.worker import start_template
-from herder.worker.fast_path import HerderFastWorker
+from herder.common import rq_seam
+from herder.worker.fast_path import start_template
+from herder.worker.fast_path.worker import HerderFastWorker
+
+pytestmark = pytest.mark.skipif(
+    rq_seam.fast_path_missing() is not None, reason=f"no fast path on {rq_seam.describe()}"
+)
 
 
 @pytest.fixture
 def worker(conn: Redis) -> HerderFastWorker:
-    return HerderFastWorker([Queue("default", connection=conn)], connection=conn, name="unit-worker")
+    w = HerderFastWorker([Queue("default", connection=conn)], connection=conn, name="unit-worker")
+    w.attach(SimpleNamespace(), lease_seconds=3)  # no master: a channel nothing reads
+    return w
 
 
 def start_of(worker: HerderFastWorker, job: Job) -> tuple:
@@ -87,12 +96,33 @@ def test_a_start_that_fails_for_a_stand_in_keeps_its_own_round_trip(
 
     def prepare_for_execution(self: Job, worker_name: str, pipeline) -> None:  # noqa: ANN001
         original(self, worker_name, pipeline)
-        pipeline.hset(self.key, "func", self.func_name)  # the stand-in has no function
+        pipeline.hset(self.key, "first", self.args[0])  # the stand-in has no arguments
 
     monkeypatch.setattr(Job, "prepare_for_execution", prepare_for_execution)
     job = Queue("default", connection=conn).enqueue("herder_rqcompat.add", 1, 2)
     worker._learn_template(job, *start_of(worker, job))
     assert worker._template is None and "stand-in" in (worker._no_template or "")
+
+
+def test_a_start_that_talks_to_redis_directly_takes_rqs_own_path(
+    worker: HerderFastWorker, conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An RQ whose start reads Redis outside its pipelines cannot be recorded: the worker starts
+    every job by RQ's own code (two round trips), and the job's start is RQ's, written."""
+    original = Job.prepare_for_execution
+
+    def prepare_for_execution(self: Job, worker_name: str, pipeline) -> None:  # noqa: ANN001
+        original(self, worker_name, pipeline)
+        pipeline.hset(self.key, "seen", str(self.connection.ping()))
+
+    monkeypatch.setattr(Job, "prepare_for_execution", prepare_for_execution)
+    job = Queue("default", connection=conn).enqueue("herder_rqcompat.add", 1, 2)
+    conn.lpop("rq:queue:default")
+    worker.prepare_execution(job)  # as RQ's execute_job and perform_job call them
+    worker.prepare_job_execution(job, remove_from_intermediate_queue=True)
+    assert "cannot be recorded" in (worker._own_start or "") and worker._template is None
+    assert conn.hget(job.key, "status") == b"started" and conn.hget(job.key, "seen") == b"True"
+    assert job.id in StartedJobRegistry("default", connection=conn).get_job_ids()
 
 
 def test_the_pinned_clock_is_this_threads_only() -> None:

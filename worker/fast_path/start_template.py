@@ -38,18 +38,21 @@ import rq.utils
 STAND_IN_JOB = "herder-stand-in-job"
 STAND_IN_QUEUE = "herder-stand-in-queue"
 STAND_IN_EXECUTION = "e0" * 16
+STAND_IN_FUNCTION = "herder.stand_in"  # named only: a stand-in job never runs
 STAND_IN_TIME = datetime(2101, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
 INT_RANGE = 10**8  # an integer argument this close to the stand-in time is a time (a score)
 MARK = re.compile(rb"\x00(.)", re.DOTALL)
-TESTED_RQ = ("3.",)  # RQ versions whose start was read and depends on id, origin and timeout only
 
 
 class NotTemplatable(Exception):
     """The recorded start cannot be a template (it says why)."""
 
 
-def rq_version_ok() -> bool:
-    return str(getattr(rq, "__version__", "")).startswith(TESTED_RQ)
+def stand_in_job(job_class: type, connection: Any, serializer: Any, timeout: Any) -> Any:
+    """A job like any other, of the stand-in id and queue and the given timeout (never saved)."""
+    job = job_class.create(STAND_IN_FUNCTION, id=STAND_IN_JOB, connection=connection, serializer=serializer)
+    job.origin, job.timeout = STAND_IN_QUEUE, timeout
+    return job
 
 
 def timeout_key(timeout: Any) -> str:
