@@ -31,14 +31,67 @@ def version_options() -> dict[str, Any]:
     return {"driver_info": DriverInfo(lib_version=redis.__version__)}
 
 
+CONNECT_TIMEOUT = 5.0  # seconds to make a connection, unless the caller says otherwise
+
+
+def keepalive_options() -> dict[int, int]:
+    """TCP keepalive that notices a peer gone silent within about 15 s (idle 5 s, then 5 probes
+    2 s apart), where the platform lets a socket say so; the kernel's default is two hours."""
+    import socket
+
+    wanted = {"TCP_KEEPIDLE": 5, "TCP_KEEPALIVE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 5}
+    return {getattr(socket, name): value for name, value in wanted.items() if hasattr(socket, name)}
+
+
 def connect(url: str, **options: Any) -> Redis:
-    """A Redis client for `url`; `options` (socket timeouts) go to every connection."""
-    options = {**version_options(), **options}
+    """A Redis client for `url`; `options` (socket timeouts) go to every connection. Every
+    connection herder makes has a connect timeout and TCP keepalive: a peer that vanished
+    without a word (a dropped NAT entry, a failover that moved the address) is given up
+    within seconds, never the minutes a kernel waits by default (docs/design.md, "The network
+    is not reliable")."""
+    options = {
+        "socket_connect_timeout": CONNECT_TIMEOUT,
+        "socket_keepalive": True,
+        "socket_keepalive_options": keepalive_options(),
+        **version_options(),
+        **options,
+    }
+    if urlsplit(url).scheme == "unix":
+        options.pop("socket_keepalive", None)  # a Unix socket has no TCP to keep alive
+        options.pop("socket_keepalive_options", None)
     if urlsplit(url).scheme != SENTINEL_SCHEME:
         return Redis.from_url(url, **options)
     hosts, master, kwargs, sentinel_kwargs = parse_sentinel_url(url)
     sentinel = Sentinel(hosts, sentinel_kwargs={**options, **sentinel_kwargs}, **options, **kwargs)
     return sentinel.master_for(master)
+
+
+RETRIES = 3  # a call whose connection broke is tried this many more times, on new connections
+
+
+def retry_resets(tries: int = RETRIES, timeouts: bool = False) -> Any:
+    """redis-py's retry for a call whose connection was reset (and, with `timeouts`, one that
+    got no reply within its socket timeout): on a new connection, at once and then a little
+    later, up to `tries` more times. The same for every redis-py herder supports: redis-py 5
+    retries nothing by default, 6 and later retry timeouts too with backoffs up to 10 s, which
+    would stretch one call past any bound herder judges a worker by."""
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.retry import Retry
+
+    errors = (RedisConnectionError, RedisTimeoutError) if timeouts else (RedisConnectionError,)
+    return Retry(ExponentialBackoff(cap=0.5, base=0.05), tries, supported_errors=errors)
+
+
+def bound_calls(client: Redis, seconds: float) -> None:
+    """Every call on this client gives up after `seconds` without a reply, on the connections
+    it has and the ones it makes later (RQ raises a worker's socket timeout to minutes, for
+    its own blocking dequeue; herder's dequeues wait a fraction of a second). A connection
+    that was open is closed: the next call makes a new one with the bound."""
+    pool = client.connection_pool
+    pool.connection_kwargs["socket_timeout"] = seconds
+    pool.disconnect()
 
 
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any], dict[str, Any]]:

@@ -52,3 +52,13 @@ ENDING_CLAIM_PREFIX = "herder:ending:"
 
 def ending_claim_key(job_id: str) -> str:
     return ENDING_CLAIM_PREFIX + job_id
+
+
+# herder's fast-path worker numbers its script calls and the script keeps the last one's outcome
+# here, so a call sent again after its reply was lost is answered, not run twice
+# (herder.worker.fast_path.script). It outlives its worker by an hour at most.
+CALL_RECORD_PREFIX = "herder:call:"
+
+
+def call_record_key(worker_name: str) -> str:
+    return CALL_RECORD_PREFIX + worker_name

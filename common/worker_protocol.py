@@ -1,4 +1,4 @@
-"""The worker <-> master channel, version 4 (docs/protocol.md): both ends import this.
+"""The worker <-> master channel, version 6 (docs/protocol.md): both ends import this.
 
 worker -> master, on the worker's private stdout: one line per message, built by the
 `*_line` functions, read by `parse_line`. master -> worker, on the worker's stdin:
@@ -25,8 +25,10 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # work as `busy <job-id> ...` then `done <job-id> <ts> ended`, which counts as no job.
 # Version 5: `busy` may also name the job's queue and function (the per-function job metrics):
 # `busy <job-id> <ts> <timeout|none> <queue> <function>`.
-VERSION = 5
-SUPPORTED_VERSIONS = ("1", "2", "3", "4", "5")
+# Version 6: `beat` may say for how many seconds the worker's main loop has made no progress
+# outside the job's own code (a Redis call that never returns): `beat <job-id> <ts> <stuck>`.
+VERSION = 6
+SUPPORTED_VERSIONS = ("1", "2", "3", "4", "5", "6")
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
 # Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one).
 PAUSE_REASONS = ("suspended", "paused")
@@ -64,6 +66,7 @@ class Message:
     paused: str | None = None  # `idle`: why it takes no jobs (PAUSE_REASONS), if it does not
     queue: str | None = None  # `busy` (version 5): the job's queue
     func: str | None = None  # `busy` (version 5): the job's function, as RQ names it
+    stuck: float = 0.0  # `beat` (version 6): seconds the main loop made no progress outside the job
 
 
 # ---- worker side: building lines -------------------------------------------------------
@@ -95,8 +98,9 @@ def _name(text: str) -> str:
 MAX_NAME = 200
 
 
-def beat_line(job_id: str, ts: float) -> bytes:
-    return f"beat {job_id} {ts:.6f}\n".encode()
+def beat_line(job_id: str, ts: float, stuck: float = 0.0) -> bytes:
+    """`stuck`: seconds the main loop has made no progress outside the job's own code (0: none)."""
+    return f"beat {job_id} {ts:.6f}{f' {stuck:.1f}' if stuck > 0 else ''}\n".encode()
 
 
 def done_line(job_id: str, ts: float, ok: bool | None) -> bytes:
@@ -155,9 +159,10 @@ def parse_line(raw: bytes) -> Message:
             return Message(
                 "busy", _ts(args[1]), job_id=_job_id(args[0]), timeout=timeout, queue=queue, func=func
             )
-        case "beat", 2:
-            # beat <job-id> <ts>: the process is alive while a job runs
-            return Message("beat", _ts(args[1]), job_id=_job_id(args[0]))
+        case "beat", 2 | 3:
+            # beat <job-id> <ts> [<stuck-seconds>]: the process is alive while a job runs
+            stuck = _ts(args[2]) if len(args) == 3 else 0.0
+            return Message("beat", _ts(args[1]), job_id=_job_id(args[0]), stuck=stuck)
         case "done", 3:
             # done <job-id> <ts> ok|failed|ended
             if args[2] not in OUTCOMES:

@@ -64,7 +64,7 @@ def main() -> int:
     launcher.tend(lambda: None)  # the loop hands it the real wake-up on its first pass
     control = open_control(cfg, started_at)
     from herder.common.config import all_queues, pool_configs
-    from herder.common.redis_connect import connect
+    from herder.common.redis_connect import connect, retry_resets
     from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
     from herder.supervisor.launcher import Clock
     from herder.supervisor.master import Master
@@ -79,7 +79,11 @@ def main() -> int:
     if cfg.redis_url:  # status shows queue lengths even for a fixed count
 
         def client() -> Redis:  # one per thread: each blocks on its own socket
-            return connect(cfg.redis_url or "", socket_timeout=5, socket_connect_timeout=3)
+            # A reset connection is tried again on a new one: one broken connection is not an
+            # outage. A timeout is not (a frozen Redis), so no call waits more than 5 s.
+            return connect(
+                cfg.redis_url or "", socket_timeout=5, socket_connect_timeout=3, retry=retry_resets(1)
+            )
 
         pools = pool_configs(cfg)
         rq_workers = all(pc.worker_command is None for pc in pools.values())

@@ -6,7 +6,8 @@ Degraded, each with a reason a person can act on:
 - stopping: herder is draining (a load balancer should stop sending work here);
 - a kill or cull budget is spent (herder.supervisor.guard, herder.supervisor.retirement);
 - fewer ready workers than the minimum for longer than `health_grace` (a replacement
-  takes a moment: a single crash must not flap a load balancer);
+  takes a moment: a single crash must not flap a load balancer), counted only while Redis
+  answers: workers that cannot start for want of Redis are its symptom, not a second cause;
 - Redis unreachable for longer than `health_grace`;
 - the master's loop lagging: a pass came more than LAG_LIMIT late within LAG_MEMORY.
 Pure bookkeeping on the loop's clock: unit tests drive it with plain numbers.
@@ -40,9 +41,10 @@ class HealthWatch:
     def worst_recent_lag(self) -> float:
         return max((lag for _, lag in self._lags), default=0.0)
 
-    def observe(self, now: float, ready: int, floor: int, short: str = "") -> None:
-        """`short`: the pools below their own minimum (a pool can be short while the host is not)."""
-        if ready >= floor and not short:
+    def observe(self, now: float, ready: int, floor: int, short: str = "", redis_down: bool = False) -> None:
+        """`short`: the pools below their own minimum (a pool can be short while the host is not).
+        While Redis is down the count waits: short workers then are the outage's doing."""
+        if (ready >= floor and not short) or redis_down:
             self.below_since = None
         elif self.below_since is None:
             self.below_since = now
@@ -63,9 +65,10 @@ class HealthWatch:
         """Why health is degraded, as (kind, reason) pairs; empty when it is ok. `short`: which
         pools are below their own minimum, when there are several."""
         out = [(kind, text) for kind, text in budgets if text]
+        redis_out = redis_down_since is not None and now - redis_down_since > grace
         if stopping:
             out.append(("stopping", "stopping: herder is draining its workers"))
-        elif not was_ready:
+        elif not was_ready and not redis_out:  # no worker starts without Redis: that is the reason
             out.append(("starting", f"starting: {ready} of {floor} workers ready"))
         elif self.below_since is not None and now - self.below_since > grace:
             below = now - self.below_since
@@ -77,7 +80,8 @@ class HealthWatch:
                     else f"below minimum workers: {ready} ready of {floor} for {below:.0f} s",
                 )
             )
-        if redis_down_since is not None and now - redis_down_since > grace:
+        if redis_out:
+            assert redis_down_since is not None
             out.append(("redis_unreachable", f"redis unreachable for {now - redis_down_since:.0f} s"))
         lag = self.worst_recent_lag()
         if lag:

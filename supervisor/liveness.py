@@ -83,6 +83,14 @@ def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | No
     if silent > cfg.heartbeat_timeout:
         why = f"silent for {silent:.1f} s (heartbeat timeout {cfg.heartbeat_timeout:g} s)"
         return Verdict(why, judged_hung=hung, kind="silent")
+    if obs.stuck_since is not None and now - obs.stuck_since > cfg.progress_timeout:
+        # Alive (its beat goes on) but its loop is stuck outside the job: a Redis call that
+        # never returns, say. It will not finish what it holds; its job is recovered.
+        why = (
+            f"its loop made no progress for {now - obs.stuck_since:.0f} s outside the job's own code "
+            f"(progress timeout {cfg.progress_timeout:g} s)"
+        )
+        return Verdict(why, judged_hung=hung, kind="no_progress")
     if over is not None:
         timeout = obs.job_timeout if obs.job_timeout is not None else cfg.job_timeout
         why = f"busy {over:.0f} s past its {timeout:g} s timeout"

@@ -227,8 +227,7 @@ class Master:
         self.heartbeat()
         self.publish()
         if self.recovery:  # what the next sweep must not touch
-            held = [o.job_id for o in (w.proc.snapshot() for w in self.workers.values()) if o.job_id]
-            self.recovery.tell([self.rq_name(w) for w in self.workers.values()], held)
+            self.recovery.tell({self.rq_name(w): w.proc.snapshot().job_id for w in self.workers.values()})
 
     @property
     def sched_cfg(self) -> Config:
@@ -253,7 +252,8 @@ class Master:
         """Health bookkeeping each pass; the Vitals /healthz and /metrics serve, now and then."""
         now = self.clock.monotonic()
         ready = sum(w.state in WORKING for w in self.workers.values())
-        self.health.observe(now, ready, self.floor, short_pools(self))
+        down = self.reader is not None and self.reader.outage_since is not None
+        self.health.observe(now, ready, self.floor, short_pools(self), redis_down=down)
         for w in self.workers.values():
             self.fold_finished(w)
         if self.http:

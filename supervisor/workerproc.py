@@ -73,6 +73,9 @@ class Observations:
     job_queue: str | None = None  # the running job's queue and function (`busy`, version 5)
     job_func: str | None = None
     job_started_wall: float = 0.0  # the worker's own time of `busy`
+    # Since when (monotonic) its main loop has made no progress outside the job's own code, as
+    # its last `beat` said (version 6); None while it progresses.
+    stuck_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +219,13 @@ class WorkerProcess:
                 case "ready":
                     o.ready = True
                     return True
+                case "beat":
+                    o.stuck_since = now - msg.stuck if msg.stuck > 0 else None
                 case "idle":
                     o.paused = msg.paused
+                    o.stuck_since = None
                 case "busy":
+                    o.stuck_since = None
                     o.job_id, o.job_started, o.job_timeout = msg.job_id, now, msg.timeout
                     o.job_queue, o.job_func, o.job_started_wall = msg.queue, msg.func, msg.ts
                     o.paused = None
@@ -227,6 +234,7 @@ class WorkerProcess:
                     if o.job_id == msg.job_id:
                         o.job_id = None
                 case "done":
+                    o.stuck_since = None
                     if o.job_id == msg.job_id:
                         o.busy_seconds += now - o.job_started
                     if msg.ok:

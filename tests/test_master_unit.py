@@ -131,7 +131,7 @@ class FakeRecovery:
         self.causes: list[str] = []
         self.waiting_endings: dict[str, int] = {}
         self.forgotten: list[str] = []
-        self.told: tuple[list[str], list[str]] = ([], [])
+        self.told: dict[str, str | None] = {}
         self.asked: list[int] = []
         self.pending_answers: dict[int, bool] = {}  # what Redis will answer, by ticket
         self.counts = Counts()
@@ -140,8 +140,8 @@ class FakeRecovery:
     def start(self) -> None:
         pass
 
-    def tell(self, live: list[str], held: list[str]) -> None:
-        self.told = (sorted(live), sorted(held))
+    def tell(self, holding: dict[str, str | None]) -> None:
+        self.told = dict(holding)
 
     def ask_cull(self, ticket: int, wall: float) -> None:
         self.asked.append(ticket)

@@ -118,3 +118,19 @@ def test_a_worker_in_another_language_runs_under_herder(herder, conn):
     assert conn.llen("shell-jobs") == 0
     h.stop_and_check(timeout=20)
     assert [(e["jobs_ok"], e["jobs_failed"]) for e in h.graceful_exits()] == [("3", "0")]
+
+
+def test_a_worker_stuck_outside_its_job_while_it_beats_is_killed_after_the_progress_timeout(herder):
+    """Its beat goes on (the process lives, its job's deadline is far) but its loop says it has
+    made no progress outside the job: past --progress-timeout it is killed, and the status and
+    the log say why."""
+    h = herder(workers="1", worker_command=f"{MISBEHAVE} stuck", progress_timeout="9", redis_timeout="1.5",
+               heartbeat_timeout="3")  # fmt: skip
+    started = time.monotonic()
+    h.wait_status(lambda s: s["totals"]["killed"] >= 1, 30, what="the stuck worker killed")
+    assert time.monotonic() - started >= 8  # not before the bound: its beat kept it alive
+    (kill, *_) = h.kills()
+    why = r"its loop made no progress for (9|1\d) s outside the job's own code \(progress timeout 9 s\)"
+    assert re.fullmatch(why, kill["why"]), kill
+    assert h.status()["killed_by"]["no_progress"] >= 1
+    h.stop_and_check()

@@ -29,6 +29,7 @@ from herder.common.worker_protocol import LineSplitter, Message, ProtocolError, 
             Message("busy", 10.0, job_id="abc-1", timeout=60.0, queue="high", func="f"),
         ),
         (b"beat abc-1 11.0", Message("beat", 11.0, job_id="abc-1")),
+        (b"beat abc-1 11.0 42.5", Message("beat", 11.0, job_id="abc-1", stuck=42.5)),
         (b"done abc-1 12.0 ok", Message("done", 12.0, job_id="abc-1", ok=True)),
         (b"done abc-1 12.0 failed", Message("done", 12.0, job_id="abc-1", ok=False)),
         (b"idle 13.25", Message("idle", 13.25)),
@@ -51,7 +52,8 @@ def test_parses_every_verb(line: bytes, expected: Message) -> None:
         (b"idle -5", "bad timestamp"),
         (b"done j 1.0 maybe", "bad outcome"),
         (b"ready x 1.0", "bad pid"),
-        (b"ready 1 1.0 6", "unsupported protocol version"),
+        (b"ready 1 1.0 7", "unsupported protocol version"),
+        (b"beat abc-1 11.0 -2", "bad timestamp"),
         (b"\xff\xfe", "not UTF-8"),
         (b"busy " + b"j" * 300 + b" 1.0", "bad job id"),
         (b"busy j 1.0 none q " + b"f" * 300, "bad queue or function name"),
@@ -130,6 +132,8 @@ def test_what_the_worker_writes_the_master_reads(
         msg = parse_line(line[:-1])
         assert (msg.verb, msg.job_id) == (verb, job_id)
         assert abs(msg.ts - ts) < 1e-5
+    stuck = parse_line(wp.beat_line(job, ts, 12.34)[:-1])
+    assert stuck.stuck == pytest.approx(12.3) and parse_line(wp.beat_line(job, ts)[:-1]).stuck == 0.0
     busy = parse_line(wp.busy_line(job, ts, timeout)[:-1])
     assert busy.timeout == (None if timeout is None else pytest.approx(timeout, rel=1e-9))
     # Version 5 names the queue and function; any name a user has comes through, or as `?`.

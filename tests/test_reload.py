@@ -73,8 +73,9 @@ POLICY = {
         "recycle_share",
         "scheduler",
         "health_grace",
+        "progress_timeout",
     },
-    WORKERS: {"queues", "paths", "worker_command", "log_level", "heartbeat_interval"}
+    WORKERS: {"queues", "paths", "worker_command", "log_level", "heartbeat_interval", "redis_timeout"}
     | {"worker_class", "job_class", "queue_class", "serializer", "exception_handlers"}
     | {"disable_default_exception_handler", "results_ttl", "worker_ttl", "maintenance_interval"}
     | {"dequeue_strategy", "fork_server", "preload", "worker_nice", "fast_path"}

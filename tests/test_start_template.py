@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def worker(conn: Redis) -> HerderFastWorker:
     w = HerderFastWorker([Queue("default", connection=conn)], connection=conn, name="unit-worker")
-    w.attach(SimpleNamespace(), lease_seconds=3)  # no master: a channel nothing reads
+    w.attach(SimpleNamespace(progress=lambda: None), lease_seconds=3)  # no master: nothing reads it
     return w
 
 

@@ -62,7 +62,10 @@ def main() -> int:
     for path in reversed(cfg.paths):
         sys.path.insert(0, os.path.abspath(path))
 
-    from herder.common.redis_connect import connect
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from herder.common.redis_connect import bound_calls, connect, retry_resets
     from herder.worker import hooks
     from herder.worker.rq_worker import log_to_master, make_worker
 
@@ -79,18 +82,29 @@ def main() -> int:
     if not cfg.redis_url:
         print("herder worker: no Redis URL configured", file=sys.stderr)
         return 1
-    connection = connect(cfg.redis_url)
+    # RQ's own calls (its dequeue, its bookkeeping on RQ's path): one whose connection broke or
+    # went silent is tried again on a new connection, rather than a finished job failed for it.
+    connection = connect(cfg.redis_url, retry=retry_resets(timeouts=True))
     beat = max(0.5, cfg.heartbeat_interval)  # each ping answers or gives up within a beat
     probe = connect(cfg.redis_url, socket_timeout=beat, socket_connect_timeout=beat)
-    try:
-        if not wait_for_redis(probe, channel):
-            channel.stopped()
-            return 0
-    finally:
-        probe.close()
+    if not wait_for_redis(probe, channel):
+        channel.stopped()
+        return 0
     name = rq_worker_name(socket.gethostname(), os.environ.get(wp.ENV_SLOT, "0"), os.getpid())
-    w = make_worker(cfg, name, connection)
+
+    while True:  # RQ's worker names itself to Redis as it is made: Redis may go between
+        try:
+            w = make_worker(cfg, name, connection)
+            break
+        except (RedisConnectionError, RedisTimeoutError):
+            if not wait_for_redis(probe, channel):
+                channel.stopped()
+                return 0
+    probe.close()
     w.attach(channel, cfg.lease_seconds)
+    # After RQ raised it to minutes for its own dequeue; a slice of herder's blocking dequeue is
+    # a quarter second (whole seconds before Redis 6), and a call may wait that and more.
+    bound_calls(w.connection, max(cfg.redis_timeout, max(1, int(cfg.heartbeat_interval)) + 1))
     log_format = "%(levelname)s %(message)s"
     log_to_master(log_format)
     w.work(

@@ -55,7 +55,9 @@ class WorkerKilled(HerderAbandonedJob):
 
 
 class JobHung(HerderAbandonedJob):
-    """The worker went silent past its heartbeat timeout (frozen, deadlocked, swapped out)."""
+    """The worker went silent past its heartbeat timeout (frozen, deadlocked, swapped out), or
+    its loop made no progress outside the job past the progress timeout (a Redis call that
+    never returned)."""
 
 
 class JobTimedOut(HerderAbandonedJob):
@@ -75,6 +77,7 @@ CAUSES: dict[str, type[HerderAbandonedJob]] = {
     "died": WorkerDied,
     "silent": JobHung,
     "no_ready": JobHung,
+    "no_progress": JobHung,
     "stdout_closed": JobHung,
     "job_timeout": JobTimedOut,
     "memory_hard": MemoryExceeded,

@@ -8,7 +8,10 @@ A sentinel thread watches the master: `stop` or EOF on stdin, or a changed paren
 asks the worker to stop after its current job. While a job runs, the sentinel also
 sends `beat` lines so the master can tell a long job from a frozen (SIGSTOPped or
 swapped-out) process. Idle heartbeats are *not* sent from this thread: they come from
-the worker's main loop, so a stuck main loop goes silent and gets noticed.
+the worker's main loop, so a stuck main loop goes silent and gets noticed. A busy worker's
+main loop reports its progress too (`progress()`, and whether the job's own code runs): a
+beat says how long the loop has been stuck outside the job (a Redis call that never returns),
+and the master kills a worker stuck past --progress-timeout.
 """
 
 from __future__ import annotations
@@ -44,7 +47,13 @@ class Channel:
         self.paused = False  # `herder pause`: take no new job until `resume`
         self.requests = threading.Event()  # set on each request from the master (stop, pause, resume, end)
         self.endings: deque[str] = deque()  # jobs herder gave up on, to end as RQ would (`end`)
-        self.on_beat: Callable[[], None] | None = None  # also called while a job runs
+        # Called each beat while a job runs (the worker's lease), on a thread of its own: a Redis
+        # call that hangs there must never hold up the beat itself.
+        self.on_beat: Callable[[], None] | None = None
+        self._beat_due = threading.Event()
+        self._beat_hook = threading.Thread(target=self._run_beat_hook, name="herder-beat-hook", daemon=True)
+        self._progress_at = time.monotonic()  # the main loop's last step (monotonic)
+        self.in_job = False  # the job's own code runs: its time is the job's, not the loop's
         self._sentinel = threading.Thread(target=self._watch_master, name="herder-sentinel", daemon=True)
 
     # ---- lines to the master -------------------------------------------------
@@ -62,13 +71,22 @@ class Channel:
         """Start watching the master (stdin, parent pid) and beating while busy."""
         self._sentinel.start()
 
+    def progress(self) -> None:
+        """The main loop moved on: a Redis call answered (or failed), a dequeue slice ended."""
+        self._progress_at = time.monotonic()
+
+    def stuck_for(self) -> float:
+        """Seconds the main loop has made no progress outside the job's own code."""
+        return 0.0 if self.in_job else time.monotonic() - self._progress_at
+
     def ready(self) -> None:
+        self.progress()
         self._send(wp.ready_line(os.getpid(), time.time()))
 
     def idle(self, paused: str | None = None) -> None:
         """The main loop's heartbeat; at most twice per interval, however often it is called,
         and at once when the reason it takes no jobs (`paused`) changes."""
-        now = time.monotonic()
+        now = self._progress_at = time.monotonic()
         if now - self._last_idle >= self.heartbeat_interval / 2 or paused != self._last_paused:
             self._last_idle, self._last_paused = now, paused
             self._send(wp.idle_line(time.time(), paused))
@@ -78,12 +96,14 @@ class Channel:
     ) -> None:
         with self._lock:
             self._job_id = job_id
+        self.progress()
         self._send(wp.busy_line(job_id, time.time(), timeout, queue, func))
 
     def done(self, job_id: str, ok: bool | None) -> None:
         """ok: the job's outcome; None: an ending (`end`) is over."""
         with self._lock:
             self._job_id = None
+        self.progress()
         self._send(wp.done_line(job_id, time.time(), ok))
 
     def stopped(self) -> None:
@@ -154,6 +174,21 @@ class Channel:
             with self._lock:
                 job_id = self._job_id
             if job_id is not None:
-                self._send(wp.beat_line(job_id, time.time()))
+                stuck = self.stuck_for()
+                self._send(
+                    wp.beat_line(job_id, time.time(), stuck if stuck >= self.heartbeat_interval else 0.0)
+                )
                 if self.on_beat:
+                    if not self._beat_hook.is_alive():
+                        self._beat_hook.start()
+                    self._beat_due.set()  # coalesced: a renewal still waiting on Redis takes this one
+
+    def _run_beat_hook(self) -> None:
+        while True:
+            self._beat_due.wait()
+            self._beat_due.clear()
+            if self.on_beat is not None:
+                try:
                     self.on_beat()
+                except Exception:  # a lease not renewed this beat is renewed by the next
+                    pass

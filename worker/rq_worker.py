@@ -30,7 +30,9 @@ import sys
 import time
 
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.command import parse_payload
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT
 from rq.exceptions import StopRequested
@@ -163,8 +165,45 @@ class HerderMixin(BaseWorker):
             self.pubsub.close()
 
     def bootstrap(self, *args, **kwargs) -> None:  # type: ignore[override]
-        super().bootstrap(*args, **kwargs)
+        """RQ's, tried again while Redis is away (a worker born as Redis went down waits for it,
+        heartbeating, rather than exit and back its slot off)."""
+        while True:
+            try:
+                super().bootstrap(*args, **kwargs)
+                break
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if self.channel.stop_reason:
+                    raise StopRequested() from exc
+                self.redis_away(exc)
+        self.redis_back()
         self.channel.ready()  # registered, and subscribed to RQ's commands
+
+    _away_since: float | None = None  # monotonic: when Redis stopped answering this worker
+
+    def redis_away(self, exc: Exception) -> None:
+        """A Redis call outside a job failed for want of Redis: said once an outage, then a
+        heartbeat and a pause before the caller tries again."""
+        if self._away_since is None:
+            self._away_since = time.monotonic()
+            print(
+                f"herder worker: waiting for Redis ({exc.__class__.__name__}: {exc})",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.channel.idle()
+        self.channel.requests.wait(min(1.0, self.channel.heartbeat_interval))
+
+    def redis_back(self) -> None:
+        if self._away_since is not None:
+            away, self._away_since = time.monotonic() - self._away_since, None
+            print(f"herder worker: Redis answers again after {away:.1f} s", file=sys.stderr, flush=True)
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's registry clean-up; one that fails for want of Redis is tried at the next turn."""
+        try:
+            super().run_maintenance_tasks()
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            self.redis_away(exc)
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -184,7 +223,13 @@ class HerderMixin(BaseWorker):
                 self.check_for_suspension(burst=False)
             first = False
             self.run_endings()
-            result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
+            self.channel.progress()
+            try:
+                result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
+            except (RedisConnectionError, RedisTimeoutError) as exc:  # RQ's state writes around it
+                self.redis_away(exc)
+                continue
+            self.redis_back()
             if result is not None:
                 return self._took(result)
             if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
@@ -254,6 +299,7 @@ class HerderMixin(BaseWorker):
         # RQ calls this on its main loop before every dequeue attempt, including each retry
         # while Redis is down: the `idle` line goes first, so an outage does not make a
         # healthy worker look hung. Calls inside a job's bookkeeping come with a pipeline.
+        self.channel.progress()  # the main loop (RQ's retries while Redis is away too)
         if pipeline is None and self.get_state() != "busy":
             self.channel.idle()
         if pipeline is None and timeout is None:
@@ -264,17 +310,25 @@ class HerderMixin(BaseWorker):
             if now - self._rq_beat_at < self.channel.heartbeat_interval / 2:
                 return
             self._rq_beat_at = now
-        super().heartbeat(timeout, pipeline)
         if pipeline is not None:
+            super().heartbeat(timeout, pipeline)
             self.renew_lease(pipeline)  # in the same round trip as RQ's own
-        else:
-            self.renew_lease()
+            return
+        try:
+            super().heartbeat(timeout, pipeline)
+        except (RedisConnectionError, RedisTimeoutError):
+            self._rq_beat_at = float("-inf")  # missed: the next one goes out; RQ's key lives minutes
+            return
+        self.renew_lease()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         self._job_ok: bool | None = None  # perform_job says, unless it ran in a forked horse
+        self.channel.in_job = True  # its time is the job's (a forking class's horse's too)
         try:
             super().execute_job(job, queue)
         finally:
+            self.channel.in_job = False
+            self.channel.progress()
             ok = self._job_ok
             if ok is None:  # the horse's verdict is only in Redis
                 try:

@@ -120,6 +120,20 @@ class Config:
     )
     heartbeat_interval: float = setting(1.0, "Seconds between a worker's heartbeat lines.", reload=WORKERS)
     heartbeat_timeout: float = setting(10.0, "Seconds of worker silence before it is killed.", reload=APPLY)
+    # The network is not reliable (docs/design.md): no Redis call of a worker waits unbounded, and
+    # a worker whose loop stalls outside a job while its beat goes on is killed.
+    redis_timeout: float = setting(
+        5.0,
+        "Seconds a worker waits for a Redis reply before it gives the connection up and tries again "
+        "on a new one (3 times for RQ's own calls; until Redis answers for the fast path's).",
+        reload=WORKERS,
+    )
+    progress_timeout: float = setting(
+        30.0,
+        "Seconds a busy worker's loop may make no progress outside its job's own code (a Redis "
+        "call, a dequeue) before it is killed and its job recovered.",
+        reload=APPLY,
+    )
     start_timeout: float = setting(30.0, "Seconds a new worker has to say `ready`.", reload=APPLY)
     # Both only downwards: the watchdog's stop grace was set from them at start (reload_plan).
     stop_timeout: float = setting(30.0, "Seconds a stopping worker has to finish its job.", reload=APPLY)

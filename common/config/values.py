@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 from herder.common.config.schema import KEYS, SECRET_KEYS, Config, ConfigError, OverLimit
 from herder.common.rq_support import NEEDS_RQ, unsupported_rq_setting
 
+RETRIES = 3  # herder.common.redis_connect.RETRIES (that module imports redis: not here)
+
 _TYPES = {k: v for k, v in typing.get_type_hints(Config).items() if k in KEYS}
 
 
@@ -176,6 +178,8 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
         "recycle_share",
         "health_grace",
         "on_event_timeout",
+        "redis_timeout",
+        "progress_timeout",
     ]
     for key in positive:
         if not getattr(cfg, key) > 0:
@@ -211,6 +215,20 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
             f"must be at least twice max(1 s, heartbeat_interval), {2 * slice_s:g} s, got "
             f"{cfg.heartbeat_timeout:g}: an idle worker speaks only once per {slice_s:g} s dequeue "
             "slice, so a shorter timeout would kill healthy idle workers",
+        )
+    if cfg.redis_timeout <= 1:
+        raise bad(
+            "redis_timeout",
+            f"must be longer than 1 s, got {cfg.redis_timeout:g}: a worker's blocking dequeue waits up to "
+            "a second for a job (longer on Redis before 6: its slice, and the worker waits that plus 1 s)",
+        )
+    longest_call = (RETRIES + 1) * cfg.redis_timeout + 2  # one of RQ's calls, tried again each time
+    if cfg.progress_timeout <= longest_call:
+        raise bad(
+            "progress_timeout",
+            f"must be longer than {RETRIES + 1} times redis_timeout ({cfg.redis_timeout:g} s) and 2 s, "
+            f"{longest_call:g} s, got {cfg.progress_timeout:g}: a worker still trying one Redis call would "
+            "be killed as stuck",
         )
     if cfg.max_requeues < 0:
         raise bad("max_requeues", "must not be negative")

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis import Redis
@@ -200,10 +200,12 @@ class Recovery:
             out, self._answers = self._answers, {}
         return out
 
-    def tell(self, live: Iterable[str], held: Iterable[str]) -> None:
-        """This master's live workers (RQ names) and the jobs they hold, for the next sweep."""
+    def tell(self, holding: dict[str, str | None]) -> None:
+        """This master's live workers (RQ names) and the job each holds (None: none), for the
+        next sweep."""
+        held = frozenset(job for job in holding.values() if job)
         with self._cond:
-            self._state.fleet = Fleet(frozenset(live), frozenset(self._state.dead), frozenset(held))
+            self._state.fleet = Fleet(frozenset(holding), frozenset(self._state.dead), held, dict(holding))
 
     def pending(self) -> int:
         """Requeues not yet done (a forget does not count: RQ's TTL cleans those anyway)."""
@@ -368,7 +370,8 @@ class Recovery:
             self._state.poked = False
             horizon = now - max(60.0, 4 * self.cfg.lease_seconds)  # long after any move of theirs
             self._state.dead = {n: t for n, t in self._state.dead.items() if t > horizon}
-            fleet = Fleet(self._state.fleet.live, frozenset(self._state.dead), self._state.fleet.held)
+            known = self._state.fleet
+            fleet = Fleet(known.live, frozenset(self._state.dead), known.held, known.holding)
         self._next_sweep = now + self.cfg.sweep_interval
         try:
             self._vouch(fleet.live)
@@ -392,6 +395,7 @@ class Recovery:
             now,
             grace=self.cfg.sweep_interval,
             trust_leases=now >= self._trust_leases_at,
+            unknown_grace=self.cfg.progress_timeout,
         )
         for move in moves:
             try:

@@ -14,7 +14,9 @@ Where a job can be while a worker has it, and who decides it is orphaned:
   moment), or when it is a herder worker of another host whose lease is gone (its whole
   host died: the lease is re-checked inside the atomic move). Leases are trusted only once
   every live master and worker has had time to renew them (not right after this master
-  starts or Redis comes back).
+  starts or Redis comes back). Also when the worker is one of ours, alive, but running
+  another job or none, for longer than `unknown_grace`: it does not know it holds this one
+  (a failover that lost the writes after a start, so Redis has the start and not the finish).
 - Every candidate must look orphaned at two sweeps at least `grace` apart before it moves:
   a worker that just popped or started a job may not have told its master yet.
 - Jobs held by workers that are not herder's (a plain `rq worker` on the same queues) are
@@ -23,7 +25,8 @@ Where a job can be while a worker has it, and who decides it is orphaned:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from herder.common.rq_names import is_herder_worker
 
@@ -58,6 +61,7 @@ class Fleet:
     live: frozenset[str] = frozenset()  # RQ names of its workers still running
     dead: frozenset[str] = frozenset()  # RQ names of its workers reaped recently
     held: frozenset[str] = frozenset()  # job ids its live workers said `busy` with
+    holding: Mapping[str, str | None] = field(default_factory=dict)  # a live worker's job, or None
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ def plan(
     now: float,
     grace: float,
     trust_leases: bool,
+    unknown_grace: float = 30.0,
 ) -> tuple[list[Recover], dict[tuple[str, str, str], float]]:
     """The jobs to move back, and the new first-seen times of the candidates.
 
@@ -88,10 +93,16 @@ def plan(
     whose holder's lease has lapsed (another host's worker, its host dead) moves at once.
     """
     candidates: list[Recover] = []
+    patience: dict[tuple[str, str, str], float] = {}  # a candidate's own grace, when not `grace`
     for s in started:
-        if s.worker in fleet.live or s.job_id in fleet.held:
+        if s.job_id in fleet.held:
             continue
-        if s.worker in fleet.dead:
+        if s.worker in fleet.live:  # alive: orphaned only if it runs another job (or none) for long
+            other = fleet.holding.get(s.worker)
+            why = f"its worker {s.worker} runs {'job ' + other if other else 'no job'}, not this one"
+            candidates.append(Recover("wip", s.queue, s.member, s.job_id, "", why))
+            patience[("wip", s.queue, s.member)] = unknown_grace
+        elif s.worker in fleet.dead:
             candidates.append(Recover("wip", s.queue, s.member, s.job_id, "", f"its worker {s.worker} died"))
         elif not s.worker:  # started by a worker that died before it put its name on the job
             why = "started by a worker that died before it ran the job"
@@ -117,6 +128,6 @@ def plan(
         # A lapsed lease is proof enough at once (nobody renewed it for lease_seconds, and
         # the move re-checks it inside Redis); the grace is for what this master may not
         # know yet: a job its own worker has just popped or started.
-        if r.holder or now - seen[key] >= grace:
+        if r.holder or now - seen[key] >= patience.get(key, grace):
             out.append(r)
     return out, seen

@@ -5,6 +5,8 @@ usage: misbehave.py MODE   where MODE is one of
                while still heartbeating; then behaves
   close-stdout ready, then closes stdout but keeps running
   ignore-stop  ready and heartbeats, but never stops on `stop`
+  stuck        ready, busy with a job, then beats on while saying its loop has made no
+               progress outside the job for ever longer (a Redis call that never returns)
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ if mode == "flood":
         say(f"idle {time.time()}")
     sys.stderr.write("stderr flood\n" * 50000)
     sys.stderr.flush()
+elif mode == "stuck":
+    say(f"busy stuck-job {time.time()} 600")
+    since = time.monotonic()
+    while True:
+        say(f"beat stuck-job {time.time()} {time.monotonic() - since + 0.1:.1f}")
+        time.sleep(0.5)
 elif mode == "close-stdout":
     os.close(out)
     while True:

@@ -9,6 +9,7 @@ a connection of its own (ScriptConnection).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from redis.connection import Connection
@@ -18,125 +19,174 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from herder.common import rq_seam
 
-# The finish RQ built, then the next job and its start. ARGV: the guards (their number, then
-# the sets that must be empty), the recorded commands (their number, then each one's argument
-# count and its arguments), the start template (herder.worker.start_template: its number of
-# commands, 0 for none; then the job `timeout` field it is for, the execution id, the time as
-# RQ's ISO string and as a float, the number of scores and the scores, then its commands as
-# the recorded ones), then the take: '' for none, or the suspension key, the job key prefix and
-# 'move' src dst | 'pop' n queue-keys...
+# The finish RQ built, then the next job and its start, as one numbered call of one worker.
+# ARGV: the worker's call record key (herder.common.rq_names.call_record_key), the call's number
+# (rising through the worker's life) and the job key prefix; the guards (their number, then the
+# sets that must be empty), the recorded commands (their number, then each one's argument count
+# and its arguments), the start template (start_template.py: its number of commands, 0 for none;
+# then the job `timeout` field it is for, the execution id, the time as RQ's ISO string and as a
+# float, the number of scores and the scores, then its commands as the recorded ones), then the
+# take: '' for none, or the suspension key and 'move' src dst | 'pop' n queue-keys...
 # Returns {0} (a guard set is not empty: nothing written), {1} (written, no job taken),
 # {2, queue_key, job_id, field sizes, fields joined} (taken), {3, error} (a recorded command
-# failed; as with EXEC, the others ran) or {4, queue_key, job_id, field sizes, fields joined,
-# error or ''} (taken and started from the template).
+# failed; as with EXEC, the others ran), {4, queue_key, job_id, field sizes, fields joined,
+# error or ''} (taken and started from the template) or {5} (an older call than the last one
+# this worker made: it arrived late, and did nothing).
+# Each call's outcome is kept under the record key (its number, its code, the job it took), so
+# the same call sent again after a lost reply is answered from it, never run twice.
 FINISH_AND_TAKE = """
 local i = 1
 local function arg() local v = ARGV[i]; i = i + 1; return v end
-for _ = 1, tonumber(arg()) do
-  if redis.call('SCARD', arg()) > 0 then return {0} end
-end
-local err = nil
-for _ = 1, tonumber(arg()) do
-  local n = tonumber(ARGV[i])
-  local r = redis.pcall(unpack(ARGV, i + 1, i + n))
-  i = i + 1 + n
-  if type(r) == 'table' and r.err and not err then err = r.err end
-end
-if err then return {3, err} end
-local starts, expected, marks, first = tonumber(arg()), nil, nil, nil
-if starts > 0 then
-  expected = arg()
-  marks = {E = arg(), I = arg(), F = arg()}
-  for k = 1, tonumber(arg()) do marks[string.char(96 + k)] = arg() end
-  first = i
-  for _ = 1, starts do i = i + 1 + tonumber(ARGV[i]) end
-end
-local function start(h, id)  -- the template filled in for this job, or nil if it is not for it
-  local timeout, origin = '', nil
-  for k = 1, #h, 2 do
-    if h[k] == 'timeout' then timeout = h[k + 1] elseif h[k] == 'origin' then origin = h[k + 1] end
-  end
-  if not origin or timeout ~= expected then return nil end
-  marks.J, marks.Q = id, origin
-  local failed, at = '', first
-  for _ = 1, starts do
-    local n, args = tonumber(ARGV[at]), {}
-    for k = 1, n do
-      local a = ARGV[at + k]
-      if string.find(a, '\\0', 1, true) then a = (string.gsub(a, '%z(.)', marks)) end
-      args[k] = a
-    end
-    local r = redis.pcall(unpack(args))
-    if type(r) == 'table' and r.err and failed == '' then failed = r.err end
-    at = at + 1 + n
-  end
-  return failed
-end
-local mode = arg()
-if mode == '' then return {1} end
-if redis.call('EXISTS', arg()) == 1 then return {1} end
-local prefix = arg()
-local function taken(queue, id)  -- the hash as two strings: parsing one reply of fifty is the cost
-  local h = redis.call('HGETALL', prefix .. id)
-  if #h == 0 then return nil end
+local record, call_text, prefix = arg(), arg(), arg()
+local call = tonumber(call_text)  -- exact: a double holds every integer below 2^53
+local function job_reply(code, queue, id, h, failed)  -- the hash as two strings: one reply, not fifty
   local sizes = {}
   for k = 1, #h do sizes[k] = #h[k] end
-  local failed = starts > 0 and start(h, id)
-  if failed then return {4, queue, id, table.concat(sizes, ','), table.concat(h), failed} end
-  return {2, queue, id, table.concat(sizes, ','), table.concat(h)}
+  return {code, queue, id, table.concat(sizes, ','), table.concat(h), failed}
 end
-if mode == 'move' then
-  local src, dst = arg(), arg()
-  while true do
-    local id = redis.call('LMOVE', src, dst, 'LEFT', 'RIGHT')
-    if not id then return {1} end
-    local job = taken(src, id)
-    if job then return job end
+-- A call asked again (its reply was lost) answers what it did the first time; an older call
+-- that arrives late does nothing.
+local last = redis.call('GET', record)
+if last then
+  local head, seq, code, ql, il, fl = string.match(last, '^((%d+),(%d+),(%d+),(%d+),(%d+),)')
+  seq, code, ql, il, fl = tonumber(seq), tonumber(code), tonumber(ql), tonumber(il), tonumber(fl)
+  if call < seq then return {5} end
+  if call == seq then
+    local at = #head
+    local queue, id = string.sub(last, at + 1, at + ql), string.sub(last, at + ql + 1, at + ql + il)
+    local failed = string.sub(last, at + ql + il + 1, at + ql + il + fl)
+    if code == 2 or code == 4 then
+      local h = redis.call('HGETALL', prefix .. id)
+      if #h == 0 then return {1} end  -- taken, then deleted by someone: nothing to run
+      return job_reply(code, queue, id, h, code == 4 and failed or nil)
+    end
+    if code == 3 then return {3, failed} end
+    return {code}
   end
 end
-local n = tonumber(arg())
-while true do  -- as RQ: after a vanished job, pop again from the first queue
-  local popped = false
-  for q = i, i + n - 1 do
-    local id = redis.call('LPOP', ARGV[q])
-    if id then
-      local job = taken(ARGV[q], id)
+local function run()
+  for _ = 1, tonumber(arg()) do
+    if redis.call('SCARD', arg()) > 0 then return {0} end
+  end
+  local err = nil
+  for _ = 1, tonumber(arg()) do
+    local n = tonumber(ARGV[i])
+    local r = redis.pcall(unpack(ARGV, i + 1, i + n))
+    i = i + 1 + n
+    if type(r) == 'table' and r.err and not err then err = r.err end
+  end
+  if err then return {3, err} end
+  local starts, expected, marks, first = tonumber(arg()), nil, nil, nil
+  if starts > 0 then
+    expected = arg()
+    marks = {E = arg(), I = arg(), F = arg()}
+    for k = 1, tonumber(arg()) do marks[string.char(96 + k)] = arg() end
+    first = i
+    for _ = 1, starts do i = i + 1 + tonumber(ARGV[i]) end
+  end
+  local function start(h, id)  -- the template filled in for this job, or nil if it is not for it
+    local timeout, origin = '', nil
+    for k = 1, #h, 2 do
+      if h[k] == 'timeout' then timeout = h[k + 1] elseif h[k] == 'origin' then origin = h[k + 1] end
+    end
+    if not origin or timeout ~= expected then return nil end
+    marks.J, marks.Q = id, origin
+    local failed, at = '', first
+    for _ = 1, starts do
+      local n, args = tonumber(ARGV[at]), {}
+      for k = 1, n do
+        local a = ARGV[at + k]
+        if string.find(a, '\\0', 1, true) then a = (string.gsub(a, '%z(.)', marks)) end
+        args[k] = a
+      end
+      local r = redis.pcall(unpack(args))
+      if type(r) == 'table' and r.err and failed == '' then failed = r.err end
+      at = at + 1 + n
+    end
+    return failed
+  end
+  local mode = arg()
+  if mode == '' then return {1} end
+  if redis.call('EXISTS', arg()) == 1 then return {1} end
+  local function taken(queue, id)
+    local h = redis.call('HGETALL', prefix .. id)
+    if #h == 0 then return nil end
+    local failed = starts > 0 and start(h, id)
+    if failed then return job_reply(4, queue, id, h, failed) end
+    return job_reply(2, queue, id, h)
+  end
+  if mode == 'move' then
+    local src, dst = arg(), arg()
+    while true do
+      local id = redis.call('LMOVE', src, dst, 'LEFT', 'RIGHT')
+      if not id then return {1} end
+      local job = taken(src, id)
       if job then return job end
-      popped = true
-      break
     end
   end
-  if not popped then return {1} end
+  local n = tonumber(arg())
+  while true do  -- as RQ: after a vanished job, pop again from the first queue
+    local popped = false
+    for q = i, i + n - 1 do
+      local id = redis.call('LPOP', ARGV[q])
+      if id then
+        local job = taken(ARGV[q], id)
+        if job then return job end
+        popped = true
+        break
+      end
+    end
+    if not popped then return {1} end
+  end
 end
+local reply = run()
+local code, queue, id, failed = reply[1], '', '', ''
+if code == 2 or code == 4 then queue, id, failed = reply[2], reply[3], reply[6] or '' end
+if code == 3 then failed = reply[2] end
+redis.call('SET', record, call_text .. ',' .. code .. ',' .. #queue .. ',' .. #id .. ',' .. #failed .. ',' ..
+  queue .. id .. failed, 'EX', 3600)
+return reply
 """
 SCRIPT_SHA = hashlib.sha1(FINISH_AND_TAKE.encode()).hexdigest()
 
 
 class ScriptConnection:
     """The script on a connection of its own, without redis-py's per-call machinery (pool,
-    retries, events: five times the cost of the call itself). A lost connection is not retried:
-    a script sent twice would write twice. The error goes up, as RQ's own would."""
+    retries, events: five times the cost of the call itself).
 
-    def __init__(self, pool: Any) -> None:
+    A call whose reply is lost (a reset, a timeout: it may or may not have run) is sent again,
+    the same bytes on a new connection, until Redis answers: the script answers a call it ran
+    already from the call's record, so it never runs twice, and the worker learns what it did
+    (the job it took above all) before it takes anything new. `waiting` is called between tries
+    with the exception and the try's number; it keeps the worker's beat and progress going."""
+
+    def __init__(self, pool: Any, waiting: Callable[[Exception, int], None]) -> None:
         self.pool = pool
         self.conn: Connection | None = None
+        self.waiting = waiting
 
     def call(self, request: bytes) -> Any:
-        conn = self.conn
-        if conn is None:
-            conn = self.conn = rq_seam.pool_connection(self.pool)
-        try:
+        tries = 0
+        while True:
+            conn = self.conn
             try:
-                conn.send_packed_command([request])
-                return conn.read_response()
-            except NoScriptError:  # a restarted or flushed Redis: load it, then the same call
-                conn.send_command("SCRIPT", "LOAD", FINISH_AND_TAKE)
-                conn.read_response()
-                conn.send_packed_command([request])
-                return conn.read_response()
-        except (RedisConnectionError, RedisTimeoutError):
-            conn.disconnect()  # the next call connects again
-            raise
+                if conn is None:
+                    conn = self.conn = rq_seam.pool_connection(self.pool)
+                try:
+                    conn.send_packed_command([request])
+                    return conn.read_response()
+                except NoScriptError:  # a restarted or flushed Redis: load it, then the same call
+                    conn.send_command("SCRIPT", "LOAD", FINISH_AND_TAKE)
+                    conn.read_response()
+                    conn.send_packed_command([request])
+                    return conn.read_response()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if conn is not None:
+                    conn.disconnect()  # a late reply must never be read as the next call's
+                    self.pool.release(conn)
+                self.conn = None
+                tries += 1
+                self.waiting(exc, tries)
 
     def release(self) -> None:
         if self.conn is not None:

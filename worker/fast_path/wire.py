@@ -30,6 +30,7 @@ def make_encoder(encoder: Any) -> Any:
 
 
 def resp_request(
+    call: list[Any],
     guards: list[str],
     commands: list[tuple[Any, ...]],
     start: tuple[StartTemplate, list[Any]] | None,
@@ -40,8 +41,9 @@ def resp_request(
     per-argument packing was a third of the worker's CPU per job. Each command goes as its own
     arguments, so the script splits nothing (splitting one joined argument in Lua cost Redis
     about 16 us a call); each argument's bytes are what redis-py's encoder makes of it. A start
-    template's commands are framed once, when it is made."""
-    args: list[Any] = ["EVALSHA", SCRIPT_SHA, 0, len(guards), *guards, len(commands)]
+    template's commands are framed once, when it is made. `call`: the worker's call record key,
+    the call's number and the job key prefix (script.py)."""
+    args: list[Any] = ["EVALSHA", SCRIPT_SHA, 0, *call, len(guards), *guards, len(commands)]
     for command in commands:
         args.append(len(command))
         args.extend(command)

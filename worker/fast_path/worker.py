@@ -53,6 +53,7 @@ from rq.utils import get_version, now
 from rq.worker import SimpleWorker
 
 from herder.common import rq_seam
+from herder.common.rq_names import call_record_key
 from herder.worker.fast_path import shortcuts, start_template
 from herder.worker.fast_path.recording import Discard, NotRecordable, Recorder, RecordingPipeline
 from herder.worker.fast_path.script import ScriptConnection
@@ -86,6 +87,8 @@ class FastPathMixin(HerderMixin):
     _job_beat: tuple[Any, int] | None = None
     _prepared: str | None = None  # the job whose start went out with its execution
     _script: ScriptConnection | None = None
+    _calls = 0  # the number of this worker's last script call
+    _lost = 0  # tries of the current call whose reply was lost
     _clock: FrozenClock | None = None
     _template: StartTemplate | None = None  # the next start, written by the take (see below)
     _templates: dict[str, StartTemplate] | None = None  # by the job `timeout` field each is for
@@ -108,6 +111,14 @@ class FastPathMixin(HerderMixin):
             return execution
         if self._own_start:
             return super().prepare_execution(job)
+        self.channel.in_job = False  # the start's call is the loop's: the master's progress bound
+        try:
+            return self._start_in_one_call(job)
+        finally:
+            self.channel.in_job = True
+            self.channel.progress()
+
+    def _start_in_one_call(self, job: Job) -> Execution:
         t, execution_id = now(), uuid.uuid4().hex
         try:
             execution, commands = self._record_start(job, t, execution_id)
@@ -306,9 +317,32 @@ class FastPathMixin(HerderMixin):
         start: tuple[StartTemplate, list[Any]] | None,
         take: list[Any],
     ) -> list[Any]:
+        """One numbered call of this worker (script.py): sent again until Redis answers it, and
+        never run twice."""
         if self._script is None:
-            self._script = ScriptConnection(self.connection.connection_pool)
-        return self._script.call(resp_request(guards, commands, start, take, self._encode))
+            self._script = ScriptConnection(self.connection.connection_pool, self._reply_lost)
+            self._calls = time.time_ns() // 1000  # rising, also past an earlier process of this name
+        self._calls += 1
+        self._lost = 0
+        call = [call_record_key(self.name), self._calls, self.job_class.redis_job_namespace_prefix]
+        reply = self._script.call(resp_request(call, guards, commands, start, take, self._encode))
+        if self._lost:
+            self.log.warning("Worker %s: Redis answered the call after %d tries", self.name, self._lost + 1)
+        if int(reply[0]) == 5:  # only if this name's record is from the future (the clock went back)
+            raise RuntimeError(f"Redis holds a later call of worker {self.name} than this one")
+        return reply
+
+    def _reply_lost(self, exc: Exception, tries: int) -> None:
+        """Between tries of a call whose reply was lost: said once, then a growing pause. The
+        worker is waiting for Redis, not stuck, so its progress goes on (the master's bound)."""
+        if tries == 1:
+            self.log.warning(
+                "Worker %s: no reply to a call (%s: %s); asking Redis again until it answers",
+                self.name, exc.__class__.__name__, exc,
+            )  # fmt: skip
+        self._lost = tries
+        self.channel.progress()
+        time.sleep(min(1.0, 0.05 * 2 ** (tries - 1)))
 
     @functools.cached_property
     def _encode(self) -> Any:
@@ -328,7 +362,7 @@ class FastPathMixin(HerderMixin):
     def _take_args(self) -> list[Any]:
         """How RQ's dequeue would take the next job (Queue.dequeue_any, without blocking)."""
         keys = [q.key for q in rq_seam.ordered_queues(self)]
-        head = ["", WORKERS_SUSPENDED, self.job_class.redis_job_namespace_prefix]
+        head = ["", WORKERS_SUSPENDED]
         if len(keys) == 1 and get_version(self.connection) >= (6, 2, 0):
             head[0] = "move"
             return [*head, keys[0], self.queues[0].intermediate_queue_key]
