@@ -1,0 +1,205 @@
+"""A flaky network, herder beside `rq worker-pool`: what each loses, runs twice, leaves behind.
+
+    scripts/bench/run network --markdown /tmp/network.md
+
+The scenario of tests/test_network_faults.py, with its fault proxy (tests/faultproxy.py), for
+each contender in turn on a fresh private Redis: `--jobs` jobs of `--job-ms` that record their
+runs over a connection of their own straight to Redis, `--workers` workers whose every
+connection to Redis crosses the proxy; for `--faults` seconds the proxy resets a connection
+(sometimes all of them), kills one silently or holds all traffic for 2 s, at random moments
+0.3-1.5 s apart, from the same seed for every contender; then the network heals. The bench
+waits until the queue is empty and no job has ended for `--settle` seconds (or `--timeout`),
+then counts, from Redis: jobs finished, failed, never run, run more than once, left `started`
+in a registry or in the intermediate list.
+
+Not a test, and no assertion: run by hand; docs/benchmarks.md ("A flaky network") reads a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from redis import Redis
+from rq import Queue
+
+from bench_base import REPO, BenchError, say
+from bench_procs import Processes, RedisServer, become_subreaper, child_env
+from bench_report import publish
+from bench_source import herder_digest, snapshot_herder
+
+sys.path.insert(0, str(REPO / "tests"))
+from faultproxy import FaultProxy  # noqa: E402  (the tests' proxy: the same faults)
+
+BIN = Path(sys.executable).parent
+QUEUE = "default"
+JOB_SOURCE = '''"""Written by scripts/bench network: records each run straight to Redis, past the proxy."""
+import time
+from redis import Redis
+
+_direct = {}
+
+
+def tick(n, port, seconds):
+    conn = _direct.get(port) or _direct.setdefault(port, Redis(port=port, socket_timeout=10))
+    time.sleep(seconds)
+    conn.rpush("ran", n)
+    return n
+'''
+CONTENDERS = {
+    "herder": "herder run",
+    "herder-rq-path": "herder run --no-fast-path",
+    "rq": "rq worker-pool -w rq.worker.SimpleWorker",
+}
+
+
+def argv_of(key: str, url: str, tmp: Path, workers: int) -> list[str]:
+    if key == "rq":
+        return [str(BIN / "rq"), "worker-pool", "--url", url, "--num-workers", str(workers),
+                "--path", str(tmp / "jobs"), "--worker-class", "rq.worker.SimpleWorker", QUEUE]  # fmt: skip
+    argv = [str(BIN / "herder"), "run", "--redis-url", url, "--workers", str(workers), "--queue", QUEUE,
+            "--path", str(tmp / "jobs"), "--state-dir", str(tmp / f"state-{key}"),
+            "--no-scheduler"]  # fmt: skip
+    return [*argv, "--no-fast-path"] if key == "herder-rq-path" else argv
+
+
+def break_things(proxy: FaultProxy, seconds: float, seed: int) -> None:
+    rng = random.Random(seed)
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        time.sleep(rng.uniform(0.3, 1.5))
+        roll = rng.random()
+        if roll < 0.55:
+            proxy.reset_one()
+        elif roll < 0.7:
+            proxy.reset_all()
+        elif roll < 0.9:
+            proxy.silence_one()
+        else:
+            proxy.stall(2.0)
+    proxy.heal()
+
+
+def count(r: Redis, n: int) -> dict[str, float]:
+    ran = [int(x) for x in r.lrange("ran", 0, -1)]
+    with r.pipeline() as pipe:
+        for i in range(n):
+            pipe.hget(f"rq:job:net-{i}", "status")
+        statuses = [s.decode() if s else "gone" for s in pipe.execute()]
+    return {
+        "finished": statuses.count("finished"),
+        "failed": statuses.count("failed"),
+        "never ran": n - len(set(ran)),
+        "ran twice or more": sum(1 for i in set(ran) if ran.count(i) > 1),
+        "left started": r.zcard(f"rq:wip:{QUEUE}"),
+        "left in the intermediate list": r.llen(f"rq:queue:{QUEUE}:intermediate"),
+        "still queued": r.llen(f"rq:queue:{QUEUE}"),
+    }
+
+
+def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], procs: Processes) -> dict:
+    (tmp / f"redis-{key}").mkdir()
+    server = RedisServer("redis-server", tmp / f"redis-{key}", procs)
+    r = server.start()
+    port = server.port
+    proxy = FaultProxy(port, seed=args.seed)
+    q = Queue(QUEUE, connection=r)
+    with r.pipeline() as pipe:
+        q.enqueue_many(
+            [Queue.prepare_data("net_jobs.tick", (i, port, args.job_ms / 1000), job_id=f"net-{i}",
+                                result_ttl=3600) for i in range(args.jobs)],
+            pipeline=pipe,
+        )  # fmt: skip
+        pipe.execute()
+    proc = procs.start(argv_of(key, proxy.url(), tmp, args.workers), tmp / f"{key}.log", env)
+    try:
+        time.sleep(2.0)  # the pool up and working before the faults begin, for every contender alike
+        break_things(proxy, args.faults, args.seed)
+        healed = time.monotonic()
+        last, last_change = -1, time.monotonic()
+        while time.monotonic() - healed < args.timeout:
+            done = r.zcard(f"rq:finished:{QUEUE}") + r.zcard(f"rq:failed:{QUEUE}")
+            if done != last:
+                last, last_change = done, time.monotonic()
+            quiet = time.monotonic() - last_change > args.settle
+            if quiet and (r.llen(f"rq:queue:{QUEUE}") == 0 or done == 0):
+                break
+            time.sleep(0.2)
+        result: dict = count(r, args.jobs)
+        after = last_change - healed
+        result["last job ended, s after the healing"] = round(after, 1) if after > 0 else "none ended after it"
+        result["faults"] = dict(proxy.counts)
+        return result
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=20)
+        procs.kill_all(spare=set())  # the contender's tree and this run's Redis
+        proxy.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--jobs", type=int, default=3000)
+    p.add_argument("--job-ms", type=float, default=40.0, help="each job's sleep")
+    p.add_argument("--faults", type=float, default=30.0, help="seconds of faults, then the network heals")
+    p.add_argument("--settle", type=float, default=10.0, help="seconds with no job ending that mean done")
+    p.add_argument("--timeout", type=float, default=120.0, help="the longest wait after healing")
+    p.add_argument("--seed", type=int, default=27)
+    p.add_argument("--only", help="comma-separated contenders: " + ",".join(CONTENDERS))
+    p.add_argument("--markdown", help="also write the report here")
+    p.add_argument("--keep", action="store_true", help="keep the contenders' logs (their folder is said)")
+    args = p.parse_args()
+    keys = args.only.split(",") if args.only else list(CONTENDERS)
+    become_subreaper()
+    tmp = Path(tempfile.mkdtemp(prefix="herder-network-"))
+    (tmp / "jobs").mkdir()
+    (tmp / "jobs" / "net_jobs.py").write_text(JOB_SOURCE)
+    procs = Processes()
+    results = {}
+    try:
+        herder_src = snapshot_herder(tmp / "herder-src")
+        say(f"herder from a snapshot of its source (digest {herder_digest(herder_src)})")
+        for key in keys:
+            env = child_env()
+            if key != "rq":
+                env["PYTHONPATH"] = str(herder_src)
+            results[key] = run_one(key, args, tmp, env, procs)
+            say(f"{key}: {results[key]}")
+    except BenchError as exc:
+        say(f"error: {exc}; logs kept in {tmp}")
+        return 1
+    finally:
+        procs.kill_all(spare=set())
+    rows = [k for k in next(iter(results.values())) if k != "faults"]
+    lines = [
+        "## A flaky network",
+        "",
+        f"Command: `scripts/bench/run network --jobs {args.jobs} --job-ms {args.job_ms:g} --workers "
+        f"{args.workers} --faults {args.faults:g} --seed {args.seed}`. {args.jobs} jobs of "
+        f"{args.job_ms:g} ms, {args.workers} workers; every connection of the contender to Redis "
+        f"crosses a fault proxy that, for {args.faults:g} s, resets connections, kills them silently "
+        "and stalls traffic (the same schedule for each); the jobs record their runs straight to "
+        f"Redis. Counted once no job has ended for {args.settle:g} s after the network healed.",
+        "",
+        "| | " + " | ".join(CONTENDERS[k] for k in keys) + " |",
+        "|---|" + "---:|" * len(keys),
+    ]
+    for row in rows:
+        lines.append(f"| {row} | " + " | ".join(str(results[k][row]) for k in keys) + " |")
+    faults = ", ".join(f"{k} {v}" for k, v in results[keys[0]]["faults"].items())
+    lines += ["", f"Faults ({keys[0]}'s run): {faults}."]
+    publish("\n".join(lines) + "\n", args.markdown)
+    if args.keep:
+        say(f"logs kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
