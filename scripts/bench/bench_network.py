@@ -134,7 +134,8 @@ def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], 
             time.sleep(0.2)
         result: dict = count(r, args.jobs)
         after = last_change - healed
-        result["last job ended, s after the healing"] = round(after, 1) if after > 0 else "none ended after it"
+        ended = round(after, 1) if after > 0 else "none ended after it"
+        result["last job ended, s after the healing"] = ended
         result["faults"] = dict(proxy.counts)
         return result
     finally:
