@@ -69,11 +69,12 @@ def connect(url: str, **options: Any) -> Redis:
 RETRIES = 3  # a call whose connection broke is tried this many more times, on new connections
 
 
-def retry_resets(tries: int = RETRIES, timeouts: bool = False) -> Any:
-    """redis-py's retry for a call whose connection was reset (and, with `timeouts`, one that
-    got no reply within its socket timeout): on a new connection, at once and then a little
-    later, up to `tries` more times. The same for every redis-py herder supports: redis-py 5
-    retries nothing by default, 6 and later retry timeouts too with backoffs up to 10 s, which
+def retry_resets(tries: int = RETRIES, timeouts: bool = False) -> dict[str, Any]:
+    """redis-py's options for a call whose connection was reset (and, with `timeouts`, one that
+    got no reply within its socket timeout): tried again on a new connection, at once and then a
+    little later, up to `tries` more times. The same on every redis-py herder supports: redis-py
+    5 retries nothing by default and asks for the errors in `retry_on_error` as well as in the
+    Retry; 6 and later retry timeouts too by default, with backoffs up to 10 s a try, which
     would stretch one call past any bound herder judges a worker by."""
     from redis.backoff import ExponentialBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
@@ -81,7 +82,8 @@ def retry_resets(tries: int = RETRIES, timeouts: bool = False) -> Any:
     from redis.retry import Retry
 
     errors = (RedisConnectionError, RedisTimeoutError) if timeouts else (RedisConnectionError,)
-    return Retry(ExponentialBackoff(cap=0.5, base=0.05), tries, supported_errors=errors)
+    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), tries, supported_errors=errors)
+    return {"retry": retry, "retry_on_error": list(errors)}
 
 
 def bound_calls(client: Redis, seconds: float) -> None:

@@ -81,9 +81,7 @@ def main() -> int:
         def client() -> Redis:  # one per thread: each blocks on its own socket
             # A reset connection is tried again on a new one: one broken connection is not an
             # outage. A timeout is not (a frozen Redis), so no call waits more than 5 s.
-            return connect(
-                cfg.redis_url or "", socket_timeout=5, socket_connect_timeout=3, retry=retry_resets(1)
-            )
+            return connect(cfg.redis_url or "", socket_timeout=5, socket_connect_timeout=3, **retry_resets(1))
 
         pools = pool_configs(cfg)
         rq_workers = all(pc.worker_command is None for pc in pools.values())

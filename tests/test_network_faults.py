@@ -27,9 +27,9 @@ from faultproxy import FaultProxy
 
 pytestmark = pytest.mark.slow
 
-JOBS = 2000
-JOB_SECONDS = 0.04  # 4 workers take about 20 s for them all: jobs run through every fault
-FAULTS_FOR = 20.0  # seconds of faults, then the network is healthy again
+JOBS = 1600
+JOB_SECONDS = 0.04  # 4 workers take about 16 s for them all: jobs run through every fault
+FAULTS_FOR = 16.0  # seconds of faults, then the network is healthy again
 
 
 def enqueue(conn: Redis, n: int, port: int) -> list[str]:
@@ -95,7 +95,7 @@ def test_resets_dead_connections_and_stalls_lose_no_job_and_wedge_no_worker(
         h.wait_workers(4)
         master = h.master()
         assert master is not None
-        rng = random.Random(11)  # 22 faults in 20 s: 11 resets, 5 of all, 4 silent deaths, 2 stalls
+        rng = random.Random(11)  # 18 faults in 16 s: 9 resets, 5 of all, 3 silent deaths, 1 stall
         break_things(proxy, time.monotonic() + FAULTS_FOR, rng)
         healed = time.monotonic()
         # Healthy again: every job ends, within the bound a wedged worker is given up by.
@@ -116,7 +116,7 @@ def test_resets_dead_connections_and_stalls_lose_no_job_and_wedge_no_worker(
         assert (now := h.master()) is not None and now.pid == master.pid  # the master never restarted
         faults = proxy.counts
         print(f"faults {faults}; duplicates {duplicates}; all done {took:.1f} s after healing")
-        assert faults["resets"] > 10 and faults["silenced"] > 2 and faults["stalls"] > 0
+        assert faults["resets"] > 10 and faults["silenced"] >= 2 and faults["stalls"] >= 1
         h.stop_and_check()
     finally:
         proxy.close()
@@ -128,9 +128,9 @@ def test_a_long_job_is_its_own_time_not_a_stuck_loop(herder, conn: Redis) -> Non
     """The progress bound judges the worker's loop outside the job's own code: a job that runs
     past it (its code, its callbacks) is never killed for it."""
     q = Queue("default", connection=conn)
-    h = herder(workers="1", progress_timeout="9", redis_timeout="1.5", no_scheduler=True)
+    h = herder(workers="1", progress_timeout="7", redis_timeout="1.1", no_scheduler=True)
     h.wait_workers(1)
-    job = q.enqueue("herder_testjobs.record", "long", 11)
+    job = q.enqueue("herder_testjobs.record", "long", 9)
     wait_for(lambda: conn.lrange("finished:long", 0, -1) or None, 30, what="the long job to finish")
     assert job.get_status(refresh=True) == "finished"
     assert h.totals()["killed"] == 0
@@ -160,8 +160,8 @@ def test_workers_born_while_redis_refuses_connections_wait_and_health_names_the_
     health = st["health"]
     assert health.startswith("degraded: redis unreachable") and "below" not in health, health
     born = {w["pid"] for w in st["workers"]}
-    # Waiting, not dying: over three heartbeat timeouts of refusals, the same two workers live.
-    deadline = time.monotonic() + 3 * 3.0
+    # Waiting, not dying: over two heartbeat timeouts of refusals, the same two workers live.
+    deadline = time.monotonic() + 2 * 3.0
     while time.monotonic() < deadline:
         st = h.snapshot()
         assert {w["pid"] for w in st["workers"]} == born, st["workers"]
@@ -213,7 +213,7 @@ def test_a_sentinel_failover_mid_load_loses_no_job(herder, tmp_path: Path) -> No
         # The failover loses the old master's last writes (replication is asynchronous): a job
         # whose start the new master has and whose finish it lost is started under a live worker
         # that runs another: recovered after --progress-timeout (short here).
-        h = herder(redis_url=url, workers="4", no_scheduler=True, progress_timeout="9", redis_timeout="1.5")
+        h = herder(redis_url=url, workers="4", no_scheduler=True, progress_timeout="7", redis_timeout="1.1")
         h.wait_workers(4)
         wait_for(lambda: len(unfinished(Redis(port=port), ids)) < 600, 30, what="jobs under way")
         ask.execute_command("SENTINEL", "FAILOVER", "mymaster")

@@ -84,7 +84,7 @@ def main() -> int:
         return 1
     # RQ's own calls (its dequeue, its bookkeeping on RQ's path): one whose connection broke or
     # went silent is tried again on a new connection, rather than a finished job failed for it.
-    connection = connect(cfg.redis_url, retry=retry_resets(timeouts=True))
+    connection = connect(cfg.redis_url, **retry_resets(timeouts=True))
     beat = max(0.5, cfg.heartbeat_interval)  # each ping answers or gives up within a beat
     probe = connect(cfg.redis_url, socket_timeout=beat, socket_connect_timeout=beat)
     if not wait_for_redis(probe, channel):

@@ -45,6 +45,7 @@ from rq.worker import BaseWorker, SimpleWorker, WorkerStatus
 
 from herder.common import rq_seam
 from herder.common.config import Config
+from herder.common.redis_connect import RETRIES
 from herder.common.rq_names import lease_key
 from herder.worker.abandoned import end_abandoned
 from herder.worker.channel import Channel
@@ -141,6 +142,20 @@ class HerderMixin(BaseWorker):
             started_job_registry=queue.started_job_registry,
             execution=execution,
         )
+
+    def handle_job_success(self, *args, **kwargs) -> None:  # type: ignore[override]  # noqa: ANN002, ANN003
+        """RQ's finish of a job that ran well, tried again when its connection breaks (redis-py 5
+        never retries a WATCH): a finished job is not failed for a reset. RQ's finish is one
+        WATCH/MULTI/EXEC transaction, so a try that broke before EXEC wrote nothing; one whose
+        EXEC reply was lost writes its fields again, the same values."""
+        for tries in range(RETRIES + 1):
+            try:
+                return super().handle_job_success(*args, **kwargs)  # rq 3 passes the execution too
+            except (RedisConnectionError, RedisTimeoutError):
+                if tries == RETRIES:
+                    raise
+                self.channel.progress()
+                time.sleep(0.05 * 2**tries)
 
     def handle_exception(self, job: Job, *exc_info) -> None:  # noqa: ANN002
         """rq 2 ends a stopped job through its failure path: as its forking worker does for a
