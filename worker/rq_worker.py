@@ -148,14 +148,24 @@ class HerderMixin(BaseWorker):
         never retries a WATCH): a finished job is not failed for a reset. RQ's finish is one
         WATCH/MULTI/EXEC transaction, so a try that broke before EXEC wrote nothing; one whose
         EXEC reply was lost writes its fields again, the same values."""
+        return self._tried_again(super().handle_job_success, *args, **kwargs)
+
+    def prepare_job_execution(self, *args, **kwargs) -> None:  # type: ignore[override]  # noqa: ANN002, ANN003
+        """RQ's start of a job in the horse's half (state, heartbeats, the job's fields), one
+        transaction of the same values each try: tried again when its connection breaks
+        (redis-py 5 never retries a transaction on a reset), so the job runs rather than fails."""
+        return self._tried_again(super().prepare_job_execution, *args, **kwargs)
+
+    def _tried_again(self, call, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         for tries in range(RETRIES + 1):
             try:
-                return super().handle_job_success(*args, **kwargs)  # rq 3 passes the execution too
+                return call(*args, **kwargs)  # rq 3 passes the execution too
             except (RedisConnectionError, RedisTimeoutError):
                 if tries == RETRIES:
                     raise
                 self.channel.progress()
                 time.sleep(0.05 * 2**tries)
+        return None
 
     def handle_exception(self, job: Job, *exc_info) -> None:  # noqa: ANN002
         """rq 2 ends a stopped job through its failure path: as its forking worker does for a
