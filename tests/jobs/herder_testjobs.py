@@ -25,6 +25,28 @@ def record(tag: str, seconds: float = 0.0) -> str:
     return tag
 
 
+def record_through_outage(tag: str, seconds: float = 0.0) -> str:
+    """record(), written as a job that must survive a Redis restart is: its own calls wait
+    for Redis (up to 30 s) instead of failing the job on the first refusal."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    def mark(kind: str) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return _mark(kind, tag)
+            except (RedisConnectionError, RedisTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    mark("started")
+    time.sleep(seconds)
+    mark("finished")
+    return tag
+
+
 def chatty(tag: str) -> str:
     """Prints to stdout, including lines that look like protocol lines."""
     _mark("started", tag)
