@@ -36,6 +36,7 @@ log = logging.getLogger("herder")
 WARM_TIMEOUT = 30.0  # seconds the template may take to import (the user's --preload too)
 ANSWER_TIMEOUT = 2.0  # seconds a fork may take before the template counts as broken
 RETIRE_GRACE = 5.0  # seconds a replaced template has to exit on EOF before SIGKILL
+SPARE_EXIT_WAIT = 1.0  # seconds the master's exit waits for children it does not watch (a spare)
 RESTART_DELAYS = (0.5, 1, 2, 4, 8, 16, 30)  # after the template died or failed, in a row
 TEMPLATE_ARGV = [sys.executable, "-P", "-m", "herder.worker.template"]
 
@@ -53,15 +54,19 @@ def why_no_fork_server(cfg: Config) -> str | None:
     return None
 
 
-def reap_strays() -> int:
+def reap_strays(wait: float = 0.0) -> int:
     """Reap exited children the master does not watch; how many. Watched ones are left
-    alone: their owner reaps them, and their pid must stay reserved until it does."""
-    reaped = 0
+    alone: their owner reaps them, and their pid must stay reserved until it does. `wait`:
+    seconds to wait for unwatched children still running to exit (at the master's exit)."""
+    reaped, deadline = 0, time.monotonic() + wait
     while True:
         try:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return reaped
+        if info is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+            continue
         if info is None or info.si_pid in WATCHED:
             return reaped  # none exited, or a watched one is first: the next pass sees the rest
         try:
@@ -208,6 +213,7 @@ class ForkServerLauncher:
             old.proc.signal_group(signal.SIGKILL)
             old.proc.reap()
         self.retired.clear()
+        reap_strays(wait=SPARE_EXIT_WAIT)  # a template's spare exits when it sees the template gone
 
     # ---- the template's life ---------------------------------------------------------------
 

@@ -9,7 +9,8 @@ PipeReader (herder.supervisor.workerproc has the two kinds) that the hub feeds c
 chunk. After a pass that read anything the hub pauses COALESCE (longer when many pipes had
 something): lines pile up in the pipes, so a busy fleet costs fewer wake-ups and reads. The
 pause waits on the hub's poke pipe, so `hurry()` (the master reaping a worker, whose last
-lines it must read first) and a new pipe end it at once. A reader may ask to be paused (a
+lines it must read first) and a new pipe end it at once; `hurry(fd)` also takes a pipe out of
+a flood's pause. A reader may ask to be paused (a
 flooding worker): its pipe leaves the selector until then, and the worker blocks on its full
 pipe (back-pressure), never the master.
 """
@@ -56,6 +57,8 @@ class PipeHub:
         self._pause.register(self._poke_r, selectors.EVENT_READ)
         self._lock = threading.Lock()
         self._new: list[tuple[int, PipeReader]] = []
+        self._resume: set[int] = set()  # fds hurry() asked to read to their end, paused or not
+        self._draining: set[int] = set()  # those, in the hub's hands: read on, never paused
         self._paused: dict[int, tuple[float, PipeReader]] = {}  # fd -> (resume at, reader)
         self.after_pass: list[Callable[[], None]] = []  # run after each pass that read anything
         self._thread = threading.Thread(target=self._run, name="pipes", daemon=True)
@@ -68,8 +71,13 @@ class PipeHub:
             self._new.append((fd, reader))
         self._poke()
 
-    def hurry(self) -> None:
-        """Read every pipe now, cutting a coalescing pause short (any thread)."""
+    def hurry(self, fd: int | None = None) -> None:
+        """Read every pipe now, cutting a coalescing pause short (any thread); and `fd` on to
+        its end, paused by a flood or not (the master reaping a worker reads its last lines at
+        once: the worker is dead, its pipe holds what it holds)."""
+        if fd is not None:
+            with self._lock:
+                self._resume.add(fd)
         self._poke()
 
     def _poke(self) -> None:
@@ -100,6 +108,7 @@ class PipeHub:
                     chunk = b""
                 if not chunk:
                     self._sel.unregister(key.fd)
+                    self._draining.discard(key.fd)
                     reader.eof()
                     wakes.add(reader.wake)
                     continue
@@ -107,7 +116,7 @@ class PipeHub:
                 important, pause_until = reader.feed(chunk, now)
                 if important:
                     wakes.add(reader.wake)
-                if pause_until is not None:
+                if pause_until is not None and key.fd not in self._draining:
                     self._sel.unregister(key.fd)
                     self._paused[key.fd] = (pause_until, reader)
             for fd, (at, reader) in list(self._paused.items()):
@@ -133,7 +142,12 @@ class PipeHub:
             pass
         with self._lock:
             new, self._new = self._new, []
+            resume, self._resume = self._resume, set()
         for fd, reader in new:
+            self._sel.register(fd, selectors.EVENT_READ, reader)
+        self._draining |= resume
+        for fd in resume & self._paused.keys():
+            _, reader = self._paused.pop(fd)
             self._sel.register(fd, selectors.EVENT_READ, reader)
 
 

@@ -326,7 +326,11 @@ class WorkerProcess:
         # The stdout reader may still hold the worker's last lines (its final `done`): the hub
         # reads them now, not after its coalescing pause.
         if not self.stdout_done.is_set():
-            pipes.hub().hurry()
+            try:  # even if a flood paused it (the reader closes it at EOF: then no fd is needed)
+                fd = self.popen.stdout.fileno() if self.popen.stdout else None
+            except ValueError:
+                fd = None
+            pipes.hub().hurry(fd)
             self.stdout_done.wait(timeout=1.0)
         try:
             if self.popen.stdin:

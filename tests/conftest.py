@@ -41,6 +41,7 @@ HERDER = str(Path(sys.executable).with_name("herder"))
 TAG_VAR = "HERDER_TEST_TAG"
 SCHEDULER_MODULE = "herder.worker.scheduler"  # the master's children that are not workers
 TEMPLATE_NAME = "herder-forksrv"  # herder.worker.template's TEMPLATE_NAME
+SPARE_NAME = "herder-spare"  # and its SPARE_NAME
 GRACEFUL_STOP = signal.SIGTERM
 READY_STATES = ("idle", "busy")  # a worker's state in the status once it has said `ready`
 # The master's last words: its counters, the only record of them once herder has exited.
@@ -90,6 +91,14 @@ def is_template(p: psutil.Process) -> bool:
     but not its process name."""
     try:
         return p.name() == TEMPLATE_NAME
+    except psutil.NoSuchProcess:
+        return False
+
+
+def is_spare(p: psutil.Process) -> bool:
+    """A worker the fork server forked ahead, not asked for yet: not a worker until it is."""
+    try:
+        return p.name() == SPARE_NAME
     except psutil.NoSuchProcess:
         return False
 
@@ -331,7 +340,9 @@ class Herder:
             return []
         for k in children:
             try:  # one that exits meanwhile is skipped, not taken for the end of them all
-                if k.status() != psutil.STATUS_ZOMBIE and not self._is_scheduler(k) and not is_template(k):
+                if k.status() == psutil.STATUS_ZOMBIE or self._is_scheduler(k):
+                    continue
+                if not is_template(k) and not is_spare(k):
                     out.append(k)
             except psutil.NoSuchProcess:
                 pass
@@ -341,8 +352,9 @@ class Herder:
     def fork_server(self) -> psutil.Process | None:
         """The master's fork server (herder.worker.template), which is not a worker."""
         m = self.master()
-        try:
-            return next((k for k in (m.children() if m else []) if is_template(k)), None)
+        try:  # the oldest of that name: a spare is born with it, and renames itself at once
+            found = [k for k in (m.children() if m else []) if is_template(k)]
+            return min(found, key=lambda k: k.create_time()) if found else None
         except psutil.NoSuchProcess:
             return None
 

@@ -47,6 +47,40 @@ def test_workers_are_forked_from_the_template_and_are_the_masters_children(herde
     h.stop_and_check()
 
 
+def test_a_replacement_is_the_templates_spare_and_a_dead_spare_costs_nothing(herder, conn):
+    """The template keeps a worker forked ahead (herder-spare), already the master's child and
+    connected: a dead worker's replacement is that spare, listed by RQ under its pid. A spare
+    killed before it was needed is reaped, and the next replacement is forked on the spot."""
+    if os.environ.get("HERDER_FORK_SERVER", "").lower() in ("0", "false", "no"):
+        pytest.skip("this run spawns workers plainly (HERDER_FORK_SERVER=false)")
+    from conftest import is_spare
+
+    h = herder(workers="2")
+    ws = h.wait_workers(2)
+    master = h.master()
+    assert master is not None
+
+    def spare(other_than: int = 0) -> psutil.Process | None:
+        return next((k for k in master.children() if is_spare(k) and k.pid != other_than), None)
+
+    first = wait_for(spare, 10, what="the template's spare")
+    assert first.ppid() == master.pid  # handed to the master already, like a worker
+    victim = ws[0].pid
+    os.kill(victim, signal.SIGKILL)
+    again = h.wait_workers(2, without={victim})
+    assert first.pid in {w.pid for w in again}, "the replacement was not the spare"
+    listed = {int(n.rsplit(b".", 1)[1]) for n in conn.smembers("rq:workers")}
+    assert first.pid in listed  # RQ lists the spare, become a worker, under its own pid
+    second = wait_for(lambda: spare(other_than=first.pid), 10, what="the next spare")
+    second.kill()  # a spare dies before it is asked for...
+    wait_for(lambda: not psutil.pid_exists(second.pid), 10, what="the master to reap the dead spare")
+    victim = again[0].pid
+    os.kill(victim, signal.SIGKILL)
+    third = h.wait_workers(2, without={victim})  # ... and the next replacement is forked instead
+    assert names(third) == [WORKER_NAME] * 2
+    h.stop_and_check()  # the spare too: no process of this herder is left
+
+
 def test_a_dead_fork_server_is_restarted_and_workers_keep_starting_meanwhile(herder, jobs):
     if os.environ.get("HERDER_FORK_SERVER", "").lower() in ("0", "false", "no"):
         pytest.skip("this run spawns workers plainly (HERDER_FORK_SERVER=false)")

@@ -134,3 +134,29 @@ def test_workers_run_nicer_than_the_master_so_it_keeps_its_share_of_the_cpu(herd
     nice = {w["pool"]: psutil.Process(w["pid"]).nice() for w in st["workers"]}
     assert nice == {"high": master.nice(), "bulk": master.nice() + 5}  # the default +5; high said 0
     h.stop_and_check()
+
+
+def test_hurry_takes_a_pipe_out_of_a_floods_pause() -> None:
+    """A flooding worker's pipe is left unread for the rest of its second; when that worker
+    dies, the master reaping it has its last lines and EOF read at once, not after the pause
+    (it waits for them, and every other worker's death waits behind it)."""
+
+    class Flooding(Recorder):
+        def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+            super().feed(chunk, now)
+            return False, now + 30.0  # a pause far longer than anything below waits
+
+    hub = PipeHub(coalesce=0.0)
+    r, w = os.pipe()
+    rec = Flooding()
+    hub.add(r, rec)
+    os.write(w, b"flood\n")
+    wait_for(lambda: rec.feeds == 1, timeout=5, what="the first chunk read, and the pipe paused")
+    os.write(w, b"last words\n")
+    os.close(w)  # the worker died
+    time.sleep(0.3)
+    assert rec.data == b"flood\n" and not rec.ended.is_set()  # paused: unread
+    hub.hurry(r)
+    assert rec.ended.wait(5), "the paused pipe's EOF was not read after hurry(fd)"
+    assert rec.data == b"flood\nlast words\n"
+    os.close(r)

@@ -44,16 +44,18 @@ def pool_counts(st: dict) -> dict[str, tuple[int, int]]:
 
 
 def enqueue_on_both(
-    conn, tag: str, seconds: float, each: int, func: str = "herder_testjobs.record"  # noqa: ANN001
+    conn,  # noqa: ANN001
+    tag: str,
+    seconds: float,
+    each: int,
+    func: str = "herder_testjobs.record",
 ) -> list[str]:
     """`each` jobs of `func` (herder_testjobs.record) on each pool's queue, in one round trip."""
     ids = []
     with conn.pipeline() as pipe:
         for q in QUEUES:
             queue = Queue(q, connection=conn)
-            ids += [
-                queue.enqueue(func, tag, seconds, pipeline=pipe).id for _ in range(each)
-            ]
+            ids += [queue.enqueue(func, tag, seconds, pipeline=pipe).id for _ in range(each)]
         pipe.execute()
     return ids
 

@@ -11,6 +11,12 @@ import os
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+    from herder.common.config import Config
 
 
 def wait_for_redis(connection, channel) -> bool:
@@ -43,14 +49,56 @@ def wait_for_redis(connection, channel) -> bool:
         time.sleep(channel.heartbeat_interval)
 
 
+def connections(cfg: Config) -> tuple[Redis, Redis]:
+    """RQ's connection and the probe that waits for Redis at the start (not connected yet)."""
+    from herder.common.redis_connect import connect, retry_resets
+
+    # RQ's own calls (its dequeue, its bookkeeping on RQ's path): one whose connection broke or
+    # went silent is tried again on a new connection, rather than a finished job failed for it.
+    connection = connect(cfg.redis_url, **retry_resets(timeouts=True))
+    beat = max(0.5, cfg.heartbeat_interval)  # each ping answers or gives up within a beat
+    return connection, connect(cfg.redis_url, socket_timeout=beat, socket_connect_timeout=beat)
+
+
+_ahead: list = []  # [the config's JSON, RQ's connection, the probe]: made by prepare_ahead()
+
+
+def prepare_ahead() -> None:
+    """In a spare (herder.worker.template), before it is asked for: both connections made and
+    connected for the config it inherited, which is its request's unless a pool's differs. A
+    replacement then starts without a millisecond of setting them up, nor two handshakes.
+    Anything amiss (Redis away, a config it cannot read) leaves it all to main()."""
+    from herder.common import rq_seam
+    from herder.common.config import ENV_RESOLVED, Config
+
+    try:
+        cfg = Config.from_env()
+        if not cfg.redis_url:
+            return
+        connection, probe = connections(cfg)
+        probe.ping()  # within a beat, or it raises
+        pool = connection.connection_pool
+        pool.release(rq_seam.pool_connection(pool))
+    except Exception:
+        return
+    _ahead[:] = [os.environ.get(ENV_RESOLVED), connection, probe]
+
+
+def made_ahead(cfg: Config) -> tuple[Redis, Redis] | None:
+    """The connections prepare_ahead() made, if they were made for this config."""
+    from herder.common.config import ENV_RESOLVED
+
+    if not _ahead or _ahead[0] != os.environ.get(ENV_RESOLVED):
+        return None
+    return _ahead[1], _ahead[2]
+
+
 def main() -> int:
     from herder.common import worker_protocol as wp
     from herder.common.config import Config
     from herder.common.rq_names import rq_worker_name
 
     cfg = Config.from_env()
-    if cfg.worker_nice:  # below the master (an increment on its niceness): it must see deaths
-        os.nice(cfg.worker_nice)  # and hangs at once while every worker is busy
     # The channel goes first: from here on fd 1 is stderr and only the channel
     # writes protocol lines.
     from herder.worker.channel import Channel
@@ -65,7 +113,7 @@ def main() -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    from herder.common.redis_connect import bound_calls, connect, retry_resets
+    from herder.common.redis_connect import bound_calls
     from herder.worker import hooks
     from herder.worker.rq_worker import log_to_master, make_worker
 
@@ -82,11 +130,7 @@ def main() -> int:
     if not cfg.redis_url:
         print("herder worker: no Redis URL configured", file=sys.stderr)
         return 1
-    # RQ's own calls (its dequeue, its bookkeeping on RQ's path): one whose connection broke or
-    # went silent is tried again on a new connection, rather than a finished job failed for it.
-    connection = connect(cfg.redis_url, **retry_resets(timeouts=True))
-    beat = max(0.5, cfg.heartbeat_interval)  # each ping answers or gives up within a beat
-    probe = connect(cfg.redis_url, socket_timeout=beat, socket_connect_timeout=beat)
+    connection, probe = made_ahead(cfg) or connections(cfg)
     if not wait_for_redis(probe, channel):
         channel.stopped()
         return 0
@@ -102,6 +146,10 @@ def main() -> int:
                 return 0
     probe.close()
     w.attach(channel, cfg.lease_seconds)
+    # Below the master once registered (an increment on its niceness: it must see deaths and
+    # hangs at once while every worker is busy); at the master's own until then, so that a
+    # replacement is listed by RQ in milliseconds even among busy workers.
+    w.nice_when_ready = cfg.worker_nice
     # After RQ raised it to minutes for its own dequeue; a slice of herder's blocking dequeue is
     # a quarter second (whole seconds before Redis 6), and a call may wait that and more.
     bound_calls(w.connection, max(cfg.redis_timeout, max(1, int(cfg.heartbeat_interval)) + 1))

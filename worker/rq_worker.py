@@ -73,6 +73,8 @@ class HerderMixin(BaseWorker):
     _rq_beat_at = float("-inf")  # monotonic time of the last plain heartbeat() sent to RQ
     lease_quiet = False  # while the fast path records RQ's start: the lease rides apart
 
+    nice_when_ready = 0  # the increment on its niceness to take once registered (--worker-nice)
+
     def attach(self, channel: Channel, lease_seconds: float) -> None:
         self.channel = channel
         self.lease_ttl = max(1, round(lease_seconds))
@@ -201,6 +203,9 @@ class HerderMixin(BaseWorker):
                     raise StopRequested() from exc
                 self.redis_away(exc)
         self.redis_back()
+        if self.nice_when_ready:  # listed by RQ: from now on below the master
+            os.nice(self.nice_when_ready)
+            self.nice_when_ready = 0
         self.channel.ready()  # registered, and subscribed to RQ's commands
 
     _away_since: float | None = None  # monotonic: when Redis stopped answering this worker

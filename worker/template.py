@@ -26,10 +26,12 @@ import gc
 import importlib
 import json
 import os
+import select
 import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 
 from herder.common import worker_protocol as wp
 from herder.common.prctl import set_process_name
@@ -41,6 +43,8 @@ MAX_REQUEST = 1 << 20  # the environment is the bulk of a request: a few KB
 # psutil's name()) tell the two apart. Plain-spawned workers are named "python".
 TEMPLATE_NAME = "herder-forksrv"
 WORKER_NAME = "herder-worker"
+SPARE_NAME = "herder-spare"  # a worker forked ahead, not asked for yet (Spare)
+SPARE_AFTER = 0.05  # seconds of no request before the template forks a spare
 
 
 def preload(paths: list[str], modules: list[str], fast_path: bool = True) -> None:
@@ -49,7 +53,10 @@ def preload(paths: list[str], modules: list[str], fast_path: bool = True) -> Non
     from herder.worker.rq_worker import fast_path_unavailable  # rq, redis, herder's worker class
 
     if fast_path and fast_path_unavailable() is None:  # checked (and said) once: workers inherit it
-        import herder.worker.fast_path.worker  # noqa: F401  (herder's default worker class)
+        from herder.worker.fast_path import shortcuts
+        from herder.worker.fast_path.worker import HerderFastWorker  # noqa: F401  (the default class)
+
+        shortcuts.install()  # once here, not a walk of every module in each new worker
     from herder.common.redis_connect import connect  # noqa: F401
 
     # What the first connection and RQ's bookkeeping import lazily (seen with -X importtime).
@@ -66,11 +73,26 @@ def preload(paths: list[str], modules: list[str], fast_path: bool = True) -> Non
             importlib.import_module(name)
 
 
-def become_worker(request: dict, fds: list[int], master_pid: int, middle_pid: int) -> None:
+def close_inherited(keep: int = -1) -> None:
+    """Close every fd above stdio the template had open (but `keep`): a worker holds only its
+    own pipes and what it opens itself."""
+    top = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024
+    if keep < 3:
+        os.closerange(3, top)
+    else:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, top)
+
+
+def become_worker(
+    request: dict, fds: list[int], master_pid: int, middle_pid: int, closed_already: bool = False
+) -> None:
     """In the grandchild: take the pipes, run the worker; never returns.
 
     It does not wait for its middle parent to exit (tearing down a copy of the template takes
     a few ms): the channel knows both pids (ENV_PARENT_PIDS) and takes neither for a lost master.
+    `closed_already`: a spare closed what it inherited before it opened its connections; only
+    the request's fds are left to close.
     """
     code = 1
     try:
@@ -80,7 +102,11 @@ def become_worker(request: dict, fds: list[int], master_pid: int, middle_pid: in
             os._exit(70)  # the master died meanwhile: nobody would watch this worker
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)
+        if closed_already:
+            for fd in set(fds) - {0, 1, 2}:
+                os.close(fd)
+        else:
+            close_inherited()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -105,9 +131,10 @@ def become_worker(request: dict, fds: list[int], master_pid: int, middle_pid: in
             os._exit(code)
 
 
-def fork_worker(request: dict, fds: list[int], master_pid: int) -> int:
-    """Double-fork a worker; its pid. The middle process exits at once (SIGCHLD is ignored
-    here, so the kernel reaps it) and so hands the worker to the master, the subreaper."""
+def double_fork(run: Callable[[int], None]) -> int:
+    """Double-fork; the grandchild's pid. It calls `run(middle_pid)` and never returns. The
+    middle process exits at once (SIGCHLD is ignored here, so the kernel reaps it) and so hands
+    the grandchild to the master, the subreaper."""
     r, w = os.pipe()
     middle = os.fork()
     if middle == 0:
@@ -117,7 +144,10 @@ def fork_worker(request: dict, fds: list[int], master_pid: int) -> int:
             pid = os.fork()
             if pid == 0:
                 os.close(w)
-                become_worker(request, fds, master_pid, me)
+                try:
+                    run(me)
+                finally:
+                    os._exit(1)
             try:
                 os.setpgid(pid, pid)  # as the worker does itself: whichever runs first, it exists
             except OSError:
@@ -135,16 +165,78 @@ def fork_worker(request: dict, fds: list[int], master_pid: int) -> int:
     return int(data)
 
 
+def fork_worker(request: dict, fds: list[int], master_pid: int) -> int:
+    """A worker double-forked for this request; its pid."""
+    return double_fork(lambda middle: become_worker(request, fds, master_pid, middle))
+
+
+class Spare:
+    """A worker forked before it is asked for, waiting for its request on a socket of its own.
+
+    A replacement then costs the master one hand-over instead of the template's double fork
+    (most of the fork server's part of a dead worker's replacement, and more under load). The
+    template makes one when it has been idle a moment (SPARE_AFTER), so a burst of requests, as
+    at launch, is not slowed by it. Already the master's child, it waits in the template's
+    process group under its own name; it exits when the template's end of its socket closes
+    (the template exited or was killed), and the master reaps it as a stray.
+    """
+
+    def __init__(self, master_pid: int, keep_from_it: list[socket.socket]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+        def wait_for_request(middle_pid: int) -> None:
+            for s in [ours, *keep_from_it]:
+                s.close()
+            close_inherited(keep=theirs.fileno())
+            set_process_name(SPARE_NAME)
+            from herder.worker.__main__ import prepare_ahead
+
+            prepare_ahead()  # its connections to Redis, made and connected while nobody waits
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(theirs, MAX_REQUEST, 3)
+                theirs.close()
+            except BaseException:
+                os._exit(0)
+            if not msg or len(fds) != 3:
+                os._exit(0)  # the template is gone (or sent nonsense): nobody wants this worker
+            become_worker(json.loads(msg), fds, master_pid, middle_pid, closed_already=True)
+
+        try:
+            self.pid = double_fork(wait_for_request)
+        finally:
+            theirs.close()
+        self.sock = ours
+
+    def hand_over(self, msg: bytes, fds: list[int]) -> int | None:
+        """Give it a request; its pid, or None if it is gone (killed meanwhile)."""
+        try:
+            socket.send_fds(self.sock, [msg], fds)
+        except OSError:
+            return None
+        finally:
+            self.sock.close()
+        return self.pid
+
+
 def serve(sock: socket.socket, master_pid: int) -> int:
     sock.send(b"ready")
+    spare: Spare | None = None
     while True:
+        if spare is None and not select.select([sock], [], [], SPARE_AFTER)[0]:
+            try:
+                spare = Spare(master_pid, [sock])
+            except OSError:
+                pass  # no spare: the next request is forked on the spot
         msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, 3)
         if not msg:
-            return 0  # the master closed its end
+            return 0  # the master closed its end (its spare, if any, sees its own close)
         try:
             if len(fds) != 3:
                 raise ValueError(f"a request carries 3 fds, got {len(fds)}")
-            reply = {"pid": fork_worker(json.loads(msg), fds, master_pid)}
+            request = json.loads(msg)
+            pid = spare.hand_over(msg, fds) if spare else None
+            spare = None
+            reply = {"pid": pid or fork_worker(request, fds, master_pid)}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         finally:

@@ -1,4 +1,7 @@
-"""RQ's pure helpers, answered the same and cheaper, in herder's fast worker process only.
+"""RQ's pure helpers, answered the same and cheaper, in herder's fast worker processes: bound
+once in the fork server when it serves the fast path (its forked workers inherit them; a pool
+of the same template with its own worker class too, harmlessly: the answers are RQ's), or by
+HerderFastWorker in a worker spawned on its own.
 
 Each shortcut replaces one of RQ's module-level functions by one that returns the very same
 value (or raises the very same error, by calling RQ's own function whenever the input is not
