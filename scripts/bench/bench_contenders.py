@@ -31,8 +31,14 @@ from bench_procs import Processes, RedisServer, child_env
 QUEUE = "herder-bench"
 JOB_MODULE = "herder_bench_jobs"
 JOB_FUNC = f"{JOB_MODULE}.noop"
+NOISY_FUNC = f"{JOB_MODULE}.noisy"
 JOB_SOURCE = (
-    '"""Written by scripts/bench: the job every contender runs."""\n\n\ndef noop():\n    return None\n'
+    '"""Written by scripts/bench: the job every contender runs."""\n\nimport sys\n\n\ndef noop():\n'
+    "    return None\n\n\ndef noisy():\n"
+    '    """The noisy load of the crash test: a job that prints, as many do."""\n'
+    "    for i in range(20):\n"
+    "        print('a line on stdout', i)\n"
+    "        print('a line on stderr', i, file=sys.stderr)\n"
 )
 HERDER_MIN_UPTIME = 1.0  # herder's default --min-uptime: a worker dying younger than this backs off
 # herder's master runs as `python -P -m herder.supervisor`.
@@ -86,27 +92,49 @@ def registered_pids(conn: Redis) -> set[int]:
     return {w.pid for w in Worker.all(connection=conn) if w.pid}
 
 
-class RegistryWatch:
-    """The pids in RQ's worker registry, cheaply enough to poll every few ms: one SMEMBERS of
-    the set `rq.Worker.all()` reads (rq:workers), plus the `pid` field of keys not seen before,
-    instead of every worker's whole hash on every call. A worker's key enters the set in the
-    same MULTI/EXEC that writes its hash."""
+class ListingWatch:
+    """When RQ lists a new worker, without polling: Redis's keyspace notifications of the set
+    `rq.Worker.all()` reads (`rq:workers`; a worker enters it in the MULTI/EXEC that writes its
+    hash). The bench reads the `sadd` message as it arrives, then which name is new."""
 
     def __init__(self, conn: Redis) -> None:
         self.conn = conn
-        self.pid_of: dict[bytes, int] = {}
+        conn.config_set("notify-keyspace-events", "Ks")
+        db = conn.connection_pool.connection_kwargs.get("db", 0)
+        self.pubsub = conn.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(f"__keyspace@{db}__:{Worker.redis_workers_keys}")
 
-    def pids(self) -> set[int]:
-        keys = self.conn.smembers(Worker.redis_workers_keys)
-        new = [k for k in keys if k not in self.pid_of]
-        if new:
-            with self.conn.pipeline(transaction=False) as pipe:
-                for k in new:
-                    pipe.hget(k, "pid")
-                for k, pid in zip(new, pipe.execute(), strict=True):
-                    if pid:
-                        self.pid_of[k] = int(pid)
-        return {self.pid_of[k] for k in keys if k in self.pid_of}
+    def drain(self) -> set[bytes]:
+        """Forget what was said so far; the names listed now."""
+        while self.pubsub.get_message(timeout=0):
+            pass
+        return set(self.conn.smembers(Worker.redis_workers_keys))
+
+    def wait_new(self, before: set[bytes], t0: float, timeout: float) -> tuple[bytes, float] | None:
+        """(the first name listed that is not in `before`, perf_counter seconds since t0)."""
+        while time.perf_counter() - t0 < timeout:
+            msg = self.pubsub.get_message(timeout=max(0.0, timeout - (time.perf_counter() - t0)))
+            if msg is None or msg.get("data") != b"sadd":
+                continue
+            at = time.perf_counter() - t0
+            fresh = set(self.conn.smembers(Worker.redis_workers_keys)) - before
+            if fresh:
+                return min(fresh), at
+        return None
+
+    def close(self) -> None:
+        self.pubsub.close()
+
+
+def first_job_taken(conn: Redis, key: bytes, t0: float, timeout: float, poll: float) -> float:
+    """perf_counter seconds since t0 until the worker hash at `key` shows it took a job (busy,
+    or a job counted), polled every `poll` s; NaN if not within `timeout`."""
+    while time.perf_counter() - t0 < timeout:
+        state, ok, failed = conn.hmget(key, "state", "successful_job_count", "failed_job_count")
+        if state == b"busy" or int(ok or 0) or int(failed or 0):
+            return time.perf_counter() - t0
+        time.sleep(poll)
+    return float("nan")
 
 
 @dataclass

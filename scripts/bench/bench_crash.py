@@ -1,12 +1,16 @@
-"""The crash-to-replacement scenario: with the pool idle, SIGKILL one worker; time until a new
-child of the pool's master process exists (/proc/PID/task/*/children, polled), and until
-that pid is registered in RQ's worker registry (the set `rq.Worker.all()` reads, polled).
-Same method for every contender; for herder, its own log lines give the same two moments as a
-cross-check.
+"""The crash-to-replacement scenario: SIGKILL one worker of a pool; time until RQ lists its
+replacement (the `sadd` to the set `rq.Worker.all()` reads, as Redis's keyspace notification
+says it, so nothing is polled meanwhile) and, where jobs wait, until the replacement takes its
+first one (its worker hash, polled). Same method for every contender, a median of several kills;
+for herder, its own log lines give its `spawned` and `ready` moments as a cross-check.
 
-The variant under load runs the same kills while one busy loop per core keeps every core busy.
-After the kills without load, herder's pool also stops one idle worker (`herder scale N-1`),
-timed from its log.
+Four variants (issue 28: what a user sees after each):
+- idle: the pool has run nothing yet;
+- busy: the pool has just drained a busy spell (--busy-jobs no-op jobs), and idles;
+- noisy: every worker runs jobs that print to stdout and stderr, a backlog always waiting;
+- load: idle workers while one busy loop per core keeps every core busy.
+After the idle kills, herder's pool also stops one idle worker (`herder scale N-1`), timed from
+its log.
 """
 
 from __future__ import annotations
@@ -19,37 +23,54 @@ import time
 from dataclasses import dataclass, field
 
 import psutil
+from rq import Queue
 
-from bench_base import BenchError, median, say, wait_for
-from bench_contenders import Contender, Pool, RegistryWatch, Scenario
+from bench_base import BenchError, say, wait_for
+from bench_contenders import (
+    JOB_FUNC,
+    NOISY_FUNC,
+    QUEUE,
+    RQ_DEFAULT,
+    Contender,
+    ListingWatch,
+    Pool,
+    Scenario,
+    first_job_taken,
+)
 from bench_cpu import CpuMeter
 from bench_herderlog import read_log, spawn_ready_times, stop_times
 from bench_load import CpuHogs
-from bench_procs import child_pids
+
+MODES = {
+    "idle": "",
+    "busy": " after a busy spell",
+    "noisy": " under noisy full load",
+    "load": " under full CPU load",
+}
+NOISY_BACKLOG = 3000  # noisy jobs kept waiting: every worker busy through the kills
 
 
 @dataclass
 class CrashTest(Scenario):
-    load: bool = False  # the variant with every core kept busy
+    mode: str = "idle"
     # When the bench first saw each worker pid, on the monotonic clock: a worker's age.
     # (psutil's create_time is not fit for that: it adds a whole-second boot time.)
     first_seen: dict[int, float] = field(default_factory=dict)
-    child_polls: list[float] = field(default_factory=list)  # seconds per poll, of the current crash run
-    registry_polls: list[float] = field(default_factory=list)
 
     @property
     def kills(self) -> int:
-        return self.args.load_kills if self.load else self.args.kills
+        return self.args.load_kills if self.mode == "load" else self.args.kills
 
     def run(self) -> dict[str, dict]:
         results = {}
-        under = " under full CPU load" if self.load else ""
         for c in self.launcher.contenders:
-            say(f"crash to replacement{under}: {c.label}, {self.kills} kills")
+            if self.mode == "noisy" and c == RQ_DEFAULT:
+                continue  # its busy workers each have a work horse: no worker is a lone process to kill
+            say(f"crash to replacement{MODES[self.mode]}: {c.label}, {self.kills} kills")
             try:
                 results[c.key] = self.run_one(c)
             except BenchError as exc:
-                self.findings.problems.append(f"crash test{under}, {c.label}: {exc}")
+                self.findings.problems.append(f"crash test{MODES[self.mode]}, {c.label}: {exc}")
                 say(f"  FAILED: {exc}")
         return results
 
@@ -57,7 +78,7 @@ class CrashTest(Scenario):
         self.noise.wait_quiet()
         meter = CpuMeter()
         self.redis.flushdb()
-        pool = self.launcher.launch(c, f"crash{'-load' if self.load else ''}-{c.key}")
+        pool = self.launcher.launch(c, f"crash-{self.mode}-{c.key}")
         samples: list[dict] = []
         hogs = CpuHogs()
         one_stop: list[float] = []
@@ -65,30 +86,31 @@ class CrashTest(Scenario):
             master = wait_for("the pool's master process", pool.master, timeout=30)
             self.first_seen = {}
             self.note_ages(pool.wait_ready(self.redis, timeout=60))
-            if self.load:
+            if self.mode == "busy":
+                self.busy_spell(pool)
+            if self.mode == "load":
                 with hogs:
                     samples = self.kill_loop(pool, master)
             else:
                 samples = self.kill_loop(pool, master)
-                if c.is_herder and pool.size >= 2:
+                if self.mode == "idle" and c.is_herder and pool.size >= 2:
                     one_stop = self.stop_one_herder_worker(pool)
         except psutil.NoSuchProcess as exc:
             raise BenchError(f"the pool's master process is gone ({exc}); see {pool.log_path}") from exc
         finally:
             hogs.stop()  # idempotent; the `with` has done it unless the start failed half-way
+            self.redis.delete(f"rq:queue:{QUEUE}")  # the noisy backlog: the stop waits for no job
             stop = self.launcher.stop(pool)
         other_load = meter.stop()
-        if not self.load:  # under load, the hogs are ours, and other processes hardly get a core
-            self.noise.check(other_load, meter.steal, f"crash test, {c.label}")
+        if self.mode in ("idle", "busy"):  # otherwise the load is ours
+            self.noise.check(other_load, meter.steal, f"crash test{MODES[self.mode]}, {c.label}")
         result = {
             "other_load": other_load,
             "steal": meter.steal,
             "busy": hogs.busy,
-            "hogs": hogs.count if self.load else 0,
-            "spawn": [s["spawn"] for s in samples],
-            "ready": [s["ready"] for s in samples],
-            "child_poll_ms": median(self.child_polls) * 1000,
-            "registry_poll_ms": median(self.registry_polls) * 1000,
+            "hogs": hogs.count if self.mode == "load" else 0,
+            "listed": [s["listed"] for s in samples],
+            "first_job": [s["first_job"] for s in samples],
             "stop": stop,
             "one_stop": one_stop,
         }
@@ -97,6 +119,34 @@ class CrashTest(Scenario):
         if c.kind == "supervisord":
             self.check_supervisord_log(pool)
         return result
+
+    def busy_spell(self, pool: Pool) -> None:
+        """--busy-jobs no-op jobs, run to the last; then the pool idles again."""
+        q = Queue(QUEUE, connection=self.redis)
+        left = self.args.busy_jobs
+        while left:
+            n = min(left, 5000)
+            with self.redis.pipeline() as pipe:
+                q.enqueue_many([Queue.prepare_data(JOB_FUNC, ()) for _ in range(n)], pipeline=pipe)
+                pipe.execute()
+            left -= n
+        wait_for(
+            "the busy spell drained",
+            lambda: self.redis.llen(f"rq:queue:{QUEUE}") == 0 or None,
+            timeout=300,
+            interval=0.1,
+        )
+        time.sleep(self.args.settle)
+        say(f"  busy spell: {self.args.busy_jobs} jobs run")
+
+    def top_up_noise(self) -> None:
+        """Keep a backlog of noisy jobs: every worker stays busy, printing."""
+        q = Queue(QUEUE, connection=self.redis)
+        missing = NOISY_BACKLOG - self.redis.llen(f"rq:queue:{QUEUE}")
+        if missing > 0:
+            with self.redis.pipeline() as pipe:
+                q.enqueue_many([Queue.prepare_data(NOISY_FUNC, ()) for _ in range(missing)], pipeline=pipe)
+                pipe.execute()
 
     def note_ages(self, workers: dict[int, psutil.Process]) -> None:
         now = time.monotonic()
@@ -124,55 +174,42 @@ class CrashTest(Scenario):
 
     def kill_loop(self, pool: Pool, master: psutil.Process) -> list[dict]:
         samples: list[dict] = []
-        poll = self.args.poll_interval
-        child_polls, registry_polls = self.child_polls, self.registry_polls = [], []
         min_age = self.launcher.min_age(pool.contender)
-        registry = RegistryWatch(self.redis)
-        for k in range(1, self.kills + 1):
-            time.sleep(self.args.settle)
-            victim = self.pick_victim(pool, min_age)
-            before = child_pids(master.pid) | {victim.pid}
-            kill_wall = time.time()
-            t0 = time.perf_counter()
-            os.kill(victim.pid, signal.SIGKILL)
-            new_pid, t_spawn = None, math.nan
-            while time.perf_counter() - t0 < 30:
-                a = time.perf_counter()
-                fresh = child_pids(master.pid) - before
-                child_polls.append(time.perf_counter() - a)
-                if fresh:
-                    t_spawn = time.perf_counter() - t0
-                    new_pid = min(fresh)
-                    self.first_seen[new_pid] = time.monotonic()
-                    break
-                time.sleep(poll)
-            if new_pid is None:
-                raise BenchError(f"kill {k}: no replacement process within 30 s")
-            t_ready = math.nan
-            while time.perf_counter() - t0 < 60:
-                a = time.perf_counter()
-                registered = registry.pids()
-                registry_polls.append(time.perf_counter() - a)
-                if new_pid in registered:
-                    t_ready = time.perf_counter() - t0
-                    break
-                time.sleep(poll)
-            if math.isnan(t_ready):
-                raise BenchError(f"kill {k}: replacement pid {new_pid} not in RQ's registry within 60 s")
-            samples.append(
-                {
-                    "victim": victim.pid,
-                    "new": new_pid,
-                    "spawn": t_spawn,
-                    "ready": t_ready,
-                    "kill_wall": kill_wall,
-                }
-            )
-            say(
-                f"  kill {k}/{self.kills}: pid {victim.pid} -> {new_pid}: "
-                f"spawned {t_spawn * 1000:.1f} ms, registered {t_ready * 1000:.1f} ms"
-            )
-            self.note_ages(pool.wait_ready(self.redis, timeout=60, interval=0.05))
+        listing = ListingWatch(self.redis)
+        try:
+            for k in range(1, self.kills + 1):
+                if self.mode == "noisy":
+                    self.top_up_noise()
+                time.sleep(self.args.settle)
+                victim = self.pick_victim(pool, min_age)
+                before = listing.drain()
+                kill_wall = time.time()
+                t0 = time.perf_counter()
+                os.kill(victim.pid, signal.SIGKILL)
+                found = listing.wait_new(before, t0, timeout=60)
+                if found is None:
+                    raise BenchError(f"kill {k}: no replacement listed by RQ within 60 s")
+                name, t_listed = found
+                t_job = math.nan
+                if self.mode == "noisy":
+                    t_job = first_job_taken(self.redis, name, t0, 30, self.args.poll_interval)
+                new_pid = int(self.redis.hget(name, "pid") or 0)
+                self.first_seen[new_pid] = time.monotonic()
+                samples.append(
+                    {
+                        "victim": victim.pid,
+                        "new": new_pid,
+                        "listed": t_listed,
+                        "first_job": t_job,
+                        "kill_wall": kill_wall,
+                    }  # fmt: skip
+                )
+                job = "" if math.isnan(t_job) else f", first job taken {t_job * 1000:.1f} ms"
+                listed = f"listed {t_listed * 1000:.1f} ms"
+                say(f"  kill {k}/{self.kills}: pid {victim.pid} -> {new_pid}: {listed}{job}")
+                self.note_ages(pool.wait_ready(self.redis, timeout=60, interval=0.05))
+        finally:
+            listing.close()
         # Before the stop, let the last replacement finish starting: a worker that rq's pool
         # forked installs its own signal handlers only after it registers, and a SIGINT in
         # between runs the pool's inherited handler instead, so that worker never stops.

@@ -120,6 +120,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--skip-crash", action="store_true", help="skip the crash test (without load)")
     p.add_argument("--skip-load-crash", action="store_true", help="skip the crash test under full CPU load")
+    p.add_argument("--skip-busy-crash", action="store_true", help="skip the crash test after a busy spell")
+    p.add_argument(
+        "--skip-noisy-crash", action="store_true", help="skip the crash test under noisy full load"
+    )
+    p.add_argument(
+        "--busy-jobs", type=int, default=4000, help="no-op jobs of the busy spell before the busy crash test"
+    )
     p.add_argument("--skip-idle", action="store_true", help="skip the idle pools (start-up, memory, stop)")
     p.add_argument("--skip-scaling", action="store_true", help="skip the scaling table")
     p.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
@@ -227,7 +234,9 @@ def main(argv: list[str]) -> int:
         results = {
             "throughput": {} if args.skip_throughput else ThroughputTest(*scenario).run(),
             "crash": {} if args.skip_crash else CrashTest(*scenario).run(),
-            "load": {} if args.skip_load_crash else CrashTest(*scenario, load=True).run(),
+            "busy": {} if args.skip_busy_crash else CrashTest(*scenario, mode="busy").run(),
+            "noisy": {} if args.skip_noisy_crash else CrashTest(*scenario, mode="noisy").run(),
+            "load": {} if args.skip_load_crash else CrashTest(*scenario, mode="load").run(),
             "idle": {} if args.skip_idle else IdleTest(*scenario).run(),
             "scaling": ScalingTest(*scenario).run() if args.scale_sizes else {},
         }
