@@ -108,7 +108,9 @@ def main() -> int:
         reader=reader,
         uplink=Uplink(),
         host_id=host_id,
-        sched=SchedulerKeeper(locks, clock, host_id),
+        sched=SchedulerKeeper(
+            locks, clock, host_id, spawn=launcher.spawn_scheduler, can_spawn=lambda: not launcher.warming()
+        ),
         restarts=int(os.environ.get(MASTER_RESTARTS_ENV, "0") or 0),
         control=control,
         started_at=started_at,

@@ -106,13 +106,16 @@ class Template:
                 self.broken = f"its socket failed: {exc}"
         return self.ready
 
-    def fork(self, env: dict[str, str], argv: list[str]) -> ForkedChild:
-        """A worker forked from the template; OSError (and the template marked broken) if not."""
+    def fork(self, env: dict[str, str], argv: list[str], kind: str = "worker") -> ForkedChild:
+        """A worker (or the scheduler: `kind`) forked from the template; OSError (and the
+        template marked broken) if not."""
         pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
         theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
         ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
         try:
-            socket.send_fds(self.sock, [json.dumps({"env": env, "argv": argv}).encode()], theirs)
+            socket.send_fds(
+                self.sock, [json.dumps({"env": env, "argv": argv, "kind": kind}).encode()], theirs
+            )
             readable, _, _ = select.select([self.sock], [], [], ANSWER_TIMEOUT)
             if not readable:
                 raise OSError(f"no answer within {ANSWER_TIMEOUT:g} s")
@@ -168,6 +171,21 @@ class ForkServerLauncher:
                 self.retire(failed=True)
         self.spawned_plain += 1
         return self.plain.spawn(argv, env, slot, wake)
+
+    def spawn_scheduler(
+        self, argv: list[str], env: dict[str, str], wake: Callable[[], None]
+    ) -> ProcessHandle:
+        """RQ's scheduler process, forked from the template as a worker is (it then shares the
+        template's imports instead of holding its own interpreter's: about 16 MB less), or
+        spawned as `argv` when the template cannot serve."""
+        t = self.template
+        if t is not None and t.check_ready() and not t.broken:
+            try:
+                return WorkerProcess.watch(t.fork(env, argv, kind="scheduler"), -1, wake, kind="scheduler")
+            except OSError as exc:
+                log.warning("%s; the scheduler starts as a new interpreter", exc)
+                self.retire(failed=True)
+        return WorkerProcess.spawn(argv, env, -1, wake, kind="scheduler")
 
     def warming(self) -> bool:
         """True while the template is importing and has time left: spawns wait for it."""

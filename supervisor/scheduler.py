@@ -58,10 +58,17 @@ def settings_of(cfg: Config) -> tuple[object, ...]:
 
 class SchedulerKeeper:
     def __init__(
-        self, locks: SchedulerLocks | None, clock: Clock, host_id: str, spawn: Spawn = spawn_process
+        self,
+        locks: SchedulerLocks | None,
+        clock: Clock,
+        host_id: str,
+        spawn: Spawn = spawn_process,
+        can_spawn: Callable[[], bool] = lambda: True,
     ) -> None:
+        """`spawn`: how its process starts (the master's: from the fork server); `can_spawn`:
+        False while that should wait (a fork server still importing)."""
         self.locks, self.clock, self.host_id = locks, clock, host_id  # no locks (no Redis): inert
-        self._spawn_process = spawn
+        self._spawn_process, self._can_spawn = spawn, can_spawn
         self.w: Worker | None = None
         self.name = ""  # the RQ scheduler name of the current process
         self.queues: list[str] = []  # and the queues it was started for
@@ -91,7 +98,7 @@ class SchedulerKeeper:
             else:
                 self._watch(self.w, now, cfg)
         wanted = (cfg.scheduler or bool(cfg.cron)) and not stopping
-        if self.w is None and wanted and not self.slot.in_backoff(now):
+        if self.w is None and wanted and not self.slot.in_backoff(now) and self._can_spawn():
             self._spawn(cfg, wake, now)
         elif self.w is not None and self.w.state not in LEAVING:
             if not wanted:

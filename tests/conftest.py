@@ -42,6 +42,7 @@ TAG_VAR = "HERDER_TEST_TAG"
 SCHEDULER_MODULE = "herder.worker.scheduler"  # the master's children that are not workers
 TEMPLATE_NAME = "herder-forksrv"  # herder.worker.template's TEMPLATE_NAME
 SPARE_NAME = "herder-spare"  # and its SPARE_NAME
+SCHEDULER_NAME = "herder-sched"  # and the name of the scheduler it forks
 GRACEFUL_STOP = signal.SIGTERM
 READY_STATES = ("idle", "busy")  # a worker's state in the status once it has said `ready`
 # The master's last words: its counters, the only record of them once herder has exited.
@@ -361,7 +362,8 @@ class Herder:
     @staticmethod
     def _is_scheduler(p: psutil.Process) -> bool:
         try:
-            return p.cmdline()[-1:] == [SCHEDULER_MODULE]
+            # forked from the fork server under its own name, or a new interpreter of its own
+            return p.name() == SCHEDULER_NAME or p.cmdline()[-1:] == [SCHEDULER_MODULE]
         except psutil.NoSuchProcess:  # gone (or a zombie) since it was listed
             return False
 

@@ -75,6 +75,9 @@ def test_enqueue_in_and_retry_intervals_run_on_time(herder, jobs, conn: Redis) -
     sched = h.scheduler()
     assert sched is not None and st["pid"] == sched.pid and st["state"] == "idle"
     assert f"scheduler: pid {sched.pid} (idle); holds default" in status_text(h)
+    if os.environ.get("HERDER_FORK_SERVER", "").lower() not in ("0", "false", "no"):
+        # Forked from the fork server as a worker is (it shares its imports), the master's child.
+        assert sched.name() == "herder-sched" and sched.ppid() == h.master().pid
 
     # RQ keeps due times in whole seconds (it truncates them): enqueue just after a second
     # begins, so the due time RQ records is enqueue + 2 s to within a few milliseconds.

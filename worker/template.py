@@ -44,19 +44,24 @@ MAX_REQUEST = 1 << 20  # the environment is the bulk of a request: a few KB
 TEMPLATE_NAME = "herder-forksrv"
 WORKER_NAME = "herder-worker"
 SPARE_NAME = "herder-spare"  # a worker forked ahead, not asked for yet (Spare)
+SCHEDULER_NAME = "herder-sched"
+# What a request may ask for (its "kind"): the module whose main() the child runs, its name.
+ENTRIES = {
+    "worker": ("herder.worker.__main__", WORKER_NAME),
+    "scheduler": ("herder.worker.scheduler", SCHEDULER_NAME),  # RQ's scheduler, one per host
+}
 SPARE_AFTER = 0.05  # seconds of no request before the template forks a spare
 
 
 def preload(paths: list[str], modules: list[str], fast_path: bool = True) -> None:
     """What every worker would import anyway, and the user's --preload modules."""
     import herder.worker.__main__  # noqa: F401
+    import herder.worker.scheduler  # noqa: F401  (the scheduler is forked from here too)
     from herder.worker.rq_worker import fast_path_unavailable  # rq, redis, herder's worker class
 
-    if fast_path and fast_path_unavailable() is None:  # checked (and said) once: workers inherit it
-        from herder.worker.fast_path import shortcuts
+    fast = fast_path and fast_path_unavailable() is None  # checked (and said) once: workers inherit it
+    if fast:
         from herder.worker.fast_path.worker import HerderFastWorker  # noqa: F401  (the default class)
-
-        shortcuts.install()  # once here, not a walk of every module in each new worker
     from herder.common.redis_connect import connect  # noqa: F401
 
     # What the first connection and RQ's bookkeeping import lazily (seen with -X importtime).
@@ -66,6 +71,10 @@ def preload(paths: list[str], modules: list[str], fast_path: bool = True) -> Non
             importlib.import_module(name)
         except ImportError:
             pass
+    if fast:  # once here, not a walk of every module in each new worker; after rq's last import
+        from herder.worker.fast_path import shortcuts
+
+        shortcuts.install()
     if modules:
         for path in reversed(paths):
             sys.path.insert(0, os.path.abspath(path))
@@ -97,7 +106,8 @@ def become_worker(
     code = 1
     try:
         os.setpgid(0, 0)  # its own process group, as a spawned worker's (the master signals it)
-        set_process_name(WORKER_NAME)
+        entry, name = ENTRIES[request.get("kind") or "worker"]
+        set_process_name(name)
         if os.getppid() not in (middle_pid, master_pid):
             os._exit(70)  # the master died meanwhile: nobody would watch this worker
         for target, fd in enumerate(fds):
@@ -114,9 +124,7 @@ def become_worker(
         os.environ.update(request["env"])
         os.environ[wp.ENV_PARENT_PIDS] = f"{master_pid},{middle_pid}"
         sys.argv = list(request.get("argv") or ["herder-worker"])
-        from herder.worker.__main__ import main
-
-        code = main()
+        code = importlib.import_module(entry).main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -234,8 +242,9 @@ def serve(sock: socket.socket, master_pid: int) -> int:
             if len(fds) != 3:
                 raise ValueError(f"a request carries 3 fds, got {len(fds)}")
             request = json.loads(msg)
-            pid = spare.hand_over(msg, fds) if spare else None
-            spare = None
+            pid = None
+            if spare is not None and request.get("kind", "worker") == "worker":
+                pid, spare = spare.hand_over(msg, fds), None
             reply = {"pid": pid or fork_worker(request, fds, master_pid)}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
