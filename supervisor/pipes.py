@@ -143,9 +143,12 @@ class PipeHub:
         with self._lock:
             new, self._new = self._new, []
             resume, self._resume = self._resume, set()
+        # Only a pipe still read: one whose EOF came meanwhile is closed, and its number may be
+        # a new worker's pipe by now (registered below), which must stay under flood control.
+        resume &= self._sel.get_map().keys() | self._paused.keys()
+        self._draining |= resume
         for fd, reader in new:
             self._sel.register(fd, selectors.EVENT_READ, reader)
-        self._draining |= resume
         for fd in resume & self._paused.keys():
             _, reader = self._paused.pop(fd)
             self._sel.register(fd, selectors.EVENT_READ, reader)
