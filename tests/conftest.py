@@ -96,6 +96,12 @@ def is_template(p: psutil.Process) -> bool:
         return False
 
 
+def plain_spawns() -> bool:
+    """This run spawns every worker as a new interpreter (.ci/run's second pass sets
+    HERDER_FORK_SERVER=false): no fork server, no spare, the scheduler an interpreter too."""
+    return os.environ.get("HERDER_FORK_SERVER", "").lower() in ("0", "false", "no")
+
+
 def is_spare(p: psutil.Process) -> bool:
     """A worker the fork server forked ahead, not asked for yet: not a worker until it is."""
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import FAST, wait_for
+from conftest import FAST, Herder, plain_spawns, wait_for
 
 WORKER_NAME = "herder-worker"  # herder.worker.template's WORKER_NAME
 
@@ -24,13 +24,19 @@ def names(ws: list[psutil.Process]) -> list[str]:
     return sorted(w.name() for w in ws)
 
 
-def test_workers_are_forked_from_the_template_and_are_the_masters_children(herder, jobs, conn):
-    if os.environ.get("HERDER_FORK_SERVER", "").lower() in ("0", "false", "no"):
+def forked_fleet(herder, n: int) -> tuple[Herder, list[psutil.Process], psutil.Process]:  # noqa: ANN001
+    """herder with `n` workers from its fork server, up: (it, its workers, its master)."""
+    if plain_spawns():
         pytest.skip("this run spawns workers plainly (HERDER_FORK_SERVER=false)")
-    h = herder(workers="3")
-    ws = h.wait_workers(3)
+    h = herder(workers=str(n))
+    ws = h.wait_workers(n)
     master = h.master()
     assert master is not None
+    return h, ws, master
+
+
+def test_workers_are_forked_from_the_template_and_are_the_masters_children(herder, jobs, conn):
+    h, ws, master = forked_fleet(herder, 3)
     assert names(ws) == [WORKER_NAME] * 3
     assert all(w.ppid() == master.pid for w in ws)  # handed to the master, the subreaper
     template = h.fork_server()
@@ -51,14 +57,9 @@ def test_a_replacement_is_the_templates_spare_and_a_dead_spare_costs_nothing(her
     """The template keeps a worker forked ahead (herder-spare), already the master's child and
     connected: a dead worker's replacement is that spare, listed by RQ under its pid. A spare
     killed before it was needed is reaped, and the next replacement is forked on the spot."""
-    if os.environ.get("HERDER_FORK_SERVER", "").lower() in ("0", "false", "no"):
-        pytest.skip("this run spawns workers plainly (HERDER_FORK_SERVER=false)")
     from conftest import is_spare
 
-    h = herder(workers="2")
-    ws = h.wait_workers(2)
-    master = h.master()
-    assert master is not None
+    h, ws, master = forked_fleet(herder, 2)
 
     def spare(other_than: int = 0) -> psutil.Process | None:
         return next((k for k in master.children() if is_spare(k) and k.pid != other_than), None)
@@ -82,7 +83,7 @@ def test_a_replacement_is_the_templates_spare_and_a_dead_spare_costs_nothing(her
 
 
 def test_a_dead_fork_server_is_restarted_and_workers_keep_starting_meanwhile(herder, jobs):
-    if os.environ.get("HERDER_FORK_SERVER", "").lower() in ("0", "false", "no"):
+    if plain_spawns():
         pytest.skip("this run spawns workers plainly (HERDER_FORK_SERVER=false)")
     h = herder(workers="2")
     h.wait_workers(2)
@@ -164,7 +165,7 @@ def test_the_master_reaps_what_a_job_orphans(herder, jobs):
     wait_for(lambda: jobs.finished("o"), 10, what="the job that orphans a child")
     master = h.master()
     assert master is not None
-    plain = os.environ.get("HERDER_FORK_SERVER", "").lower() in ("0", "false", "no")
+    plain = plain_spawns()
     adopter = psutil.Process(h.pid) if plain else master  # `herder run`'s pid is the watchdog
 
     def orphans() -> list[psutil.Process]:

@@ -112,7 +112,12 @@ def test_resets_dead_connections_and_stalls_lose_no_job_and_wedge_no_worker(
         assert set(ran) == set(range(JOBS))  # every job ran at least once
         duplicates = len(ran) - JOBS
         assert duplicates <= JOBS // 20, duplicates  # at least once: a few, never a flood
-        wait_for(lambda: not any(leftovers(direct).values()), 15, what="no job left in a registry or list")
+        # A lost reply can leave a finished job's entry in the started registry under a live worker
+        # that runs others: the sweep takes it once --progress-timeout (30 s) has passed.
+        try:
+            wait_for(lambda: not any(leftovers(direct).values()), 30 + 10, what="no job left")
+        except AssertionError:
+            raise AssertionError(f"left in a registry or list: {leftovers(direct)}") from None
         assert (now := h.master()) is not None and now.pid == master.pid  # the master never restarted
         faults = proxy.counts
         print(f"faults {faults}; duplicates {duplicates}; all done {took:.1f} s after healing")

@@ -17,7 +17,7 @@ from rq import Retry
 from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 
-from conftest import HERDER, Herder, wait_for
+from conftest import HERDER, Herder, plain_spawns, wait_for
 
 LOCK = "rq:scheduler-lock:default"  # RQ's scheduler lock of the queue the tests use
 LATE = 2.5  # a tick is 1 s; the rest is slack for a loaded test machine
@@ -75,7 +75,7 @@ def test_enqueue_in_and_retry_intervals_run_on_time(herder, jobs, conn: Redis) -
     sched = h.scheduler()
     assert sched is not None and st["pid"] == sched.pid and st["state"] == "idle"
     assert f"scheduler: pid {sched.pid} (idle); holds default" in status_text(h)
-    if os.environ.get("HERDER_FORK_SERVER", "").lower() not in ("0", "false", "no"):
+    if not plain_spawns():
         # Forked from the fork server as a worker is (it shares its imports), the master's child.
         assert sched.name() == "herder-sched" and sched.ppid() == h.master().pid
 
