@@ -84,8 +84,8 @@ def prepare_ahead() -> None:
     _ahead[:] = [os.environ.get(ENV_RESOLVED), connection, probe]
 
 
-def made_ahead(cfg: Config) -> tuple[Redis, Redis] | None:
-    """The connections prepare_ahead() made, if they were made for this config."""
+def made_ahead() -> tuple[Redis, Redis] | None:
+    """The connections prepare_ahead() made, if they were made for this worker's config."""
     from herder.common.config import ENV_RESOLVED
 
     if not _ahead or _ahead[0] != os.environ.get(ENV_RESOLVED):
@@ -130,7 +130,7 @@ def main() -> int:
     if not cfg.redis_url:
         print("herder worker: no Redis URL configured", file=sys.stderr)
         return 1
-    connection, probe = made_ahead(cfg) or connections(cfg)
+    connection, probe = made_ahead() or connections(cfg)
     if not wait_for_redis(probe, channel):
         channel.stopped()
         return 0

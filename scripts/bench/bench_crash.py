@@ -120,16 +120,18 @@ class CrashTest(Scenario):
             self.check_supervisord_log(pool)
         return result
 
+    def enqueue(self, func: str, n: int) -> None:
+        """`n` jobs of `func`, in pipelines of 5,000."""
+        q = Queue(QUEUE, connection=self.redis)
+        while n > 0:
+            with self.redis.pipeline() as pipe:
+                q.enqueue_many([Queue.prepare_data(func, ()) for _ in range(min(n, 5000))], pipeline=pipe)
+                pipe.execute()
+            n -= 5000
+
     def busy_spell(self, pool: Pool) -> None:
         """--busy-jobs no-op jobs, run to the last; then the pool idles again."""
-        q = Queue(QUEUE, connection=self.redis)
-        left = self.args.busy_jobs
-        while left:
-            n = min(left, 5000)
-            with self.redis.pipeline() as pipe:
-                q.enqueue_many([Queue.prepare_data(JOB_FUNC, ()) for _ in range(n)], pipeline=pipe)
-                pipe.execute()
-            left -= n
+        self.enqueue(JOB_FUNC, self.args.busy_jobs)
         wait_for(
             "the busy spell drained",
             lambda: self.redis.llen(f"rq:queue:{QUEUE}") == 0 or None,
@@ -141,12 +143,7 @@ class CrashTest(Scenario):
 
     def top_up_noise(self) -> None:
         """Keep a backlog of noisy jobs: every worker stays busy, printing."""
-        q = Queue(QUEUE, connection=self.redis)
-        missing = NOISY_BACKLOG - self.redis.llen(f"rq:queue:{QUEUE}")
-        if missing > 0:
-            with self.redis.pipeline() as pipe:
-                q.enqueue_many([Queue.prepare_data(NOISY_FUNC, ()) for _ in range(missing)], pipeline=pipe)
-                pipe.execute()
+        self.enqueue(NOISY_FUNC, NOISY_BACKLOG - self.redis.llen(f"rq:queue:{QUEUE}"))
 
     def note_ages(self, workers: dict[int, psutil.Process]) -> None:
         now = time.monotonic()
