@@ -622,6 +622,11 @@ class JobsHelper:
 
         return Job.fetch(job_id, connection=self.conn).get_status().value
 
+    def wait_finished(self, job_id: str, timeout: float, what: str) -> None:
+        """Until RQ has the job finished. A test job records its run from inside the job, a few
+        milliseconds before the worker marks it finished: waiting for the record alone races."""
+        wait_for(lambda: self.status(job_id) == "finished", timeout, what=what)
+
 
 def run_jobs_killing_one_holder(h: Herder, conn: Redis, tag: str) -> dict[str, Any]:
     """Through whatever Redis `conn` reaches: a job whose worker is killed mid-job comes back,

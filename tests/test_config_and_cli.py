@@ -164,7 +164,7 @@ def test_redis_password_never_appears_in_logs(herder, password_redis: int, tmp_p
     wait_for(lambda: r.llen("finished:pw") == 1, 10, what="a job on the password Redis")
     # The job herder ran is the one enqueued, done once, on the Redis that needs the password.
     assert r.lrange("finished:pw", 0, -1) == [job.id.encode()]
-    assert job.get_status(refresh=True) == "finished"
+    wait_for(lambda: job.get_status(refresh=True) == "finished", 5, what="RQ to mark it finished")
     h.stop_and_check()
     # And with a wrong password: every error path logs, none shows the secret.
     bad = f"redis://:wrong-hunter2-s3cret@127.0.0.1:{password_redis}/0"

@@ -42,8 +42,7 @@ def test_workers_are_forked_from_the_template_and_are_the_masters_children(herde
     template = h.fork_server()
     assert template is not None and template.ppid() == master.pid
     job = jobs.enqueue("record", "f", 0)
-    wait_for(lambda: jobs.finished("f"), 10, what="a job on a forked worker")
-    assert jobs.status(job.id) == "finished"
+    jobs.wait_finished(job.id, 10, what="a job on a forked worker")
     # A forked worker's crash is a crash like any: reaped by the master, replaced by a fork.
     victim = ws[0].pid
     os.kill(victim, signal.SIGKILL)

@@ -244,8 +244,7 @@ def test_herder_run_from_the_wheel(venv: Venv, herder, jobs) -> None:
     for p in (master, *workers):  # the whole tree runs the venv's Python, with the venv's herder
         assert p.cmdline()[0].startswith(str(venv.path)), p.cmdline()
     job = jobs.enqueue("record", "wheel")
-    wait_for(lambda: jobs.finished("wheel") == [job.id], 15, what="the job to run")
-    assert jobs.status(job.id) == "finished"
+    jobs.wait_finished(job.id, 15, what="the job to run")
     h.signal(signal.SIGTERM)
     assert h.wait_exit(30) == 0
     h.assert_nothing_left()

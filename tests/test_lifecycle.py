@@ -44,7 +44,7 @@ def test_500_jobs_on_4_workers_all_complete_once(herder, jobs):
     h.wait_workers(4)
     ids = [jobs.enqueue("chatty" if i % 5 == 0 else "record", "t").id for i in range(500)]
     wait_for(lambda: len(jobs.finished("t")) >= 500, 60, what="500 jobs finished")
-    assert all(jobs.status(i) == "finished" for i in ids)
+    wait_for(lambda: all(jobs.status(i) == "finished" for i in ids), 5, what="RQ to mark all 500 finished")
     assert_exactly_once(jobs, "t", ids)
     # Printing jobs did not disturb the protocol: no malformed lines, no kills, no respawns.
     st = wait_for(  # a job records its finish just before its worker reports it done

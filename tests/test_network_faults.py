@@ -136,8 +136,8 @@ def test_a_long_job_is_its_own_time_not_a_stuck_loop(herder, conn: Redis) -> Non
     h = herder(workers="1", progress_timeout="7", redis_timeout="1.1", no_scheduler=True)
     h.wait_workers(1)
     job = q.enqueue("herder_testjobs.record", "long", 9)
-    wait_for(lambda: conn.lrange("finished:long", 0, -1) or None, 30, what="the long job to finish")
-    assert job.get_status(refresh=True) == "finished"
+    wait_for(lambda: job.get_status(refresh=True) == "finished", 30, what="the long job to finish")
+    assert conn.lrange("finished:long", 0, -1) == [job.id.encode()]
     assert h.totals()["killed"] == 0
     h.stop_and_check()
 

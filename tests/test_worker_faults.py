@@ -32,8 +32,7 @@ def test_kill_9_worker_mid_job_is_replaced_and_job_completes_elsewhere(herder, j
     os.kill(victim, signal.SIGKILL)
     h.wait_status(lambda s: victim not in [w["pid"] for w in s["workers"]], 10, what="the victim reaped")
     assert [(e["how"], e["why"]) for e in h.exits(victim)] == [("killed by SIGKILL", "unexpected")]
-    wait_for(lambda: jobs.finished("t"), 15, what="the job to finish on another worker")
-    assert jobs.status(job.id) == "finished"
+    jobs.wait_finished(job.id, 15, what="the job to finish on another worker")
     assert jobs.started("t") == [job.id, job.id]  # once interrupted, once completed
     assert jobs.finished("t") == [job.id]
     assert Job.fetch(job.id, connection=conn).worker_name.rsplit(".", 1)[1] != str(victim)
@@ -70,8 +69,7 @@ def test_sigstopped_worker_is_killed_within_heartbeat_timeout_and_job_requeued(h
     replaced_after = time.monotonic() - stopped_at
     assert replaced_after <= heartbeat_timeout + 1.0, f"took {replaced_after:.2f} s"
     assert [k["why"][:11] for k in h.kills() if int(k["pid"]) == victim] == ["silent for "]
-    wait_for(lambda: jobs.finished("t"), 15, what="the requeued job to finish")
-    assert jobs.status(job.id) == "finished"
+    jobs.wait_finished(job.id, 15, what="the requeued job to finish")
     assert jobs.finished("t") == [job.id]
     h.wait_workers(2)
     assert h.totals() == {
