@@ -60,8 +60,13 @@ def main() -> int:
     # `kill -USR2 <master>` prints every thread's stack to the log: what a stuck loop waits on.
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     started_at = time.time()
-    # The fork server (plain spawns with --no-fork-server or where fork is wrong) starts
-    # first: it imports rq and redis (~0.15 s) while this process imports the rest.
+    # rq and redis, which this process needs too, come before the fork server: the template is
+    # forked from this process (while it has no other thread) and shares their pages with it;
+    # it imports herder's worker while this process imports the rest. Plain spawns with
+    # --no-fork-server or where fork is wrong.
+    import herder.common.redis_connect  # noqa: F401
+    import herder.common.rq_seam  # noqa: F401
+
     launcher = ForkServerLauncher(cfg)
     launcher.tend(lambda: None)  # the loop hands it the real wake-up on its first pass
     control = open_control(cfg, started_at)

@@ -14,6 +14,7 @@ any child that is not a process the master watches.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -76,18 +78,56 @@ def reap_strays(wait: float = 0.0) -> int:
             pass
 
 
-class Template:
-    """One template process and the socket to it."""
+def fork_template(env: dict[str, str], sock_fd: int) -> ForkedChild:
+    """The template forked from this process (the master, still single-threaded), with pipes
+    for its stdio as a spawned one has: it shares the master's imports, rq and redis among them.
+    Linux does not pass the subreaper flag on, so the template's middle processes still hand
+    workers to the master."""
+    pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
+    theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+    ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
+    sys.stdout.flush()
+    sys.stderr.flush()  # or the child writes what the master had buffered once more
+    # The imports so far move out of the collector's reach in the master too: its collections
+    # would write to every object's header and so copy the pages it shares with the template.
+    gc.freeze()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in theirs + ours:
+            os.close(fd)
+        raise
+    if pid == 0:
+        from herder.worker.template import main_forked
 
-    def __init__(self, cfg: Config, wake: Callable[[], None]) -> None:
+        main_forked(env, theirs, sock_fd)  # never returns
+    for fd in theirs:
+        os.close(fd)
+    try:
+        os.setpgid(pid, pid)  # as the child does itself: whichever runs first, it exists
+    except OSError:
+        pass
+    return ForkedChild(pid, *ours)
+
+
+class Template:
+    """One template process and the socket to it. `fork`: forked from the master (only while
+    it has no thread but its main one), else a new interpreter."""
+
+    def __init__(self, cfg: Config, wake: Callable[[], None], fork: bool = False) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = worker_env(cfg, -1)
         env["HERDER_FORK_SOCKET"] = str(theirs.fileno())
         env["HERDER_MASTER_PID"] = str(os.getpid())
+        self.forked = fork and threading.active_count() == 1
         try:
-            self.proc = WorkerProcess.spawn(
-                TEMPLATE_ARGV, env, -1, wake, kind="fork server", pass_fds=(theirs.fileno(),)
-            )
+            if self.forked:
+                child = fork_template(env, theirs.fileno())
+                self.proc = WorkerProcess.watch(child, -1, wake, kind="fork server")
+            else:
+                self.proc = WorkerProcess.spawn(
+                    TEMPLATE_ARGV, env, -1, wake, kind="fork server", pass_fds=(theirs.fileno(),)
+                )
         finally:
             theirs.close()
         self.sock = ours
@@ -151,6 +191,9 @@ class ForkServerLauncher:
         self.next_start = 0.0
         self.disabled = why_no_fork_server(cfg)
         self.forked = self.spawned_plain = 0
+        # The first template is forked from the master (sharing its imports); later ones (new
+        # code at a rolling restart, or after a death, when the master has threads) are spawned.
+        self.fork_first = True
         if self.disabled:
             log.info("workers start as new interpreters: %s", self.disabled)
 
@@ -224,6 +267,7 @@ class ForkServerLauncher:
         self.disabled = why_no_fork_server(cfg)
         self.retire(failed=False)
         self.failures, self.next_start = 0, 0.0
+        self.fork_first = False  # a fork of this master would carry its old code
 
     def close(self) -> None:
         self.retire(failed=False)
@@ -237,8 +281,10 @@ class ForkServerLauncher:
 
     def start_template(self) -> None:
         try:
-            self.template = Template(self.cfg, lambda: self.wake())  # self.wake: set by tend()
-            log.info("fork server pid %d: starting (preload: %s)", self.template.proc.pid,
+            fork, self.fork_first = self.fork_first, False
+            self.template = Template(self.cfg, lambda: self.wake(), fork=fork)  # self.wake: set by tend()
+            log.info("fork server pid %d: starting%s (preload: %s)", self.template.proc.pid,
+                     " (forked from the master)" if self.template.forked else "",
                      ", ".join(self.cfg.preload) or "herder, rq, redis")  # fmt: skip
         except OSError as exc:
             log.error("fork server: cannot start (%s); workers start as new interpreters", exc)

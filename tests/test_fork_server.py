@@ -52,6 +52,27 @@ def test_workers_are_forked_from_the_template_and_are_the_masters_children(herde
     h.stop_and_check()
 
 
+def test_the_first_template_is_forked_from_the_master_and_each_process_names_itself(herder):
+    """The master forks its first template from itself (it shares the master's rq and redis);
+    a forked process would keep the master's command line, so each names itself: `pkill -f
+    herder.supervisor` reaches the master alone, never a worker mid-job."""
+    h, ws, master = forked_fleet(herder, 2)
+    template = h.fork_server()
+    assert template is not None
+    h.wait_log(rf"fork server pid {template.pid}: starting \(forked from the master\)")
+    title = f"[herder master {master.pid}]"
+
+    def shown(p: psutil.Process) -> str:
+        return " ".join(p.cmdline()).strip()
+
+    assert shown(template) == f"herder-forksrv {title}"
+    assert {shown(w) for w in ws} == {f"herder-worker {title}"}
+    assert template.name() == "herder-forksrv" and names(ws) == [WORKER_NAME] * 2
+    tree = [master, *master.children(recursive=True)]
+    assert [p.pid for p in tree if "herder.supervisor" in shown(p)] == [master.pid]
+    h.stop_and_check()
+
+
 def test_a_replacement_is_the_templates_spare_and_a_dead_spare_costs_nothing(herder, conn):
     """The template keeps a worker forked ahead (herder-spare), already the master's child and
     connected: a dead worker's replacement is that spare, listed by RQ under its pid. A spare
@@ -98,6 +119,9 @@ def test_a_dead_fork_server_is_restarted_and_workers_keep_starting_meanwhile(her
     assert "python" in {w.name()[:6] for w in ws}, names(ws)
     renewed = wait_for(lambda: h.fork_server(), 10, what="a new fork server")
     assert renewed.pid != template.pid  # type: ignore[union-attr]
+    # The master has threads by now: the new one is a new interpreter, not a fork of it.
+    (started,) = h.wait_log(rf"fork server pid {renewed.pid}: starting.*")  # type: ignore[union-attr]
+    assert "forked" not in started.group(0)
     plain = next(w.pid for w in ws if w.name() != WORKER_NAME)
     # Past --min-uptime, or its death would count as dying young and the slot would back off.
     min_uptime = float(FAST["--min-uptime"])

@@ -98,6 +98,12 @@ class HerderMixin(BaseWorker):
             if pipeline is not None:
                 raise
 
+    def procline(self, message: str) -> None:
+        """RQ retitles its process at each step of each job when setproctitle is installed (a
+        herder dependency): that would rename herder's workers (ps -o comm, psutil's name())
+        and cost a syscall per step. herder's worker keeps its title; `herder status` says
+        what each worker is doing."""
+
     def _install_signal_handlers(self) -> None:
         # Graceful stop is `stop` on stdin (or EOF). A signal from herder means "now":
         # RQ's warm shutdown would let an unresponsive job run on, and its cold shutdown

@@ -17,21 +17,30 @@ the template replies; from then on it is the master's child like a spawned one (
 exit status, process group, getppid() == the master). See docs/design.md, "Warm workers".
 
 It exits when the master's end of the socket closes (the master is gone or replaced it).
+
+The master's first template is not a new interpreter: the master forks it from itself before its
+first thread starts (`main_forked`), after importing rq and redis, which it needs too, so the
+template and every worker share those pages with the master. A later template (a rolling restart
+brings new code, or the first one died) is started as `python -m herder.worker.template`.
 """
 
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import gc
 import importlib
 import json
+import logging
 import os
 import select
 import signal
 import socket
 import sys
+import threading
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 from herder.common import worker_protocol as wp
 from herder.common.prctl import set_process_name
@@ -53,6 +62,20 @@ ENTRIES = {
 SPARE_AFTER = 0.05  # seconds of no request before the template forks a spare
 
 
+def set_title(name: str, master_pid: int) -> None:
+    """This process's name (`ps -o comm`, top, psutil's name()) and command line (`ps -f`,
+    `pkill -f`): a forked process keeps its parent's command line otherwise, and `pkill -f
+    herder.supervisor` must not reach the template or a worker (setproctitle, as gunicorn's and
+    celery's processes use it; without it only the name changes)."""
+    try:
+        from setproctitle import setproctitle
+
+        setproctitle(f"{name} [herder master {master_pid}]")
+    except ImportError:
+        pass
+    set_process_name(name)  # after setproctitle, which sets the name to its title's start
+
+
 def preload(paths: list[str], modules: list[str], fast_path: bool = True) -> None:
     """What every worker would import anyway, and the user's --preload modules."""
     import herder.worker.__main__  # noqa: F401
@@ -64,6 +87,10 @@ def preload(paths: list[str], modules: list[str], fast_path: bool = True) -> Non
         from herder.worker.fast_path.worker import HerderFastWorker  # noqa: F401  (the default class)
     from herder.common.redis_connect import connect  # noqa: F401
 
+    try:
+        import setproctitle  # noqa: F401  (each forked process sets its title: set_title)
+    except ImportError:
+        pass
     # What the first connection and RQ's bookkeeping import lazily (seen with -X importtime).
     lazy = ("encodings.idna", "hmac", "secrets", "stringprep", "unicodedata", "rq.results", "rq.registry")
     for name in lazy:
@@ -107,7 +134,7 @@ def become_worker(
     try:
         os.setpgid(0, 0)  # its own process group, as a spawned worker's (the master signals it)
         entry, name = ENTRIES[request.get("kind") or "worker"]
-        set_process_name(name)
+        set_title(name, master_pid)
         if os.getppid() not in (middle_pid, master_pid):
             os._exit(70)  # the master died meanwhile: nobody would watch this worker
         for target, fd in enumerate(fds):
@@ -196,10 +223,10 @@ class Spare:
             for s in [ours, *keep_from_it]:
                 s.close()
             close_inherited(keep=theirs.fileno())
-            set_process_name(SPARE_NAME)
-            from herder.worker.__main__ import prepare_ahead
-
-            prepare_ahead()  # its connections to Redis, made and connected while nobody waits
+            set_title(SPARE_NAME, master_pid)
+            # Nothing more ahead: its Redis connections, made and connected here, would save a
+            # replacement about 5 ms (10-15 among busy workers) but hold 2.6 MB (the pages it
+            # writes, and the template's copies of them) for as long as the pool idles.
             try:
                 msg, fds, _flags, _addr = socket.recv_fds(theirs, MAX_REQUEST, 3)
                 theirs.close()
@@ -254,10 +281,53 @@ def serve(sock: socket.socket, master_pid: int) -> int:
         sock.send(json.dumps(reply).encode())
 
 
+def forget_the_master() -> None:
+    """In a process forked from the master: drop what the master set up for itself (its log
+    handler and hooks, its signal handlers), so the template and its workers set up their own."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(False)
+    sys.excepthook = sys.__excepthook__
+    threading.excepthook = threading.__excepthook__
+    faulthandler.unregister(signal.SIGUSR2)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def main_forked(env: dict[str, str], fds: list[int], sock_fd: int) -> NoReturn:
+    """In a child the master forked before its first thread: take the pipes (stdin, stdout,
+    stderr) and the socket, forget the master, and serve as the template; never returns."""
+    code = 1
+    try:
+        os.setpgid(0, 0)  # its own process group, as a spawned template's
+        set_title(TEMPLATE_NAME, int(env[ENV_MASTER_PID]))  # before the environment changes
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        close_inherited(keep=sock_fd)
+        forget_the_master()
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = [TEMPLATE_NAME]
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
 def main() -> int:
     sock = socket.socket(fileno=int(os.environ[ENV_FORK_SOCKET]))
     master_pid = int(os.environ.get(ENV_MASTER_PID) or os.getppid())
-    set_process_name(TEMPLATE_NAME)
+    set_title(TEMPLATE_NAME, master_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master stops it by closing the socket
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # middle processes are reaped by the kernel
     os.dup2(2, 1)  # a --preload module's prints go to the log, not to a pipe read as protocol
