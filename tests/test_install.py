@@ -241,8 +241,12 @@ def test_herder_run_from_the_wheel(venv: Venv, herder, jobs) -> None:
     workers = h.wait_workers(2)
     master = h.master()
     assert master is not None
-    for p in (master, *workers):  # the whole tree runs the venv's Python, with the venv's herder
-        assert p.cmdline()[0].startswith(str(venv.path)), p.cmdline()
+    # The whole tree runs the venv's Python, with the venv's herder: the master is started as the
+    # venv's python; a forked worker shows its title instead, and maps the venv's extensions.
+    assert master.cmdline()[0].startswith(str(venv.path)), master.cmdline()
+    for p in workers:
+        mapped = {m.path for m in p.memory_maps()}
+        assert any(path.startswith(str(venv.site)) for path in mapped), sorted(mapped)
     job = jobs.enqueue("record", "wheel")
     jobs.wait_finished(job.id, 15, what="the job to run")
     h.signal(signal.SIGTERM)
