@@ -27,12 +27,12 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.request
-from typing import Any
-
-from prometheus_client import Counter
+from typing import TYPE_CHECKING, Any
 
 from herder.common.config import Config
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
 
 log = logging.getLogger("herder")
 
@@ -51,19 +51,26 @@ EVENTS = (
 
 
 class EventHooks:
-    def __init__(self, cfg: Config, host_id: str) -> None:
+    """`counted`: keep herder_event_hooks for /metrics (only a master with --http serves it,
+    and only that one imports prometheus-client)."""
+
+    def __init__(self, cfg: Config, host_id: str, counted: bool = False) -> None:
         self.host_id, self.hostname = host_id, socket.gethostname()
         self.command: list[str] = []
         self.url = ""
         self.timeout = 10.0
-        self.counts = Counter(
-            "herder_event_hooks",
-            "Event hook deliveries, by outcome (ok, failed, timeout, unstartable, dropped).",
-            labelnames=["outcome"],
-            registry=None,  # the HTTP endpoint registers it beside the fleet's metrics
-        )
-        for outcome in OUTCOMES:
-            self.counts.labels(outcome)
+        self.counts: Counter | None = None
+        if counted:
+            from prometheus_client import Counter
+
+            self.counts = Counter(
+                "herder_event_hooks",
+                "Event hook deliveries, by outcome (ok, failed, timeout, unstartable, dropped).",
+                labelnames=["outcome"],
+                registry=None,  # the HTTP endpoint registers it beside the fleet's metrics
+            )
+            for outcome in OUTCOMES:
+                self.counts.labels(outcome)
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(QUEUED)
         self._threads: list[threading.Thread] = []
         self._said: set[str] = set()  # problems already logged once
@@ -92,7 +99,7 @@ class EventHooks:
         try:
             self._queue.put_nowait(body)
         except queue.Full:
-            self.counts.labels("dropped").inc()
+            self._count("dropped")
             self._once("full", "event hooks: %d events wait already; dropping %s events until they drain",
                        QUEUED, event)  # fmt: skip
 
@@ -113,9 +120,13 @@ class EventHooks:
         while (body := self._queue.get()) is not None:
             payload = json.dumps(body).encode() + b"\n"
             if self.command:
-                self.counts.labels(self._run(list(self.command), payload, body["event"])).inc()
+                self._count(self._run(list(self.command), payload, body["event"]))
             if self.url:
-                self.counts.labels(self._post(self.url, payload, body["event"])).inc()
+                self._count(self._post(self.url, payload, body["event"]))
+
+    def _count(self, outcome: str) -> None:
+        if self.counts is not None:
+            self.counts.labels(outcome).inc()
 
     def _run(self, argv: list[str], payload: bytes, event: str) -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HERDER_")}
@@ -166,6 +177,8 @@ class EventHooks:
         return tail, True
 
     def _post(self, url: str, payload: bytes, event: str) -> str:
+        import urllib.request  # only a master with --on-event-url posts (it imports http.client)
+
         request = urllib.request.Request(url, data=payload, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as reply:

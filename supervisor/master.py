@@ -18,6 +18,7 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from herder.common import rq_seam, rq_support
 from herder.common.config import DEFAULT_POOL, Config, all_queues, pool_configs, redact_url
@@ -34,8 +35,6 @@ from herder.supervisor.fleetview import short_pools
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.health import HealthWatch
 from herder.supervisor.hooks import EventHooks, HealthChanges
-from herder.supervisor.http_endpoint import Publisher
-from herder.supervisor.jobstats import JobStats
 from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge, read_late
 from herder.supervisor.pool import Pool, share_limit
@@ -46,6 +45,10 @@ from herder.supervisor.scaling import pick_idle_to_stop
 from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import LEAVING, WORKING, WorkerState, change_state
 from herder.supervisor.uplink import Uplink
+
+if TYPE_CHECKING:  # imported with --http only (Master.__init__)
+    from herder.supervisor.http_endpoint import Publisher
+    from herder.supervisor.jobstats import JobStats
 
 log = logging.getLogger("herder")
 
@@ -101,16 +104,23 @@ class Master:
         self.ever_ready = False  # the fleet was ready once (`ready` to the watchdog, health)
         self.lagging_reads, self._lag_said_at = 0, float("-inf")  # silences the reader's lag explained
         self.health = HealthWatch()
-        self.jobstats = JobStats()  # herder_job_duration_seconds
+        # /metrics, and the job metrics only it serves, with --http alone: only then does the
+        # master import prometheus-client and http.server (a master without is 1 MB smaller).
+        self.jobstats: JobStats | None = None
+        self.http: Publisher | None = None
         self.memory = memory or MemoryWatch()  # the cgroup near its memory limit: no scale-up
-        self.hooks = EventHooks(cfg, self.host_id)  # --on-event, --on-event-url
+        self.hooks = EventHooks(cfg, self.host_id, counted=bool(cfg.http))  # --on-event, --on-event-url
         self.health_changes, self._health_read_at = HealthChanges(), float("-inf")
         if recovery is not None:  # a job given up is an event (called from the recovery thread)
             recovery.on_give_up = lambda job_id, queue, why: self.hooks.emit(
                 "job_given_up", job_id=job_id, queue=queue, pool=self.pool_of_queue(queue), reason=why
             )
-        metrics = (self.jobstats.histogram, self.hooks.counts)
-        self.http = Publisher(cfg.http, clock.monotonic, metrics) if cfg.http else None
+        if cfg.http:
+            from herder.supervisor.http_endpoint import Publisher
+            from herder.supervisor.jobstats import JobStats
+
+            self.jobstats = JobStats()  # herder_job_duration_seconds
+            self.http = Publisher(cfg.http, clock.monotonic, (self.jobstats.histogram, self.hooks.counts))
         self._last_alive = float("-inf")
         self.events = Events(clock)
         self.commands = Commands(self)
@@ -369,7 +379,7 @@ class Master:
     def fold_finished(self, w: Worker) -> None:
         """The worker's finished jobs into the job metrics (by the pool's queues)."""
         done = w.proc.take_finished()
-        if done:
+        if done and self.jobstats:
             pool = self.pools.get(w.pool)
             self.jobstats.fold(w.pool, pool.cfg.queues if pool else (), done)
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from herder.common import jsonlog, statelock
 from herder.common.config import Config, ConfigError
 from herder.common.exits import EX_CONFIG, EX_TEMPFAIL
 from herder.watchdog.core import Watchdog
-from herder.watchdog.embedded_redis import EmbeddedRedis
+
+if TYPE_CHECKING:
+    from herder.watchdog.embedded_redis import EmbeddedRedis
 
 
 def main(argv: list[str]) -> int:
@@ -47,10 +50,17 @@ def main(argv: list[str]) -> int:
         restart_window=cfg.restart_window,
         stop_grace=cfg.drain_seconds + 10.0,
         ping_grace=3 * cfg.heartbeat_interval,
-        redis=EmbeddedRedis(cfg.state_dir) if cfg.embedded_redis else None,
+        redis=embedded_redis(cfg.state_dir) if cfg.embedded_redis else None,
         user=cfg.user,
     )
     return dog.run()
+
+
+def embedded_redis(state_dir: str) -> EmbeddedRedis:
+    """Imported only when asked for: the watchdog starts without shutil, bz2 and lzma."""
+    from herder.watchdog.embedded_redis import EmbeddedRedis
+
+    return EmbeddedRedis(state_dir)
 
 
 def hold_state_dir(state_dir: str) -> int:

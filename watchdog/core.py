@@ -21,13 +21,16 @@ import signal
 import subprocess
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from herder.common.exits import EX_CONFIG, describe
 from herder.common.lines import LineSplitter
 from herder.common.prctl import become_subreaper
 from herder.common.uplink_protocol import MASTER_RESTARTS_ENV, parse_uplink
-from herder.watchdog.embedded_redis import EmbeddedRedis
 from herder.watchdog.notify import Notifier
+
+if TYPE_CHECKING:  # imported by __main__ only with embedded_redis on
+    from herder.watchdog.embedded_redis import EmbeddedRedis
 
 log = logging.getLogger("herder.watchdog")
 

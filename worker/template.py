@@ -224,9 +224,12 @@ class Spare:
                 s.close()
             close_inherited(keep=theirs.fileno())
             set_title(SPARE_NAME, master_pid)
-            # Nothing more ahead: its Redis connections, made and connected here, would save a
-            # replacement about 5 ms (10-15 among busy workers) but hold 2.6 MB (the pages it
-            # writes, and the template's copies of them) for as long as the pool idles.
+            from herder.worker.__main__ import prepare_ahead
+
+            # Its connections to Redis, made and connected while nobody waits: a replacement
+            # lists 5 ms sooner at idle, 10-20 among busy workers printing; they cost about
+            # 5 MB (its pages and the template's copies of them) while the pool idles.
+            prepare_ahead()
             try:
                 msg, fds, _flags, _addr = socket.recv_fds(theirs, MAX_REQUEST, 3)
                 theirs.close()
