@@ -209,6 +209,27 @@ def test_manifests_parse_and_name_each_other() -> None:
     assert docs["ScaledObject"]["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
 
 
+def test_manifests_are_valid_kubernetes_objects_for_every_version_the_validator_ships() -> None:
+    """Each built-in object against the API's own schema, strictly (an unknown or misspelt
+    field fails), offline: kubernetes-validate ships the schemas of Kubernetes 1.25 on. KEDA's
+    ScaledObject is a custom resource none of them knows, and no package on the registries
+    ships KEDA's CRD schema: its fields are checked by the tests below."""
+    import kubernetes_validate
+    from kubernetes_validate.utils import all_versions
+
+    versions = sorted(set(all_versions()), key=lambda v: tuple(map(int, v.split("."))))
+    assert len(versions) >= 6, versions
+    checked = {kind: doc for kind, doc in manifests().items() if kind != "ScaledObject"}
+    assert set(checked) == {"ConfigMap", "Deployment", "Service"}
+    for version in versions:
+        for kind, doc in checked.items():
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                why = str(exc).splitlines()[0]
+                raise AssertionError(f"not a valid {kind} for Kubernetes {version}: {why}") from None
+
+
 def test_configmap_passes_herders_own_check(tmp_path: Path) -> None:
     """`herder config` (which resolves and validates as `herder run` does, exit 78 on any bad
     key or value) accepts the pod's command line and environment."""
