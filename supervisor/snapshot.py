@@ -100,6 +100,9 @@ def build_status(v: FleetView) -> dict[str, Any]:
                 "uptime": round(v.now - w.spawned_at, 1),
                 "malformed_lines": o.malformed,
                 "paused": o.paused,
+                # A protocol line since its spawn: a starting worker without one is still loading
+                # and holds the start window (fleet.loading); one with one is on its way to ready.
+                "heard_from": o.last_seen > w.spawned_at,
             }
         )
     for pid in set(_processes) - {w.pid for w, _ in v.workers}:
