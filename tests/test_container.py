@@ -356,13 +356,16 @@ def test_pod_runs_as_the_images_user_on_a_read_only_root(tmp_path: Path) -> None
 
 def test_dockerfile_runs_herder_run_as_pid_1_as_a_user() -> None:
     (base,) = instruction("FROM")
-    assert base.split("@")[0] == "python:3.12-slim"
+    assert base == "${BASE_IMAGE}"  # any base with python3 and venv, python:3.12-slim by default
+    assert "BASE_IMAGE=python:3.12-slim" in instruction("ARG")
     (entrypoint,) = instruction("ENTRYPOINT")
     assert exec_form(entrypoint) == ["herder", "run"]  # exec form: no shell as PID 1
     assert image_uid() != 0
     assert instruction("STOPSIGNAL") == ["SIGTERM"]
     (install,) = [r for r in instruction("RUN") if "pip install" in r]
-    assert "--no-cache-dir" in install and install.split()[-1] == "/src"
+    assert "python3 -m venv /opt/herder" in install
+    assert "/opt/herder/bin/pip install --no-cache-dir" in install and install.split()[-1] == "/src"
+    assert image_env()["PATH"].startswith("/opt/herder/bin:")  # `herder` found, as in ENTRYPOINT
     (healthcheck,) = instruction("HEALTHCHECK")
     assert exec_form(healthcheck.split(" CMD ", 1)[1]) == ["herder", "status"]
     (cmd,) = instruction("CMD")
