@@ -78,14 +78,18 @@ def reap_strays(wait: float = 0.0) -> int:
             pass
 
 
+def stdio_pipes() -> tuple[list[int], list[int]]:
+    """A forked child's stdin, stdout and stderr as pipes: (the child's ends, the master's)."""
+    pipes = [os.pipe() for _ in range(3)]
+    return [pipes[0][0], pipes[1][1], pipes[2][1]], [pipes[0][1], pipes[1][0], pipes[2][0]]
+
+
 def fork_template(env: dict[str, str], sock_fd: int) -> ForkedChild:
     """The template forked from this process (the master, still single-threaded), with pipes
     for its stdio as a spawned one has: it shares the master's imports, rq and redis among them.
     Linux does not pass the subreaper flag on, so the template's middle processes still hand
     workers to the master."""
-    pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
-    theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
-    ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
+    theirs, ours = stdio_pipes()
     sys.stdout.flush()
     sys.stderr.flush()  # or the child writes what the master had buffered once more
     # The imports so far move out of the collector's reach in the master too: its collections
@@ -149,9 +153,7 @@ class Template:
     def fork(self, env: dict[str, str], argv: list[str], kind: str = "worker") -> ForkedChild:
         """A worker (or the scheduler: `kind`) forked from the template; OSError (and the
         template marked broken) if not."""
-        pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
-        theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
-        ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
+        theirs, ours = stdio_pipes()
         try:
             socket.send_fds(
                 self.sock, [json.dumps({"env": env, "argv": argv, "kind": kind}).encode()], theirs

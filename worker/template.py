@@ -144,9 +144,7 @@ def become_worker(
                 os.close(fd)
         else:
             close_inherited()
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        default_signals()
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ[wp.ENV_PARENT_PIDS] = f"{master_pid},{middle_pid}"
@@ -164,6 +162,13 @@ def become_worker(
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def default_signals() -> None:
+    """Python's own signal handling, whatever the parent set (the template, or the master)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def double_fork(run: Callable[[int], None]) -> int:
@@ -295,9 +300,7 @@ def forget_the_master() -> None:
     sys.excepthook = sys.__excepthook__
     threading.excepthook = threading.__excepthook__
     faulthandler.unregister(signal.SIGUSR2)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    default_signals()
 
 
 def main_forked(env: dict[str, str], fds: list[int], sock_fd: int) -> NoReturn:
