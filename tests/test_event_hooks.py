@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 from rq import Queue
-from test_health_http import metrics, sample
 
 from conftest import HERDER, free_port, wait_for
 from herder.supervisor.hooks import HealthChanges
+from test_health_http import metrics, sample
 
 # The hook: appends the event (and what it saw of the environment) to a file, one JSON a line;
 # for the event named in argv[2], it first writes its pid and hangs.

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import re
 
-from test_health_http import metrics, sample
-
 from conftest import free_port, wait_for
+from test_health_http import metrics, sample
 
 RECORD = "herder_testjobs.record"
 

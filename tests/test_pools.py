@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from rq import Queue
 from rq.job import Job
-from test_health_http import metrics, sample
 
 from conftest import HERDER, free_port, wait_for
 from herder.common.config import ConfigError, load_file, pool_configs, resolve
 from herder.supervisor.metrics import REQUEUE_REASONS
 from herder.supervisor.pool import share_limit
+from test_health_http import metrics, sample
 
 QUEUES = ("high", "bulk")
 HIGH_AND_BULK = """

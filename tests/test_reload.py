@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_master_unit import FakeClock, make
 
 from conftest import FAST, HERDER, JOBS_DIR
 from herder.common.config import (
@@ -28,6 +27,7 @@ from herder.common.config import (
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.redis_side.load_reader import Reading
 from herder.supervisor.scaling import Load
+from test_master_unit import FakeClock, make
 
 # What a reload does with each setting, written out here rather than read from the schema,
 # so a setting added without deciding (or a decision changed by accident) fails this file.

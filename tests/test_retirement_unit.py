@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import random
 
-from test_master_unit import FakeClock, all_ready, clock, live, make
-
 from herder.supervisor.states import WorkerState
+from test_master_unit import FakeClock, all_ready, clock, live, make
 
 __all__ = ["clock"]  # the fake clock fixture, shared
 

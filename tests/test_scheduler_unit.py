@@ -7,12 +7,12 @@ import signal
 from dataclasses import replace
 
 import pytest
-from test_master_unit import FAST, FakeClock, FakeLauncher, FakeProc, FakeRecovery
 
 from herder.supervisor.master import Master
 from herder.supervisor.redis_side.scheduler_locks import Holder, LockReading
 from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import WorkerState
+from test_master_unit import FAST, FakeClock, FakeLauncher, FakeProc, FakeRecovery
 
 
 class FakeLocks:

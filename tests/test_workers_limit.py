@@ -26,6 +26,7 @@ def test_scale_past_the_workers_limit_is_refused_and_the_fleet_stays(herder):
         assert r.returncode == 1 and "workers limit of 8" in r.stderr, r.stderr
     st = h.snapshot()
     assert (st["desired"], st["workers_limit"], st["totals"]["spawned"]) == (2, 8, 2)
+    assert st["workers_limit_reason"] == "workers_limit"
     assert {p.pid for p in h.workers()} == pids
     assert scale(h, "8").returncode == 0  # the limit itself is allowed
     h.wait_workers(8)
@@ -35,8 +36,10 @@ def test_scale_past_the_workers_limit_is_refused_and_the_fleet_stays(herder):
 def test_the_default_limit_comes_from_the_host_and_is_named_in_the_refusal(herder):
     h = herder(workers="1")
     h.wait_workers(1)
-    limit = default_workers_limit()[0]
-    assert h.snapshot()["workers_limit"] == limit
+    limit, reason = default_workers_limit()
+    st = h.snapshot()
+    assert (st["workers_limit"], st["workers_limit_reason"]) == (limit, reason)
+    assert "CPUs" in reason
     r = scale(h, "100000")
     assert r.returncode == 1 and f"workers limit of {limit}" in r.stderr and "CPUs" in r.stderr
     h.stop_and_check()

@@ -341,6 +341,11 @@ class Config:
         """The most worker processes this host runs: workers_limit, else computed from the host."""
         return self.workers_limit if self.workers_limit is not None else default_workers_limit()[0]
 
+    @property
+    def limit_reason(self) -> str:
+        """How the limit was reached: the setting, or the host's figures (a cgroup's named)."""
+        return "workers_limit" if self.workers_limit is not None else default_workers_limit()[1]
+
     def describe_limit(self) -> str:
         """The limit and where it comes from, for the errors that name it."""
         if self.workers_limit is not None:
