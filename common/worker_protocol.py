@@ -1,4 +1,4 @@
-"""The worker <-> master channel, version 6 (docs/protocol.md): both ends import this.
+"""The worker <-> master channel, version 7 (docs/protocol.md): both ends import this.
 
 worker -> master, on the worker's private stdout: one line per message, built by the
 `*_line` functions, read by `parse_line`. master -> worker, on the worker's stdin:
@@ -11,6 +11,7 @@ standard library only, unit-tested directly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 from herder.common.lines import MAX_LINE_BYTES, LineSplitter
 
@@ -27,8 +28,10 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # `busy <job-id> <ts> <timeout|none> <queue> <function>`.
 # Version 6: `beat` may say for how many seconds the worker's main loop has made no progress
 # outside the job's own code (a Redis call that never returns): `beat <job-id> <ts> <stuck>`.
-VERSION = 6
-SUPPORTED_VERSIONS = ("1", "2", "3", "4", "5", "6")
+# Version 7: `busy`'s queue and function are percent-encoded (a space, `%`, non-ASCII), so a
+# queue named as RQ allows (`"bulk jobs"`) keeps its name in the metrics.
+VERSION = 7
+SUPPORTED_VERSIONS = ("1", "2", "3", "4", "5", "6", "7")
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
 # Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one).
 PAUSE_REASONS = ("suspended", "paused")
@@ -43,7 +46,7 @@ OUTCOMES = ("ok", "failed", "ended")  # `done`: the job's own outcome, or an end
 ENV_REDIS_URL = "HERDER_REDIS_URL"  # never on argv, where `ps` would show a password
 ENV_SLOT = "HERDER_SLOT"
 ENV_POOL = "HERDER_POOL"  # the pool the worker works for ("default" without pools)
-ENV_QUEUES = "HERDER_QUEUES"  # comma-separated, in priority order
+ENV_QUEUES = "HERDER_QUEUES"  # comma-separated, in priority order (no comma in a name then)
 ENV_HEARTBEAT_INTERVAL = "HERDER_HEARTBEAT_INTERVAL"  # seconds between `idle`/`beat` lines
 ENV_PROTOCOL_VERSION = "HERDER_PROTOCOL_VERSION"
 # Set by the fork server only: "master,middle", the pids a forked worker's parent may be.
@@ -91,11 +94,19 @@ def busy_line(
 
 
 def _name(text: str) -> str:
-    """A queue or function name fit for one field: printable, no spaces, bounded; else `?`."""
-    return text if 0 < len(text) <= MAX_NAME and text.isprintable() and " " not in text else "?"
+    """A queue or function name fit for one field (version 7): a space, a `%` and any character
+    outside printable ASCII percent-encoded (RQ accepts any queue name); an empty, unprintable
+    or overlong one is `?`."""
+    if not 0 < len(text) <= MAX_NAME or not text.isprintable():
+        return "?"
+    field = quote(text, safe=NAME_SAFE)
+    return field if len(field) <= MAX_FIELD else "?"
 
 
+# Printable ASCII but the space (the field separator) and `%` (the escape): left as they are.
+NAME_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 MAX_NAME = 200
+MAX_FIELD = 3 * MAX_NAME  # encoded: a busy line with two names stays far below MAX_LINE_BYTES
 
 
 def beat_line(job_id: str, ts: float, stuck: float = 0.0) -> bytes:
@@ -183,9 +194,11 @@ def parse_line(raw: bytes) -> Message:
 
 
 def _field(text: str) -> str:
-    if len(text) > MAX_NAME or not text.isprintable():
+    """A name from a `busy` line, percent-decoded (version 7; older workers never send a `%`)."""
+    name = unquote(text, errors="replace")
+    if len(text) > MAX_FIELD or not name.isprintable():
         raise ProtocolError("bad queue or function name")
-    return text
+    return name
 
 
 def end_request(job_id: str) -> bytes:

@@ -14,17 +14,16 @@ from herder.common.config import Config, host_cpus
 from herder.supervisor.states import WorkerState
 from herder.supervisor.workerproc import FinishedJob, Observations
 
-# Spawn pacing (measured: docs/operations.md, "Workers limit"). A spawn costs the master
-# ~1.2 ms of CPU but up to ~120 ms of wall time once the host is busy starting other workers
-# (Popen waits for the exec), so one pass spawns a few and comes back soon for the rest:
-# signals, control requests and the watchdog's heartbeat never wait behind a scale-up.
+# Spawn pacing (figures: docs/operations.md, "Workers limit"). A spawn costs the master little
+# CPU but can take long in wall time once the host is busy starting other workers (Popen waits
+# for the exec), so one pass spawns a few and comes back soon for the rest: signals, control
+# requests and the watchdog's heartbeat never wait behind a scale-up.
 SPAWNS_PER_PASS = 4
 SPAWN_SLICE = 0.1  # seconds of one pass spent spawning, at most
 SPAWN_AGAIN = 0.02  # how soon the loop comes back while spawns are pending
-# A new worker spends ~0.3 s of CPU loading Python, redis and rq before it says a word.
-# Dozens doing it at once only queue for the same cores (and starve the working ones and
-# the master), so at most this many load at a time: with 4 per CPU, 40 workers on 2 cores
-# were all ready about as soon as with no window, and the first ones 2.5-4x sooner.
+# A new worker spends a few tenths of a second of CPU loading Python, redis and rq before it
+# says a word. Dozens doing it at once only queue for the same cores (and starve the working
+# ones and the master), so at most this many load at a time (the start window).
 START_WINDOW = 4 * host_cpus()
 
 

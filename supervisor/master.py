@@ -5,8 +5,7 @@ tick), then handle signals, reap the dead, murder the unresponsive, retire (recy
 scale, manage towards the target, answer control requests. Handlers only record; the loop
 acts, and only it changes a worker's state (states.change_state). Workers start only
 through the Launcher and time is read only through the Clock: unit tests use fakes.
-Next door: liveness.py, fleet.py, retirement.py, autoscaler.py, commands.py, counters.py,
-snapshot.py, health.py, http_endpoint.py, forkserver.py, redis_side/ (every Redis call, threaded).
+docs/design.md has the map of the rooms around it and this loop's sketch.
 """
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ def test_redact_url_hides_passwords() -> None:
         ({"workers_limit": 0}, "workers_limit"),
         ({"stop_timeout": -1}, "stop_timeout"),
         ({"queues": []}, "queues"),
+        ({"queues": ["default", ""]}, "queues"),
+        ({"queues": ["tab\there"]}, "queues"),
+        ({"queues": ["a,b"], "worker_command": ["./my-worker"]}, "queues"),  # HERDER_QUEUES is a,b
         ({"redis_url": "http://x"}, "redis_url"),
         ({"log_level": "LOUD"}, "log_level"),
     ],
@@ -60,6 +63,10 @@ def test_config_validation_names_the_key(change: dict, key: str) -> None:
         cfg.validate({key: "environment"})
     assert err.value.key == key
     assert f"'{key}' from environment" in str(err.value)
+
+
+def test_a_queue_name_is_whatever_rq_accepts() -> None:
+    Config(queues=["bulk jobs", "a,b", "ünïcode", "with%percent"]).validate()
 
 
 def test_a_heartbeat_timeout_of_two_dequeue_slices_is_the_shortest_allowed() -> None:

@@ -75,3 +75,28 @@ def test_a_latency_target_grows_the_fleet_and_the_need_is_exported(herder, jobs)
     wait_for(lambda: (sample(metrics(base), "herder_workers_wanted", pool="default") or 0) >= 3, 10)
     wait_for(lambda: sorted(jobs.finished("slow")) == sorted(ids) or None, 30, what="the jobs done")
     h.stop_and_check()
+
+
+def test_a_queue_named_with_a_space_runs_its_jobs_and_keeps_its_name(herder, conn) -> None:
+    """RQ accepts any queue name, and so does herder: status, the per-function metrics (the
+    busy line's percent-encoded name, protocol version 7) and RQ's own record all say it."""
+    from rq import Queue
+
+    name = "bulk jobs"
+    port = free_port()
+    h = herder(workers="1", http=str(port), queue=name)
+    h.wait_workers(1)
+    q = Queue(name, connection=conn)
+    job = q.enqueue(RECORD, "spaced", 0.2)
+    wait_for(lambda: job.get_status(refresh=True) == "finished", 30, what=f"the job on {name!r} to finish")
+    assert job.origin == name
+    h.wait_status(lambda s: [x["name"] for x in s["queues"]] == [name] and s["jobs"]["ok"] == 1, 10)
+    labels = {"queue": name, "function": RECORD, "pool": "default", "outcome": "ok"}
+    wait_for(
+        lambda: (
+            sample(metrics(f"http://127.0.0.1:{port}"), "herder_job_duration_seconds_count", **labels) == 1
+        ),
+        10,
+        what="the job counted under its queue's own name",
+    )
+    h.stop_and_check()

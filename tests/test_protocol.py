@@ -3,6 +3,8 @@ bounded line splitter."""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -52,11 +54,12 @@ def test_parses_every_verb(line: bytes, expected: Message) -> None:
         (b"idle -5", "bad timestamp"),
         (b"done j 1.0 maybe", "bad outcome"),
         (b"ready x 1.0", "bad pid"),
-        (b"ready 1 1.0 7", "unsupported protocol version"),
+        (b"ready 1 1.0 8", "unsupported protocol version"),
         (b"beat abc-1 11.0 -2", "bad timestamp"),
         (b"\xff\xfe", "not UTF-8"),
         (b"busy " + b"j" * 300 + b" 1.0", "bad job id"),
-        (b"busy j 1.0 none q " + b"f" * 300, "bad queue or function name"),
+        (b"busy j 1.0 none q " + b"f" * 700, "bad queue or function name"),
+        (b"busy j 1.0 none q%0A mod.f", "bad queue or function name"),  # decodes to a newline
     ],
 )
 def test_rejects_malformed_lines_with_a_reason(line: bytes, why: str) -> None:
@@ -136,11 +139,13 @@ def test_what_the_worker_writes_the_master_reads(
     assert stuck.stuck == pytest.approx(12.3) and parse_line(wp.beat_line(job, ts)[:-1]).stuck == 0.0
     busy = parse_line(wp.busy_line(job, ts, timeout)[:-1])
     assert busy.timeout == (None if timeout is None else pytest.approx(timeout, rel=1e-9))
-    # Version 5 names the queue and function; any name a user has comes through, or as `?`.
-    named = parse_line(wp.busy_line(job, ts, timeout, "q", name)[:-1])
-    assert named.timeout == busy.timeout and named.queue == "q"
-    plain = name and len(name) <= wp.MAX_NAME and name.isprintable() and " " not in name
-    assert named.func == (name if plain else "?")
+    # Version 5 names the queue and function; any name a user has comes through (version 7:
+    # spaces and all, as RQ allows them), or as `?` when empty, unprintable or too long.
+    named = parse_line(wp.busy_line(job, ts, timeout, name, "mod.f")[:-1])
+    assert named.timeout == busy.timeout and named.func == "mod.f"
+    fits = len(quote(name, safe=wp.NAME_SAFE)) <= wp.MAX_FIELD
+    assert named.queue == (name if name and len(name) <= wp.MAX_NAME and name.isprintable() and fits else "?")
+    assert len(wp.busy_line(job, ts, timeout, name, name)) <= wp.MAX_LINE_BYTES
     assert parse_line(wp.done_line(job, ts, ok)[:-1]).ok is ok
     lines = (wp.STOP, wp.PAUSE, wp.RESUME, b"stopp\n", wp.end_request(job), b"end\n", b"end a b\n")
     assert [wp.master_request(x) for x in lines] == [

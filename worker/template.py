@@ -232,8 +232,8 @@ class Spare:
             from herder.worker.__main__ import prepare_ahead
 
             # Its connections to Redis, made and connected while nobody waits: a replacement
-            # lists 5 ms sooner at idle, 10-20 among busy workers printing; they cost about
-            # 5 MB (its pages and the template's copies of them) while the pool idles.
+            # is listed sooner, for some memory while the pool idles (the trade, measured:
+            # docs/benchmarks.md, "A replacement, step by step").
             prepare_ahead()
             try:
                 msg, fds, _flags, _addr = socket.recv_fds(theirs, MAX_REQUEST, 3)

@@ -155,8 +155,11 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
             raise bad("cluster_max_workers", f"must be at least 1, got {cfg.cluster_max_workers}")
     if cfg.host_ttl <= cfg.scale_interval:
         raise bad("host_ttl", "must be longer than scale_interval")
-    if not cfg.queues or any(not q or not q.isprintable() or " " in q for q in cfg.queues):
-        raise bad("queues", "needs one or more queue names without spaces")
+    # Any name RQ accepts, spaces included; not an empty or unprintable one (a typo, not a queue).
+    if not cfg.queues or any(not q or not q.isprintable() for q in cfg.queues):
+        raise bad("queues", "needs one or more queue names, each non-empty and printable")
+    if cfg.worker_command and any("," in q for q in cfg.queues):  # its HERDER_QUEUES is comma-separated
+        raise bad("queues", "a queue name with a comma cannot reach a worker_command (HERDER_QUEUES)")
     positive = [
         "job_timeout",
         "heartbeat_interval",
