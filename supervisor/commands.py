@@ -1,9 +1,10 @@
-"""Control requests and reload: what `herder status`, `scale`, `restart`, `reload`, `stop`
-and `enqueue` do, and SIGHUP.
+"""Control requests: what `herder status`, `scale`, `restart`, `pause`, `resume`, `reload`,
+`stop` and `enqueue` do, and SIGHUP.
 
 The control thread hands each request to the reconcile loop, which answers it here
 (`handle_requests`), so a reply always matches what the loop decides; `ping` and `enqueue`
-touch no fleet state and are answered on the control thread (`answer_directly`).
+touch no fleet state and are answered on the control thread (`answer_directly`). A reload is
+reload.py's; the fleet as data for `status` is fleetview.py's.
 """
 
 from __future__ import annotations
@@ -11,77 +12,31 @@ from __future__ import annotations
 import logging
 import os
 import queue
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from herder.common.config import (
-    DEFAULT_POOL,
-    KEYS,
-    WORKERS,
-    Config,
-    ConfigError,
-    all_queues,
-    pool_configs,
-    reload_plan,
-    reload_policy,
-    reread,
-)
+from herder.common.config import DEFAULT_POOL, Config
+from herder.supervisor import reload
 from herder.supervisor.control import ControlServer
-from herder.supervisor.counters import Counters
-from herder.supervisor.fleet import Slot, Worker
-from herder.supervisor.fleetview import fleet_view
-from herder.supervisor.health import HealthWatch
-from herder.supervisor.hooks import EventHooks
+from herder.supervisor.fleet import Worker
+from herder.supervisor.fleetview import Observed, fleet_view
 from herder.supervisor.pool import Pool
-from herder.supervisor.pressure import MemoryWatch
-from herder.supervisor.redis_side.load_reader import LoadReader
-from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.reload import Reloadable
 from herder.supervisor.snapshot import FleetView, build_status
-from herder.supervisor.uplink import Uplink
 
 if TYPE_CHECKING:
-    from herder.supervisor.guard import KillGuard
-    from herder.supervisor.launcher import Clock, Launcher
-    from herder.supervisor.scheduler import SchedulerKeeper
+    from herder.supervisor.launcher import Launcher
 
 log = logging.getLogger("herder")
 
 
-class Fleet(Protocol):
-    """What commands read and change of the master (herder.supervisor.master.Master)."""
+class Fleet(Observed, Reloadable, Protocol):
+    """What commands read and change of the master (herder.supervisor.master.Master): their
+    own needs below, and what they hand to the view (Observed) and to a reload (Reloadable)."""
 
     cfg: Config
-    started_cfg: Config  # what the watchdog started with: it never re-reads the file
-    clock: Clock
-    host_id: str
-    pools: dict[str, Pool]
-    tickets: Iterator[int]
-    target: int
-    floor: int
-    stopping: bool
-    paused: bool
-    started_at: float
     workers: dict[int, Worker]
-    slots: dict[int, Slot]
-    counters: Counters
-    guard: KillGuard
-    recovery: Recovery | None
-    reader: LoadReader | None
-    uplink: Uplink | None
     control: ControlServer | None
-    sched: SchedulerKeeper
-    health: HealthWatch
-    memory: MemoryWatch
-    hooks: EventHooks
-    ever_ready: bool
-    restarts: int
-
-    def live_workers(self) -> list[Worker]: ...
-
-    def pool_list(self) -> list[Pool]: ...
-
-    def pool_workers(self, pool: Pool) -> list[Worker]: ...
 
     def launcher_for(self, pool: Pool) -> Launcher: ...
 
@@ -260,109 +215,11 @@ class Commands:
         return {"ok": True, "pool": pool.name, "desired": pool.target, "min": new.floor, "max": new.ceiling}
 
     def resize(self, pool: Pool, cfg: Config) -> None:
-        """New worker bounds for a pool (scale, reload): the target moves into them at once;
-        autoscaling turned on starts from the count running so far."""
-        pool.target = max(cfg.floor, min(cfg.ceiling, pool.target)) if cfg.autoscale else cfg.workers
-        pool.scaler.configure(cfg)
-        pool.cfg = cfg
-        if not self.m.cfg.pools:  # one pool: its settings are the host's
+        """New worker bounds for a pool; with one pool its settings are the host's too."""
+        pool.resize(cfg)
+        if not self.m.cfg.pools:
             self.m.cfg = cfg
 
     def reload(self, why: str) -> dict:
-        """Re-read the config file; settings pinned by the environment or flags stay. All or
-        nothing: a changed key that only a restart of herder applies refuses the whole reload.
-        Pools added start, pools removed drain, a changed pool is resized or rolled alone."""
-        m = self.m
-        if not m.cfg.config_file:
-            log.warning("%s: no config file to re-read (herder run had no --config)", why)
-            return {"ok": False, "error": "herder run was started without --config: nothing to re-read"}
-        if m.uplink:
-            m.uplink.reloading()
-        try:
-            new = reread(m.cfg)
-            plan = reload_plan(m.cfg, new, m.started_cfg)
-            self.check_pool_caps(new)
-        except ConfigError as exc:
-            log.error("%s: keeping the running config: %s", why, exc)
-            if m.uplink:
-                m.uplink.ready()
-            return {"ok": False, "error": str(exc)}
-        pools_done = self.apply(new)
-        changed = sorted(plan.applied + plan.restart_workers)
-        log.info(
-            "%s: config re-read from %s; changed: %s", why, new.config_file, ", ".join(changed) or "nothing"
-        )
-        for line in pools_done:
-            log.info("%s: %s", why, line)
-        replacing = 0
-        if plan.restart_workers:
-            replacing = self.restart(f"{why} ({', '.join(plan.restart_workers)} changed)")["replacing"]
-        if m.uplink:
-            m.uplink.ready()
-        reply = {
-            "ok": True,
-            "changed": changed,
-            "applied": plan.applied,
-            "restart_workers": plan.restart_workers,
-            "replacing": replacing,
-        }
-        return reply | ({"pools": pools_done} if pools_done else {})
-
-    def check_pool_caps(self, new: Config) -> None:
-        """A pool that stays may not turn its cluster cap on or off on reload (how it reserves
-        changes): ConfigError, and nothing changes. A pool added with a cap is fine."""
-        m = self.m
-        for name, pc in pool_configs(new).items():
-            pool = m.pools.get(name)
-            stays = pool is not None and not pool.draining and bool(m.cfg.pools and new.pools)
-            if stays and (pool.cfg.cluster_max_workers is None) != (pc.cluster_max_workers is None):
-                raise ConfigError(
-                    f"pools.{name}.cluster_max_workers",
-                    "turning a pool's cluster cap on or off changes how this host reserves; "
-                    "only a restart of herder applies it; the running config is kept",
-                    f"file {new.config_file}",
-                )
-
-    def apply(self, new: Config) -> list[str]:
-        """Hand each setting to the part that uses it. Every part, every time: each setter is
-        cheap and keeps what did not change, and no changed key can be forgotten. Settings
-        read where they are used (deadlines, backoff, the workers limit) need only m.cfg.
-        Returns what happened to pools (added, removed, rolled)."""
-        m = self.m
-        done: list[str] = []
-        old_cfg, fresh = m.cfg, pool_configs(new)
-        for name, pool in list(m.pools.items()):
-            if name not in fresh and not pool.draining:
-                pool.draining = True  # its workers stop after their jobs; then it goes (master)
-                done.append(f"pool {name} removed: its workers finish their jobs and stop")
-        for name, pc in fresh.items():
-            pool = m.pools.get(name)
-            if pool is None or pool.draining:
-                m.pools[name] = Pool.build(name, pc, m.host_id, m.recovery, m.tickets)
-                if new.pools:
-                    done.append(f"pool {name} added")
-                continue
-            rolled = [
-                k for k in KEYS if getattr(pc, k) != getattr(pool.cfg, k) and reload_policy(k) == WORKERS
-            ]
-            if new.pools and pool.cfg != pc and old_cfg.pools.get(name) != new.pools.get(name):
-                done.append(f"pool {name} changed" + (f" ({', '.join(rolled)}: rolled)" if rolled else ""))
-                if rolled:
-                    pool.generation += 1
-            self.resize(pool, pc)
-            pool.retirement.configure(pc)
-        m.cfg = new
-        m.guard.configure(new, m.clock.wall())
-        if m.recovery is not None:
-            m.recovery.configure(new)
-        if m.reader is not None:
-            m.reader.set_queues(all_queues(new))
-            m.reader.set_interval(min(pc.scale_interval for pc in fresh.values()))
-            for name, pc in fresh.items():
-                if pc.cluster_max_workers is not None:
-                    m.reader.set_cluster(
-                        pc.cluster_max_workers, pc.host_ttl, new.kill_budget_window, name, m.host_id
-                    )
-        logging.getLogger().setLevel(new.log_level.upper())
-        m.hooks.configure(new)
-        return done
+        """`herder reload` and SIGHUP (reload.py); keys only new workers take roll every pool."""
+        return reload.reload(self.m, why, lambda reason: self.restart(reason)["replacing"])

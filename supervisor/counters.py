@@ -12,8 +12,9 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+from herder.supervisor.dispatchers import STDERR_LINES_PER_SECOND
 from herder.supervisor.fleet import Worker
-from herder.supervisor.workerproc import STDERR_LINES_PER_SECOND, Observations
+from herder.supervisor.observations import Observations
 
 log = logging.getLogger("herder")
 

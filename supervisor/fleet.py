@@ -5,14 +5,18 @@ they keep dying young). Plain data and pure rules; only the reconcile loop chang
 
 from __future__ import annotations
 
+import logging
+import signal
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from herder.common.config import Config, host_cpus
-from herder.supervisor.states import WorkerState
-from herder.supervisor.workerproc import FinishedJob, Observations
+from herder.supervisor.observations import FinishedJob, Observations
+from herder.supervisor.states import WorkerState, change_state
+
+log = logging.getLogger("herder")
 
 # Spawn pacing (figures: docs/operations.md, "Workers limit"). A spawn costs the master little
 # CPU but can take long in wall time once the host is busy starting other workers (Popen waits
@@ -78,10 +82,31 @@ class Worker:
     cull_asked_at: float = 0.0
     rss: float | None = None  # MB, its last reading (only with max_memory)
     rss_checked_at: float = float("-inf")
+    title: str = ""  # what its log lines call it when it is no fleet worker ("scheduler")
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def label(self) -> str:
+        """What its log lines start with: `slot 3 pid 1234`, `scheduler pid 1234`."""
+        return f"{self.title or f'slot {self.slot}'} pid {self.pid}"
+
+    def begin_kill(self, reason: str, kind: str, now: float) -> None:
+        """KILLING: SIGTERM to its process group now, SIGKILL after kill_timeout (escalate)."""
+        change_state(self, WorkerState.KILLING, f"SIGTERM to its process group: {reason}", logging.WARNING)
+        self.kill_reason, self.kill_kind, self.kill_started_at = reason, kind, now
+        self.proc.signal_group(signal.SIGTERM)
+        self.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+
+    def escalate(self, now: float, kill_timeout: float) -> None:
+        """A worker being killed and still alive kill_timeout after its SIGTERM: SIGKILL, once."""
+        due = now - (self.kill_started_at or now) >= kill_timeout
+        if self.state == WorkerState.KILLING and not self.sigkilled and due:
+            log.warning("%s: still alive %.1f s after SIGTERM: SIGKILL", self.label, kill_timeout)
+            self.proc.signal_group(signal.SIGKILL)
+            self.sigkilled = True
 
     @property
     def culled(self) -> bool:

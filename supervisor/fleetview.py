@@ -5,20 +5,59 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from herder.common.config import KEYS, SECRET_KEYS, redact_setting, redact_url
-from herder.supervisor.fleet import Worker
+from herder.common.config import KEYS, SECRET_KEYS, Config, redact_setting, redact_url
+from herder.supervisor.counters import Counters
+from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.health import HealthWatch
 from herder.supervisor.pool import Pool
-from herder.supervisor.redis_side.recovery import Counts
+from herder.supervisor.pressure import MemoryWatch
+from herder.supervisor.redis_side.load_reader import LoadReader
+from herder.supervisor.redis_side.recovery import Counts, Recovery
 from herder.supervisor.snapshot import FleetView
 from herder.supervisor.states import WORKING
 
 if TYPE_CHECKING:
-    from herder.supervisor.commands import Fleet
+    from herder.supervisor.guard import KillGuard
+    from herder.supervisor.launcher import Clock
+    from herder.supervisor.scheduler import SchedulerKeeper
 
 
-def fleet_view(m: Fleet) -> FleetView:
+class Observed(Protocol):
+    """What the view reads of the master (herder.supervisor.master.Master); it changes nothing."""
+
+    cfg: Config
+    clock: Clock
+    host_id: str
+    started_at: float
+    target: int
+    floor: int
+    stopping: bool
+    paused: bool
+    ever_ready: bool
+    restarts: int
+    workers: dict[int, Worker]
+    slots: dict[int, Slot]
+    counters: Counters
+    guard: KillGuard
+    recovery: Recovery | None
+    reader: LoadReader | None
+    sched: SchedulerKeeper
+    health: HealthWatch
+    memory: MemoryWatch
+
+    @property
+    def sched_cfg(self) -> Config: ...
+
+    def live_workers(self) -> list[Worker]: ...
+
+    def pool_list(self) -> list[Pool]: ...
+
+    def pool_workers(self, pool: Pool) -> list[Worker]: ...
+
+
+def fleet_view(m: Observed) -> FleetView:
     """What status, /healthz and /metrics show, as plain data (snapshot.FleetView)."""
     now, wall = m.clock.monotonic(), m.clock.wall()
     counts = m.recovery.counts if m.recovery else Counts()
@@ -91,7 +130,7 @@ def named(pool: Pool, pools: list[Pool]) -> str:
     return f"pool {pool.name}: {reason}" if len(pools) > 1 else reason
 
 
-def short_pools(m: Fleet) -> str:
+def short_pools(m: Observed) -> str:
     """The pools below their own minimum of ready workers, when there are several."""
     pools = [p for p in m.pool_list() if not p.draining]
     if len(pools) < 2:
@@ -102,7 +141,7 @@ def short_pools(m: Fleet) -> str:
     )
 
 
-def pool_view(m: Fleet, pool: Pool) -> dict[str, Any]:
+def pool_view(m: Observed, pool: Pool) -> dict[str, Any]:
     """One pool in `herder status`: its queues, sizing and counts."""
     cfg, live = pool.cfg, m.pool_workers(pool)
     return {
@@ -126,7 +165,7 @@ def pool_view(m: Fleet, pool: Pool) -> dict[str, Any]:
     }
 
 
-def pool_counts(m: Fleet, pool: Pool) -> dict[str, Any]:
+def pool_counts(m: Observed, pool: Pool) -> dict[str, Any]:
     """A pool's kills, requeues, recycles and given-up jobs (requeues by the pool that owns the
     job's queue: a queue belongs to one pool)."""
     counts = m.recovery.counts if m.recovery else Counts()
@@ -144,12 +183,12 @@ def pool_counts(m: Fleet, pool: Pool) -> dict[str, Any]:
     }
 
 
-def live_all(m: Fleet, pool: Pool) -> list[Worker]:
+def live_all(m: Observed, pool: Pool) -> list[Worker]:
     """Every worker process of a pool, stopping ones too (their jobs count until reaped)."""
     return [w for w in m.workers.values() if w.pool == pool.name]
 
 
-def settings(m: Fleet) -> dict[str, Any]:
+def settings(m: Observed) -> dict[str, Any]:
     """Every setting as the master runs it, read back from the part that applies it where
     one does: a reload that did not reach a part shows here. With pools, the fleet
     settings shown are the first pool's; `pools` has what each pool sets itself."""

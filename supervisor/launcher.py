@@ -2,7 +2,7 @@
 
 The reconcile loop starts workers only through a Launcher and reads time only through a
 Clock, so unit tests give it fakes and run reap, murder, backoff and rolling restarts in
-milliseconds (tests/test_master_unit.py); the end-to-end tests use these real ones.
+milliseconds (tests/test_master_unit.py, with tests/fakes.py); the end-to-end tests use these real ones.
 Also here: the command line and environment a worker starts with.
 """
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from herder.common.config import Config
 from herder.supervisor.fleet import Worker
+from herder.supervisor.observations import Observations
 from herder.supervisor.states import WorkerState
-from herder.supervisor.workerproc import Observations
 
 EOF_GRACE = 1.0  # seconds a worker may live on after closing its stdout
 

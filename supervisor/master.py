@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import signal
 import socket
 from collections.abc import Callable
 from dataclasses import replace
@@ -417,11 +416,7 @@ class Master:
             obs, cfg = w.proc.snapshot(), self.pool_of(w).cfg  # judged by its pool's deadlines
             change_state(w, derived_state(w, obs), f"job {obs.job_id}" if obs.job_id else "ready")
             if w.state == WorkerState.KILLING:
-                if not w.sigkilled and now - (w.kill_started_at or now) >= cfg.kill_timeout:
-                    log.warning("slot %d pid %d: still alive %.1f s after SIGTERM: SIGKILL", w.slot,
-                                w.pid, cfg.kill_timeout)  # fmt: skip
-                    w.proc.signal_group(signal.SIGKILL)
-                    w.sigkilled = True
+                w.escalate(now, cfg.kill_timeout)
                 continue
             verdict, fleet = judge(w, obs, now, cfg), max(self.target, len(self.live_workers()))
             if read_late(verdict, w):
@@ -442,14 +437,10 @@ class Master:
 
     def kill(self, w: Worker, reason: str, kind: str) -> None:
         """SIGTERM now (SIGKILL after kill_timeout, in murder); `kind` is the reason's class."""
-        change_state(w, WorkerState.KILLING, f"SIGTERM to its process group: {reason}", logging.WARNING)
-        w.kill_reason, w.kill_kind = reason, kind
-        w.kill_started_at = self.clock.monotonic()
+        w.begin_kill(reason, kind, self.clock.monotonic())
         self.counters.totals.killed += 1
         self.counters.totals.killed_by[kind] += 1
         self.counters.totals.killed_by_pool[kind, w.pool] += 1
-        w.proc.signal_group(signal.SIGTERM)
-        w.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
         self.hooks.emit("worker_killed", pool=w.pool, slot=w.slot, pid=w.pid, kind=kind, reason=reason)
 
     # ---- scale: the load decides the target ------------------------------------------------

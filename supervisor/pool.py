@@ -35,6 +35,13 @@ class Pool:
         retirement = Retirement(cfg, recovery, tickets=tickets)
         return cls(name, cfg, Autoscaler(cfg, host_id), retirement, cfg.floor)
 
+    def resize(self, cfg: Config) -> None:
+        """New settings with new worker bounds (`herder scale`, a reload): the target moves into
+        them at once; autoscaling turned on starts from the count running so far."""
+        self.target = max(cfg.floor, min(cfg.ceiling, self.target)) if cfg.autoscale else cfg.workers
+        self.scaler.configure(cfg)
+        self.cfg = cfg
+
     @property
     def launch_key(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Pools that agree on these share a fork server (what its template imports)."""

@@ -30,9 +30,9 @@ import psutil
 
 from herder.common.config import Config
 from herder.supervisor.fleet import Worker
+from herder.supervisor.observations import Observations
 from herder.supervisor.redis_side.budget import SlidingWindow
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.workerproc import Observations
 
 log = logging.getLogger("herder")
 

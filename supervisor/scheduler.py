@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -29,7 +28,7 @@ from herder.supervisor.fleet import ProcessHandle, Slot, Worker, died_young
 from herder.supervisor.launcher import Clock, worker_env
 from herder.supervisor.liveness import judge, read_late
 from herder.supervisor.redis_side.scheduler_locks import LockReading, SchedulerLocks
-from herder.supervisor.states import LEAVING, WorkerState
+from herder.supervisor.states import LEAVING, WorkerState, change_state
 from herder.supervisor.workerproc import WorkerProcess
 
 log = logging.getLogger("herder")
@@ -131,40 +130,31 @@ class SchedulerKeeper:
             delay = self.slot.died_young(now, cfg)
             log.error("cannot spawn the scheduler (%s); next try in %.2f s", exc, delay)
             return
-        self.w = Worker(self.slot.index, proc, spawned_at=now)
+        self.w = Worker(self.slot.index, proc, spawned_at=now, title="scheduler")
         self.name, self.queues, self.settings = name, list(cfg.queues), settings_of(cfg)
         self.spawned += 1
         log.info("scheduler pid %d: spawned as %s", proc.pid, name)
 
     def _watch(self, w: Worker, now: float, cfg: Config) -> None:
-        # Not a fleet worker: its few states are set here (states.change_state logs "slot N").
+        # Not a fleet worker, but its states change through the same funnel, and its kill
+        # escalates as a worker's does (fleet.Worker); its lines say `scheduler pid N`.
         obs = w.proc.snapshot()
         if w.state == WorkerState.STARTING and obs.ready:
-            w.state = WorkerState.IDLE
-            log.info("scheduler pid %d: ready", w.pid)
+            change_state(w, WorkerState.IDLE, "ready")
         if w.state == WorkerState.KILLING:
-            if not w.sigkilled and now - (w.kill_started_at or now) >= cfg.kill_timeout:
-                log.warning(
-                    "scheduler pid %d: still alive %.1f s after SIGTERM: SIGKILL", w.pid, cfg.kill_timeout
-                )
-                w.proc.signal_group(signal.SIGKILL)
-                w.sigkilled = True
+            w.escalate(now, cfg.kill_timeout)
             return
         verdict = judge(w, obs, now, cfg)
         if verdict is not None and not read_late(verdict, w):
             self._kill(w, verdict.reason)
 
     def _stop(self, w: Worker, why: str) -> None:
-        log.info("scheduler pid %d: `stop` (%s)", w.pid, why)
+        change_state(w, WorkerState.STOPPING, f"`stop`: {why}")
         w.proc.send_stop()
         w.stop_sent_at = self.clock.monotonic()
-        w.state = WorkerState.STOPPING
 
     def _kill(self, w: Worker, reason: str) -> None:
-        log.warning("scheduler pid %d: SIGTERM to its process group: %s", w.pid, reason)
-        w.state, w.kill_reason, w.kill_started_at = WorkerState.KILLING, reason, self.clock.monotonic()
-        w.proc.signal_group(signal.SIGTERM)
-        w.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        w.begin_kill(reason, "scheduler", self.clock.monotonic())
 
     def _reap(self, w: Worker, now: float, cfg: Config) -> None:
         code = w.proc.reap()

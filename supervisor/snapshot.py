@@ -14,8 +14,8 @@ import psutil
 
 from herder.common.config import KEYS, Config, all_queues, redact_setting, redact_url
 from herder.supervisor.fleet import Worker
+from herder.supervisor.observations import Observations
 from herder.supervisor.states import WORKING
-from herder.supervisor.workerproc import Observations
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from herder.supervisor.fleet import Worker
+from typing import Protocol
 
 log = logging.getLogger("herder")
 
@@ -68,14 +65,23 @@ class IllegalTransition(RuntimeError):
     pass
 
 
-def change_state(w: Worker, new: WorkerState, reason: str, level: int = logging.INFO) -> None:
+class HasState(Protocol):
+    """What the funnel reads and changes of a worker (herder.supervisor.fleet.Worker)."""
+
+    state: WorkerState
+
+    @property
+    def label(self) -> str: ...  # `slot 3 pid 1234`, `scheduler pid 1234`
+
+
+def change_state(w: HasState, new: WorkerState, reason: str, level: int = logging.INFO) -> None:
     """The one place a worker's state changes: checked against TRANSITIONS, and logged, once,
     with everything known about why (`level`: WARNING for a fault). No other line repeats it."""
     if w.state == new:
         return
     if new not in TRANSITIONS[w.state]:
-        raise IllegalTransition(f"slot {w.slot} pid {w.pid}: {w.state} -> {new} is not allowed ({reason})")
+        raise IllegalTransition(f"{w.label}: {w.state} -> {new} is not allowed ({reason})")
     if {w.state, new} <= WORKING:
         level = logging.DEBUG  # one IDLE<->BUSY flip per job: or a busy fleet's log is nothing else
-    log.log(level, "slot %d pid %d: %s -> %s (%s)", w.slot, w.pid, w.state, new, reason)
+    log.log(level, "%s: %s -> %s (%s)", w.label, w.state, new, reason)
     w.state = new

@@ -1,11 +1,8 @@
-"""One worker subprocess and the readers of its two pipes: the real ProcessHandle
-(herder.supervisor.fleet) that the process launcher hands the master.
-
-Readers only record what they saw; the master's loop reads a snapshot and decides. One
-thread feeds every worker's readers (herder.supervisor.pipes), so the master's cost per line
-does not grow with the fleet. Whatever a worker writes, the master's memory stays bounded:
-lines are length-capped, stderr is rate-limited, a stdout flood is slowed by back-pressure
-(its pipe is left unread for the rest of the second, the worker blocks on it).
+"""One worker subprocess: the real ProcessHandle (herder.supervisor.fleet) that the process
+launcher hands the master. It starts (or adopts) the process, hands its pipes to their readers
+(dispatchers.py, on the one pipes thread), tells it `stop`, `pause`, `resume` and `end` on its
+stdin, signals its process group and reaps it. The readers only record what they saw
+(observations.py); the master's loop reads a snapshot and decides.
 """
 
 from __future__ import annotations
@@ -24,72 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from herder.common.worker_protocol import (
-    ENV_POOL,
-    MAX_LINE_BYTES,
-    PAUSE,
-    RESUME,
-    STOP,
-    LineSplitter,
-    ProtocolError,
-    end_request,
-    parse_line,
-)
+from herder.common.worker_protocol import ENV_POOL, PAUSE, RESUME, STOP, end_request
 from herder.supervisor import logs, pipes
+from herder.supervisor.dispatchers import StderrReader, StdoutReader
+from herder.supervisor.observations import FINISHED_KEPT, FinishedJob, Observations
 
 log = logging.getLogger("herder")
 
-# A busy worker sends ~3 lines a job; 20k lines/s is ~6x the fastest no-op job rate seen.
-STDOUT_LINES_PER_SECOND = 20_000
-STDERR_LINES_PER_SECOND = 1000  # RQ logs ~4 lines a job; fast no-op jobs reach ~250 jobs/s
 # The pids of processes a WorkerProcess watches and has not reaped: whoever reaps strays
 # (the master, a subreaper with the fork server) must leave these to their owner.
 WATCHED: set[int] = set()
-
-
-@dataclass
-class Observations:
-    """What the stdout reader saw. Written by the reader under `lock`, read by the loop."""
-
-    last_seen: float  # monotonic time of the last valid line
-    ready: bool = False
-    job_id: str | None = None
-    job_started: float = 0.0  # monotonic, on receipt of `busy`
-    job_timeout: float | None = None
-    jobs_ok: int = 0
-    jobs_failed: int = 0
-    last_done_wall: float | None = None  # the worker's completion timestamp
-    busy_seconds: float = 0.0  # summed busy->done durations, for the per-worker job rate
-    said_stop: bool = False
-    stdout_eof: bool = False
-    eof_at: float = 0.0  # monotonic
-    malformed: int = 0
-    oversized: int = 0
-    throttled: int = 0  # times the reader paused a flooding worker
-    stderr_dropped: int = 0
-    last_error: str = ""
-    paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended or paused
-    endings: int = 0  # given-up jobs this worker ended (`end`), which count as no job
-    job_queue: str | None = None  # the running job's queue and function (`busy`, version 5)
-    job_func: str | None = None
-    job_started_wall: float = 0.0  # the worker's own time of `busy`
-    # Since when (monotonic) its main loop has made no progress outside the job's own code, as
-    # its last `beat` said (version 6); None while it progresses.
-    stuck_since: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedJob:
-    """One job done, for the per-function job metrics (herder.supervisor.jobstats)."""
-
-    queue: str
-    func: str
-    ok: bool
-    seconds: float  # busy -> done, on the worker's own clock
-
-
-# Finished jobs a worker's reader keeps until the loop takes them (a flood drops the oldest).
-FINISHED_KEPT = 10_000
 
 
 class Child(Protocol):
@@ -200,59 +141,17 @@ class WorkerProcess:
         hub.add(popen.stderr.fileno(), StderrReader(proc))
         return proc
 
-    # ---- readers -------------------------------------------------------------------
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self.popen.stdout
+        return self.popen.stdout
 
-    def _record(self, raw: bytes) -> bool:
-        """Record one stdout line; True if the master should look now."""
-        now = time.monotonic()
-        try:
-            msg = parse_line(raw)
-        except ProtocolError as exc:
-            with self.lock:
-                self.obs.malformed += 1
-                self.obs.last_error = str(exc)
-            return False
-        with self.lock:
-            o = self.obs
-            o.last_seen = now
-            match msg.verb:
-                case "ready":
-                    o.ready = True
-                    return True
-                case "beat":
-                    o.stuck_since = now - msg.stuck if msg.stuck > 0 else None
-                case "idle":
-                    o.paused = msg.paused
-                    o.stuck_since = None
-                case "busy":
-                    o.stuck_since = None
-                    o.job_id, o.job_started, o.job_timeout = msg.job_id, now, msg.timeout
-                    o.job_queue, o.job_func, o.job_started_wall = msg.queue, msg.func, msg.ts
-                    o.paused = None
-                case "done" if msg.ok is None:  # an ending (`end`) is over: no job of its own
-                    o.endings += 1
-                    if o.job_id == msg.job_id:
-                        o.job_id = None
-                case "done":
-                    o.stuck_since = None
-                    if o.job_id == msg.job_id:
-                        o.busy_seconds += now - o.job_started
-                    if msg.ok:
-                        o.jobs_ok += 1
-                    else:
-                        o.jobs_failed += 1
-                    if o.job_id == msg.job_id and o.job_queue is not None:
-                        seconds = max(0.0, msg.ts - o.job_started_wall)
-                        self.finished.append(FinishedJob(o.job_queue, o.job_func or "?", msg.ok, seconds))
-                    o.last_done_wall = msg.ts
-                    if o.job_id == msg.job_id:
-                        o.job_id = None
-                case "stop":
-                    o.said_stop = True
-                    return True
-        return False
+    @property
+    def stderr(self) -> IO[bytes]:
+        assert self.popen.stderr
+        return self.popen.stderr
 
-    def _json_fields(self) -> dict[str, Any]:
+    def json_fields(self) -> dict[str, Any]:
         """Its relayed lines' fields, with the job it runs as the master reads them (best
         effort: a line written right at a job's start or end may miss it)."""
         with self.lock:
@@ -338,82 +237,3 @@ class WorkerProcess:
         except OSError:
             pass
         return code
-
-
-class StdoutReader:
-    """The protocol channel: each line recorded in the worker's Observations (pipes.PipeReader)."""
-
-    order = 0  # before stderr in a pass of the hub
-
-    def __init__(self, proc: WorkerProcess, wake: Callable[[], None]) -> None:
-        self.proc, self.wake = proc, wake
-        self.splitter = LineSplitter(MAX_LINE_BYTES)
-        self.window_start, self.lines = time.monotonic(), 0
-
-    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
-        proc, important = self.proc, False
-        for raw, truncated in self.splitter.feed(chunk):
-            self.lines += 1
-            if truncated:
-                with proc.lock:
-                    proc.obs.oversized += 1
-                    proc.obs.last_error = f"line longer than {MAX_LINE_BYTES} bytes"
-                continue
-            important |= proc._record(raw)
-        if now - self.window_start >= 1.0:
-            self.window_start, self.lines = now, 0
-        elif self.lines > STDOUT_LINES_PER_SECOND:  # a flood: unread for the rest of the second
-            with proc.lock:
-                proc.obs.throttled += 1
-            return important, self.window_start + 1.0
-        return important, None
-
-    def eof(self) -> None:
-        proc = self.proc
-        with proc.lock:
-            proc.obs.stdout_eof = True
-            proc.obs.eof_at = time.monotonic()
-        assert proc.popen.stdout
-        proc.popen.stdout.close()  # the reader owns its pipe: no fd is closed under a read
-        proc.stdout_done.set()
-
-
-class StderrReader:
-    """Whatever the worker (and its jobs) print: relayed into herder's log, rate-limited."""
-
-    order = 1
-
-    def __init__(self, proc: WorkerProcess) -> None:
-        self.proc = proc
-        self.wake: Callable[[], None] = _nothing  # stderr never needs the loop's attention
-        self.splitter = LineSplitter(MAX_LINE_BYTES)
-        self.window_start, self.logged = time.monotonic(), 0
-
-    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
-        proc = self.proc
-        if now - self.window_start >= 1.0:
-            self.window_start, self.logged = now, 0
-        lines = []
-        for raw, truncated in self.splitter.feed(chunk):
-            if self.logged >= STDERR_LINES_PER_SECOND:  # the master reports the count
-                with proc.lock:
-                    proc.obs.stderr_dropped += 1
-                continue
-            self.logged += 1
-            text = raw.decode("utf-8", "replace").rstrip()
-            lines.append(text + " [line truncated]" if truncated else text)
-        logs.relay(proc.label, lines, proc._json_fields() if lines and logs.json_lines else None, hold=True)
-        return False, None
-
-    def eof(self) -> None:
-        proc = self.proc
-        tail = self.splitter.flush()
-        if tail:
-            lines = [tail.decode("utf-8", "replace").rstrip()]
-            logs.relay(proc.label, lines, proc._json_fields() if logs.json_lines else None)
-        assert proc.popen.stderr
-        proc.popen.stderr.close()
-
-
-def _nothing() -> None:
-    pass

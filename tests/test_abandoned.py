@@ -11,13 +11,16 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
+import pytest
 from rq import Callback, Queue, Retry
 from rq.job import Job
 from rq.registry import FailedJobRegistry
 from rq.webhook import Webhook
 
-from conftest import wait_for
+from harness import wait_for
 from herder.common import rq_seam
+
+pytestmark = pytest.mark.slow
 
 
 class Hooks(BaseHTTPRequestHandler):

@@ -10,10 +10,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from redis import Redis
 from rq import Queue
 
-from conftest import FAST, start_redis, wait_for
+from harness import SHORT_TIMEOUT_FLAGS, start_redis, wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def count_workers(h) -> int:
@@ -79,7 +82,7 @@ def test_redis_down_holds_the_count_and_scaling_resumes(herder, tmp_path: Path):
         # An absence over time: through twice the heartbeat timeout of outage, not one worker
         # is stopped or killed (a kill needs a heartbeat timeout of silence to decide on).
         samples = []
-        outage_end = time.monotonic() + 2 * float(FAST["--heartbeat-timeout"])
+        outage_end = time.monotonic() + 2 * float(SHORT_TIMEOUT_FLAGS["--heartbeat-timeout"])
         while time.monotonic() < outage_end:
             samples.append(count_workers(h))
             time.sleep(0.5)

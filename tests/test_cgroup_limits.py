@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HERDER
+from harness import HERDER
 from herder.common import cgroup
 from herder.common.config import limits
 
@@ -379,6 +379,7 @@ def run_in(cgroups: list[Path], *argv: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_herder_in_a_cgroup_of_1_cpu_and_384_mib_defaults_to_6_workers(limited_cgroup: list[Path]) -> None:
     r = run_in(limited_cgroup, HERDER, "config")
     assert r.returncode == 0, r.stderr
@@ -388,6 +389,7 @@ def test_herder_in_a_cgroup_of_1_cpu_and_384_mib_defaults_to_6_workers(limited_c
     assert "16 x 1 CPUs (cgroup CPU quota 1.0)" in row and "384 MiB (cgroup memory limit)" in row, row
 
 
+@pytest.mark.slow
 def test_the_working_set_in_a_real_cgroup_shows_as_memory_pressure(limited_cgroup: list[Path]) -> None:
     """The kernel's own memory.usage_in_bytes / memory.current and memory.stat, read for the
     cgroup whose limit binds: 200 MiB touched in 384 MiB is past half of it."""

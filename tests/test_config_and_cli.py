@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from conftest import HERDER, start_redis, wait_for
-from herder.common.config import EX_CONFIG, Config, ConfigError, redact_url
+from harness import HERDER, start_redis, wait_for
+from herder.common.config import EX_CONFIG, Config, ConfigError, redact_url, validate
 
 
 def run_herder(
@@ -60,22 +60,23 @@ def test_redact_url_hides_passwords() -> None:
 def test_config_validation_names_the_key(change: dict, key: str) -> None:
     cfg = Config(**change)
     with pytest.raises(ConfigError) as err:
-        cfg.validate({key: "environment"})
+        validate(cfg, {key: "environment"})
     assert err.value.key == key
     assert f"'{key}' from environment" in str(err.value)
 
 
 def test_a_queue_name_is_whatever_rq_accepts() -> None:
-    Config(queues=["bulk jobs", "a,b", "ünïcode", "with%percent"]).validate()
+    validate(Config(queues=["bulk jobs", "a,b", "ünïcode", "with%percent"]))
 
 
 def test_a_heartbeat_timeout_of_two_dequeue_slices_is_the_shortest_allowed() -> None:
-    Config(heartbeat_interval=0.5, heartbeat_timeout=2.0).validate()
-    Config(heartbeat_interval=3.0, heartbeat_timeout=6.0).validate()
+    validate(Config(heartbeat_interval=0.5, heartbeat_timeout=2.0))
+    validate(Config(heartbeat_interval=3.0, heartbeat_timeout=6.0))
     with pytest.raises(ConfigError, match=r"at least twice max\(1 s, heartbeat_interval\), 6 s.*idle"):
-        Config(heartbeat_interval=3.0, heartbeat_timeout=5.0).validate()
+        validate(Config(heartbeat_interval=3.0, heartbeat_timeout=5.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "key"),
     [
@@ -95,6 +96,7 @@ def test_a_worker_count_above_the_workers_limit_exits_78_naming_key_and_limit(
     assert key in r.stderr and f"workers limit of {limit}" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_heartbeat_timeout_that_would_kill_idle_workers_exits_78(tmp_path: Path) -> None:
     f = tmp_path / "herder.toml"
     f.write_text("[herder]\nheartbeat_interval = 2\nheartbeat_timeout = 3\n")
@@ -103,6 +105,7 @@ def test_a_heartbeat_timeout_that_would_kill_idle_workers_exits_78(tmp_path: Pat
     assert f"'heartbeat_timeout' from file {f}" in r.stderr and "kill healthy idle workers" in r.stderr
 
 
+@pytest.mark.slow
 def test_bad_value_from_environment_exits_78_naming_key_and_source(tmp_path: Path) -> None:
     r = run_herder(
         "--state-dir",
@@ -113,6 +116,7 @@ def test_bad_value_from_environment_exits_78_naming_key_and_source(tmp_path: Pat
     assert "stop_timeout" in r.stderr and "environment" in r.stderr
 
 
+@pytest.mark.slow
 def test_no_redis_url_and_no_redis_server_exits_78_with_a_hint(tmp_path: Path) -> None:
     bindir = tmp_path / "bin"  # a PATH with python but no redis-server
     bindir.mkdir()
@@ -124,6 +128,7 @@ def test_no_redis_url_and_no_redis_server_exits_78_with_a_hint(tmp_path: Path) -
     )
 
 
+@pytest.mark.slow
 def test_state_dir_too_long_for_a_socket_exits_78(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 100)
     r = run_herder("--state-dir", str(deep), "--redis-url", "redis://127.0.0.1:1/0")
@@ -131,12 +136,14 @@ def test_state_dir_too_long_for_a_socket_exits_78(tmp_path: Path) -> None:
     assert "'state_dir'" in r.stderr and "too long" in r.stderr
 
 
+@pytest.mark.slow
 def test_zero_workers_on_the_command_line_is_a_usage_error(tmp_path: Path) -> None:
     r = run_herder("--redis-url", "redis://127.0.0.1:1/0", "--workers", "0", "--state-dir", str(tmp_path))
     assert r.returncode == 2
     assert "--workers" in r.stderr
 
 
+@pytest.mark.slow
 def test_packages_named_like_herders_folders_do_not_matter(herder, jobs, tmp_path: Path) -> None:
     """supervisord's `supervisor`, the file watcher's `watchdog` and a user's `worker` module
     on the path: herder imports only `herder.*`, so none of them is touched."""
@@ -160,6 +167,7 @@ def password_redis(tmp_path: Path):
     proc.wait(10)
 
 
+@pytest.mark.slow
 def test_redis_password_never_appears_in_logs(herder, password_redis: int, tmp_path: Path) -> None:
     from rq import Queue
 
@@ -185,6 +193,7 @@ def test_redis_password_never_appears_in_logs(herder, password_redis: int, tmp_p
     assert "invalid username-password pair" in h2.log() or "AuthenticationError" in h2.log()
 
 
+@pytest.mark.slow
 def test_state_dir_is_private(herder, tmp_path: Path) -> None:
     h = herder(workers="1")
     h.wait_workers(1)
@@ -199,6 +208,7 @@ def herder_config(*args: str, env: dict[str, str] | None = None) -> subprocess.C
     return subprocess.run([HERDER, "config", *args], capture_output=True, text=True, env=full_env, timeout=20)
 
 
+@pytest.mark.slow
 def test_file_then_environment_then_flags_later_wins_with_sources(tmp_path: Path) -> None:
     f = tmp_path / "herder.toml"
     f.write_text(
@@ -215,6 +225,7 @@ def test_file_then_environment_then_flags_later_wins_with_sources(tmp_path: Path
     assert "topsecret" not in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("content", "key", "why"),
     [
@@ -239,6 +250,7 @@ def test_bad_config_file_exits_78_naming_key_and_file(
         assert str(f) in r.stderr or key == "config"
 
 
+@pytest.mark.slow
 def test_wrong_type_in_environment_exits_78(tmp_path: Path) -> None:
     r = run_herder(
         "--state-dir",
@@ -249,6 +261,7 @@ def test_wrong_type_in_environment_exits_78(tmp_path: Path) -> None:
     assert "'workers' from environment (HERDER_WORKERS): must be an integer" in r.stderr
 
 
+@pytest.mark.slow
 def test_example_config_file_is_valid_and_round_trips(tmp_path: Path) -> None:
     example = herder_config("--example")
     assert example.returncode == 0
@@ -258,6 +271,7 @@ def test_example_config_file_is_valid_and_round_trips(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_django_settings_that_cannot_load_or_name_two_redis_servers_exit_78(tmp_path: Path) -> None:
     r = run_herder("--state-dir", str(tmp_path), env={"DJANGO_SETTINGS_MODULE": "nosuch.settings"})
     assert r.returncode == EX_CONFIG

@@ -33,7 +33,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import HERDER, HERDERS, TAG_VAR, Herder, free_port, tagged, wait_for
+from harness import HERDER, HERDERS, TAG_VAR, Herder, free_port, tagged, wait_for
 from herder.common import config as settings
 from herder.common.config import limits
 from herder.supervisor.ctl import service
@@ -230,6 +230,7 @@ def test_manifests_are_valid_kubernetes_objects_for_every_version_the_validator_
                 raise AssertionError(f"not a valid {kind} for Kubernetes {version}: {why}") from None
 
 
+@pytest.mark.slow
 def test_configmap_passes_herders_own_check(tmp_path: Path) -> None:
     """`herder config` (which resolves and validates as `herder run` does, exit 78 on any bad
     key or value) accepts the pod's command line and environment."""
@@ -246,6 +247,7 @@ def test_configmap_passes_herders_own_check(tmp_path: Path) -> None:
     assert "# environment (HERDER_STATE_DIR)" in rows["state_dir"]
 
 
+@pytest.mark.slow
 def test_container_args_and_env_are_herder_run_options() -> None:
     help_text = run_help()
     flags = set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", help_text))
@@ -372,6 +374,7 @@ def test_dockerfile_runs_herder_run_as_pid_1_as_a_user() -> None:
     assert exec_form(cmd) == ["--config", "/etc/herder/herder.toml"]
 
 
+@pytest.mark.slow
 def test_the_images_own_config_passes_herders_check() -> None:
     (copied,) = [r.split() for r in instruction("COPY") if r.endswith("/etc/herder/herder.toml")]
     r = subprocess.run(
@@ -413,6 +416,7 @@ def in_context(path: str, rules: list[tuple[bool, re.Pattern[str]]]) -> bool:
     return not excluded
 
 
+@pytest.mark.slow
 def test_build_context_holds_what_pip_install_needs_and_nothing_else(tmp_path: Path) -> None:
     """The files Dockerfile.dockerignore lets into the context build herder's wheel, with its
     four packages and its data files; .venv, .git, build/, tests stay out."""

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HERDER, ready_pids, wait_for
+from harness import HERDER, ready_pids, wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def cli(h, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -159,7 +161,7 @@ def test_socket_is_private_and_refuses_another_uid(herder):
 
 
 def test_status_never_shows_the_redis_password(herder, tmp_path: Path):
-    from conftest import start_redis
+    from harness import start_redis
 
     proc, port = start_redis(tmp_path, "--requirepass", "pa55-w0rd-xyz")
     try:

@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
 from rq.job import Job
 
-from conftest import wait_for
+from harness import wait_for
 from herder.supervisor.ctl import client
 
+pytestmark = pytest.mark.slow
 
-def status_now(h) -> dict | None:  # noqa: ANN001 - conftest's Herder
+
+def status_now(h) -> dict | None:  # noqa: ANN001 - harness.Herder
     try:
         return client.call(h.state_dir, {"cmd": "status"})
     except OSError:
@@ -78,7 +81,7 @@ def status_line(h) -> str:  # noqa: ANN001
     """`herder status` as a person reads it."""
     import subprocess
 
-    from conftest import HERDER
+    from harness import HERDER
 
     r = subprocess.run(
         [HERDER, "status", "--state-dir", h.state_dir], capture_output=True, text=True, timeout=30

@@ -13,7 +13,9 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue
 
-from conftest import HERDER, wait_for
+from harness import HERDER, wait_for
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from rq import Queue
 
-from conftest import HERDER, free_port, wait_for
+from harness import HERDER, free_port, wait_for
 from herder.supervisor.hooks import HealthChanges
 from test_health_http import metrics, sample
 
@@ -70,6 +70,7 @@ def webhook() -> Iterator[tuple[str, list[dict]]]:
         server.shutdown()
 
 
+@pytest.mark.slow
 def test_each_event_reaches_the_hook_and_the_webhook(herder, conn, tmp_path, webhook) -> None:
     command, out = hook_command(tmp_path)
     url, posted = webhook
@@ -121,6 +122,7 @@ def test_each_event_reaches_the_hook_and_the_webhook(herder, conn, tmp_path, web
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_a_hanging_hook_is_killed_at_its_timeout_and_counted(herder, tmp_path) -> None:
     command, out = hook_command(tmp_path, hang_on="worker_killed")
     port = free_port()
@@ -138,6 +140,7 @@ def test_a_hanging_hook_is_killed_at_its_timeout_and_counted(herder, tmp_path) -
     assert read_events(out) == []  # nothing else happened that is an event
 
 
+@pytest.mark.slow
 def test_a_hook_that_cannot_start_is_logged_once_and_counted(herder, tmp_path) -> None:
     port = free_port()
     h = herder(workers="2", on_event=str(tmp_path / "no-such-hook"), http=str(port))
@@ -170,6 +173,7 @@ def test_health_changes_make_events_but_starting_and_stopping_do_not() -> None:
     assert hc.observe([("stopping", "stopping: herder is draining its workers")]) == []
 
 
+@pytest.mark.slow
 def test_a_webhook_url_is_shown_without_its_secret_path(tmp_path) -> None:
     url = "https://hooks.example.com/services/T000/B000/s3cr3t-token?key=k3y"
     r = subprocess.run([HERDER, "config", "--on-event-url", url, "--redis-url", "redis://127.0.0.1:1/0"],

@@ -23,8 +23,10 @@ from redis import Redis
 from rq import Callback, Queue, Retry
 from rq.job import Job
 
-from conftest import JOBS_DIR, start_redis, wait_for
+from harness import JOBS_DIR, start_redis, wait_for
 from herder.common import rq_seam
+
+pytestmark = pytest.mark.slow
 
 FAST_PATH_OFF = rq_seam.fast_path_missing()
 needs_fast_path = pytest.mark.skipif(

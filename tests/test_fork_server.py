@@ -13,11 +13,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import FAST, Herder, plain_spawns, wait_for
+from harness import SHORT_TIMEOUT_FLAGS, Herder, plain_spawns, wait_for
 
 WORKER_NAME = "herder-worker"  # herder.worker.template's WORKER_NAME
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux only")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux only"),
+]
 
 
 def names(ws: list[psutil.Process]) -> list[str]:
@@ -77,7 +80,7 @@ def test_a_replacement_is_the_templates_spare_and_a_dead_spare_costs_nothing(her
     """The template keeps a worker forked ahead (herder-spare), already the master's child and
     connected: a dead worker's replacement is that spare, listed by RQ under its pid. A spare
     killed before it was needed is reaped, and the next replacement is forked on the spot."""
-    from conftest import is_spare
+    from harness import is_spare
 
     h, ws, master = forked_fleet(herder, 2)
 
@@ -124,7 +127,7 @@ def test_a_dead_fork_server_is_restarted_and_workers_keep_starting_meanwhile(her
     assert "forked" not in started.group(0)
     plain = next(w.pid for w in ws if w.name() != WORKER_NAME)
     # Past --min-uptime, or its death would count as dying young and the slot would back off.
-    min_uptime = float(FAST["--min-uptime"])
+    min_uptime = float(SHORT_TIMEOUT_FLAGS["--min-uptime"])
     h.wait_status(
         lambda s: any(w["pid"] == plain and w["uptime"] > min_uptime for w in s["workers"]),
         10,

@@ -15,11 +15,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
-from conftest import free_port, redis_on, start_redis, wait_for
+from harness import free_port, redis_on, start_redis, wait_for
 from herder.supervisor.http_endpoint import RETRY_BIND
+
+pytestmark = pytest.mark.slow
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, bytes]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from herder.common.config import Config, ConfigError, http_address
+from herder.common.config import Config, ConfigError, http_address, validate
 from herder.supervisor.health import LAG_LIMIT, LAG_MEMORY, HealthWatch
 from herder.supervisor.metrics import STALE_AFTER, Vitals
 
@@ -83,7 +83,7 @@ def test_http_address_is_loopback_unless_named(text: str, expected: tuple[str, i
 @pytest.mark.parametrize("text", ["x", "70000", "0", ":9100", "::1:9100", "host:"])
 def test_a_bad_http_address_is_a_config_error_naming_the_key(text: str) -> None:
     with pytest.raises(ConfigError, match="'http'"):
-        Config(http=text).validate()
+        validate(Config(http=text))
 
 
 def test_no_scale_up_while_every_worker_is_paused() -> None:

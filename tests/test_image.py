@@ -26,7 +26,7 @@ import psutil
 import pytest
 from redis import Redis
 
-from conftest import JobsHelper, free_port, reap_adopted, wait_for
+from harness import JobsHelper, free_port, reap_adopted, wait_for
 from podman import REPO, Podman, Unusable, build_image, redis_image
 from test_container import SECRET_PLACEHOLDER, image_uid
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TESTS, wait_for
+from harness import TESTS, wait_for
 from herder.supervisor import __version__
 
 pytestmark = pytest.mark.slow

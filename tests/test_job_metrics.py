@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import re
 
-from conftest import free_port, wait_for
+import pytest
+
+from harness import free_port, wait_for
 from test_health_http import metrics, sample
+
+pytestmark = pytest.mark.slow
 
 RECORD = "herder_testjobs.record"
 

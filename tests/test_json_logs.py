@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from rq import Queue
 
-from conftest import HERDER, wait_for
+from harness import HERDER, wait_for
 from herder.common import jsonlog
 from herder.common.exits import EX_CONFIG
 from herder.common.lines import MAX_LINE_BYTES
@@ -60,6 +60,7 @@ def lines_of(docs: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
     return [d for d in docs if tag in json.dumps(d) and "herder_jsonlogs.noisy" not in str(d.get("msg"))]
 
 
+@pytest.mark.slow
 def test_every_line_is_json_and_an_apps_json_keeps_its_fields(herder, conn) -> None:
     h = herder(workers="1", log_format="json")
     h.wait_workers(1)
@@ -127,6 +128,7 @@ def test_every_line_is_json_and_an_apps_json_keeps_its_fields(herder, conn) -> N
         }
 
 
+@pytest.mark.slow
 def test_a_pools_workers_carry_its_name_from_the_config_file_without_a_fork_server(
     herder, conn, tmp_path
 ) -> None:
@@ -144,6 +146,7 @@ def test_a_pools_workers_carry_its_name_from_the_config_file_without_a_fork_serv
         assert doc.get("herder_pid", doc["pid"]) == worker_pid
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "env", "source"),
     [
@@ -161,6 +164,7 @@ def test_an_unknown_log_format_exits_78_naming_the_key(
     assert f"'log_format' from {source}" in r.stderr and "must be text or json, got 'yaml'" in r.stderr
 
 
+@pytest.mark.slow
 def test_herder_config_shows_the_log_format_from_the_environment() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDER_")}
     env["HERDER_LOG_FORMAT"] = "json"
@@ -238,6 +242,7 @@ def test_an_exception_is_one_line_with_its_traceback_in_exc() -> None:
     assert doc["exc"].startswith("Traceback") and doc["exc"].endswith("ValueError: boom\nsecond line")
 
 
+@pytest.mark.slow
 def test_uncaught_exceptions_are_json_lines_too() -> None:
     code = (
         "import threading, warnings\n"

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from herder.supervisor.redis_side.budget import ClusterView, KillBudget, sliding_count
 
 
@@ -36,6 +38,7 @@ def test_cluster_view_limits_kills_across_hosts():
     assert not b.take(2, now=6002.0, cluster=(view, 4))  # our own kill counts before the next reading
 
 
+@pytest.mark.slow
 def test_freezing_every_worker_kills_only_the_budget(herder):
     heartbeat_timeout = 3
     h = herder(workers="4", heartbeat_timeout=str(heartbeat_timeout), kill_budget="0.5")

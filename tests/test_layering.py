@@ -7,6 +7,7 @@ layering fails here, with the file and the line, before anyone has to notice.
 from __future__ import annotations
 
 import ast
+import graphlib
 import sys
 from pathlib import Path
 
@@ -116,6 +117,31 @@ def test_nothing_imports_the_top_level_names_herder_installs_under() -> None:
         assert not [n for n in names if n.split(".")[0] in ("supervisor", "worker", "watchdog")], path
 
 
+def herder_imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The herder modules `module` imports anywhere in its file (inside functions and under
+    TYPE_CHECKING too): `from herder.a import b` counts as herder.a.b when that is a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("herder"):
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                      for a in node.names}  # fmt: skip
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("herder")}
+    return {name for name in found if name in known and name != module}
+
+
+def test_no_import_cycle_between_herders_modules() -> None:
+    """Each module can be read knowing only what it imports: no two modules import each other,
+    not even lazily or for type hints (a Protocol of what a module uses breaks such a cycle)."""
+    known = {m for m, _ in modules()}
+    graph = {m: herder_imports(m, path, known) for m, path in modules()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail(f"an import cycle: {' -> '.join(exc.args[1])}")
+
+
+@pytest.mark.slow
 def test_the_watchdog_process_loads_only_the_standard_library_and_the_shared_folder() -> None:
     """What the watchdog has in memory once its modules are imported, read from a real
     interpreter: no redis, rq, psutil or click, and nothing of the master or the worker."""

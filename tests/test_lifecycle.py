@@ -8,9 +8,12 @@ import re
 import signal
 
 import psutil
+import pytest
 from rq.worker import Worker
 
-from conftest import reap_adopted, wait_for
+from harness import reap_adopted, wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def reap_exit_codes(pids: list[int], timeout: float) -> dict[int, int]:

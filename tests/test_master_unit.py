@@ -11,196 +11,17 @@ from dataclasses import replace
 
 import pytest
 
-from herder.common.config import Config
+from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc, all_ready, live, make
 from herder.supervisor import fleet
 from herder.supervisor.fleet import Worker
-from herder.supervisor.launcher import SubprocessLauncher
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
 from herder.supervisor.metrics import vitals_of
+from herder.supervisor.observations import Observations
 from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import Reading
-from herder.supervisor.redis_side.recovery import Counts
 from herder.supervisor.scaling import Load
 from herder.supervisor.states import TRANSITIONS, IllegalTransition, WorkerState, change_state
-from herder.supervisor.workerproc import Observations
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return 1_700_000_000.0 + self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-class FakeProc:
-    """A worker process that does what the test says, when the test says it."""
-
-    def __init__(self, pid: int, clock: FakeClock) -> None:
-        self.pid = pid
-        self.clock = clock
-        self.obs = Observations(last_seen=clock.t)
-        self.code: int | None = None
-        self.signals: list[int] = []
-        self.stops = 0
-        self.pauses: list[bool] = []
-        self.ends: list[str] = []
-        self.obeys_term = True
-
-    # the ProcessHandle
-    def snapshot(self) -> Observations:
-        return replace(self.obs)
-
-    def take_finished(self) -> list:
-        return []
-
-    def unread(self) -> int:
-        return self.pending
-
-    pending = 0  # bytes of its stdout the hub has not read (a starved master)
-
-    def send_stop(self) -> None:
-        self.stops += 1
-
-    def send_pause(self, paused: bool) -> None:
-        self.pauses.append(paused)
-
-    def send_end(self, job_id: str) -> None:
-        self.ends.append(job_id)
-
-    def signal_group(self, sig: int) -> None:
-        self.signals.append(sig)
-        if sig == signal.SIGKILL or (sig == signal.SIGTERM and self.obeys_term):
-            self.exit(-sig)
-
-    def has_exited(self) -> bool:
-        return self.code is not None
-
-    def reap(self) -> int:
-        assert self.code is not None
-        return self.code
-
-    # what the worker says and does
-    def ready(self) -> None:
-        self.obs.ready, self.obs.last_seen = True, self.clock.t
-
-    def busy(self, job: str, timeout: float | None = None) -> None:
-        o = self.obs
-        o.job_id, o.job_started, o.job_timeout, o.last_seen = job, self.clock.t, timeout, self.clock.t
-
-    def done(self) -> None:
-        self.obs.job_id, self.obs.last_seen = None, self.clock.t
-        self.obs.jobs_ok += 1
-
-    def beat(self) -> None:
-        self.obs.last_seen = self.clock.t
-
-    def exit(self, code: int) -> None:
-        if self.code is None:
-            self.code = code
-
-
-class FakeLauncher(SubprocessLauncher):  # its tend, renew and close do nothing
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-        self.spawned: list[FakeProc] = []
-        self.fail = False
-        self.warm = False  # a fork server still importing
-
-    def warming(self) -> bool:
-        return self.warm
-
-    def spawn(self, argv: list[str], env: dict[str, str], slot: int, wake) -> FakeProc:  # noqa: ANN001
-        if self.fail:
-            raise OSError("no such file")
-        proc = FakeProc(100 + len(self.spawned), self.clock)
-        self.spawned.append(proc)
-        return proc
-
-
-class FakeRecovery:
-    def __init__(self) -> None:
-        self.requeues: list[tuple[str, str]] = []
-        self.causes: list[str] = []
-        self.waiting_endings: dict[str, int] = {}
-        self.forgotten: list[str] = []
-        self.told: dict[str, str | None] = {}
-        self.asked: list[int] = []
-        self.pending_answers: dict[int, bool] = {}  # what Redis will answer, by ticket
-        self.counts = Counts()
-        self.cfg = Config()
-
-    def start(self) -> None:
-        pass
-
-    def tell(self, holding: dict[str, str | None]) -> None:
-        self.told = dict(holding)
-
-    def ask_cull(self, ticket: int, wall: float) -> None:
-        self.asked.append(ticket)
-
-    def answers(self) -> dict[int, bool]:
-        out, self.pending_answers = self.pending_answers, {}
-        return out
-
-    def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
-        self.requeues.append((job_id, reason))
-        self.causes.append(cause)
-
-    def endings(self) -> dict[str, int]:
-        return self.waiting_endings
-
-    def forget(self, name: str) -> None:
-        self.forgotten.append(name)
-
-    def count_kill(self, key: str, window: float) -> None:
-        pass
-
-    def drain(self, timeout: float) -> int:
-        return 0
-
-
-FAST = Config(
-    redis_url=None,
-    workers=2,
-    heartbeat_interval=1.0,
-    heartbeat_timeout=3.0,
-    kill_timeout=1.0,
-    stop_timeout=5.0,
-    start_timeout=10.0,
-    job_timeout=30.0,
-    job_timeout_grace=1.0,
-    min_uptime=1.0,
-)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLauncher, FakeRecovery]:
-    launcher, recovery = FakeLauncher(clock), FakeRecovery()
-    m = Master(replace(FAST, **settings), launcher, clock, recovery=recovery, host_id="test")  # type: ignore[arg-type]
-    return m, launcher, recovery
-
-
-def live(m: Master) -> dict[int, FakeProc]:
-    return {w.slot: w.proc for w in m.workers.values()}  # type: ignore[misc]
-
-
-def all_ready(m: Master) -> None:
-    for proc in live(m).values():
-        proc.ready()
-    m.step()
-
 
 # ---- spawn, ready, reap ----------------------------------------------------------------------
 
@@ -455,7 +276,7 @@ def worker(state: WorkerState = WorkerState.IDLE, spawned_at: float = 0.0) -> Wo
 
 
 def test_judge_eof_start_timeout_and_waiting_for_redis() -> None:
-    cfg = FAST
+    cfg = SHORT_TIMEOUT_CONFIG
     w = worker(WorkerState.STARTING)
     quiet = Observations(last_seen=0.0)
     assert judge(w, quiet, cfg.start_timeout - 0.1, cfg) is None

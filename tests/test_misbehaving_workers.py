@@ -7,8 +7,11 @@ import sys
 import time
 
 import psutil
+import pytest
 
-from conftest import FAKE_WORKERS, wait_for
+from harness import FAKE_WORKERS, wait_for
+
+pytestmark = pytest.mark.slow
 
 MISBEHAVE = f"{sys.executable} {FAKE_WORKERS / 'misbehave.py'}"
 

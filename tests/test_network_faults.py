@@ -22,8 +22,8 @@ import pytest
 from redis import Redis
 from rq import Queue
 
-from conftest import start_redis, wait_for
 from faultproxy import FaultProxy
+from harness import start_redis, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -193,7 +193,7 @@ def test_a_sentinel_failover_mid_load_loses_no_job(herder, tmp_path: Path) -> No
     the address of the master moves. Every connection finds the new one; every job ends."""
     import shutil
 
-    from conftest import free_port
+    from harness import free_port
 
     for name in ("primary", "replica"):
         (tmp_path / name).mkdir()

@@ -10,15 +10,18 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from redis import Redis
 from rq.job import Job
 
-from conftest import FAST, wait_for
+from harness import SHORT_TIMEOUT_FLAGS, wait_for
+
+pytestmark = pytest.mark.slow
 
 RQ = str(Path(sys.executable).with_name("rq"))
 
 
-def cli(h, *args: str) -> str:  # noqa: ANN001 - conftest's Herder
+def cli(h, *args: str) -> str:  # noqa: ANN001 - harness.Herder
     r = subprocess.run(
         [h.argv[0], *args, "--state-dir", h.state_dir], capture_output=True, text=True, timeout=30
     )
@@ -35,14 +38,14 @@ def ran_on(conn: Redis, ids: list[str]) -> set[int]:
 
 
 def test_rq_suspend_starts_no_job_kills_no_worker_and_rq_resume_drains(herder, conn: Redis, jobs) -> None:
-    h = herder(workers="2")  # heartbeat timeout 3 s (conftest)
+    h = herder(workers="2")  # heartbeat timeout 3 s (harness.SHORT_TIMEOUT_FLAGS)
     first = {p.pid for p in h.wait_workers(2)}
     subprocess.run([RQ, "suspend", "--url", h.redis_url], check=True, capture_output=True)
     wait_for(lambda: paused(h) == ["suspended"] * 2, 10, what="both workers to say suspended")
     ids = [jobs.enqueue("record", "s").id for _ in range(5)]
     # An absence over time: through more than two heartbeat timeouts, no job starts and no
     # suspended worker is taken for a silent one and killed.
-    time.sleep(2 * float(FAST["--heartbeat-timeout"]) + 2)
+    time.sleep(2 * float(SHORT_TIMEOUT_FLAGS["--heartbeat-timeout"]) + 2)
     status = h.snapshot()
     assert jobs.started("s") == []
     assert {p.pid for p in h.workers()} == first and status["totals"]["killed"] == 0

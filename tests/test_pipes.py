@@ -9,8 +9,9 @@ import threading
 import time
 
 import psutil
+import pytest
 
-from conftest import HERDER, wait_for
+from harness import HERDER, wait_for
 from herder.supervisor.pipes import PipeHub
 
 
@@ -103,6 +104,7 @@ def test_hurry_cuts_the_coalescing_pause_short() -> None:
     os.close(r)
 
 
+@pytest.mark.slow
 def test_the_masters_threads_do_not_grow_with_the_fleet(herder) -> None:
     h = herder(workers="3")
     h.wait_workers(3)
@@ -121,6 +123,7 @@ def test_the_masters_threads_do_not_grow_with_the_fleet(herder) -> None:
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_workers_run_nicer_than_the_master_so_it_keeps_its_share_of_the_cpu(herder, tmp_path) -> None:
     conf = tmp_path / "herder.toml"
     conf.write_text("[pools.high]\nqueues = ['high']\nworkers = 1\nworker_nice = 0\n"

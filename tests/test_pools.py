@@ -12,7 +12,7 @@ import pytest
 from rq import Queue
 from rq.job import Job
 
-from conftest import HERDER, free_port, wait_for
+from harness import HERDER, free_port, wait_for
 from herder.common.config import ConfigError, load_file, pool_configs, resolve
 from herder.supervisor.metrics import REQUEUE_REASONS
 from herder.supervisor.pool import share_limit
@@ -33,7 +33,7 @@ drain_target = 1
 """
 
 
-def cli(h, *args: str) -> subprocess.CompletedProcess:  # noqa: ANN001 - conftest's Herder
+def cli(h, *args: str) -> subprocess.CompletedProcess:  # noqa: ANN001 - harness.Herder
     argv = [HERDER, *args, "--state-dir", h.state_dir]
     return subprocess.run(argv, capture_output=True, text=True, timeout=30)
 
@@ -64,6 +64,7 @@ def pids_of(st: dict, pool: str) -> set[int]:
     return {w["pid"] for w in st["workers"] if w["pool"] == pool}
 
 
+@pytest.mark.slow
 def test_a_bulk_flood_grows_its_pool_never_the_high_one_and_never_delays_a_high_job(herder, conn, tmp_path):
     conf = tmp_path / "herder.toml"
     conf.write_text(HIGH_AND_BULK)
@@ -107,6 +108,7 @@ def test_a_bulk_flood_grows_its_pool_never_the_high_one_and_never_delays_a_high_
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_scale_restart_and_pause_name_a_pool_and_reload_drains_a_removed_one(herder, conn, tmp_path):
     conf = tmp_path / "herder.toml"
     conf.write_text(HIGH_AND_BULK)
@@ -142,6 +144,7 @@ def test_scale_restart_and_pause_name_a_pool_and_reload_drains_a_removed_one(her
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_a_reload_that_adds_a_pool_or_changes_one_touches_only_that_pool(herder, conn, tmp_path):
     conf = tmp_path / "herder.toml"
     high = "[pools.high]\nqueues = ['high']\nworkers = 1\n"
@@ -178,6 +181,7 @@ def test_a_reload_that_adds_a_pool_or_changes_one_touches_only_that_pool(herder,
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_a_kill_storm_across_both_pools_loses_no_job(herder, conn, tmp_path):
     import random
     import time
@@ -218,8 +222,9 @@ def test_a_kill_storm_across_both_pools_loses_no_job(herder, conn, tmp_path):
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_a_pool_with_its_own_imports_gets_its_own_fork_server(herder, conn, tmp_path):
-    from conftest import is_template
+    from harness import is_template
 
     conf = tmp_path / "herder.toml"
     conf.write_text(HIGH_AND_BULK + "preload = ['herder_testjobs']\n")  # the bulk pool's imports differ
@@ -287,6 +292,7 @@ def test_a_bad_pool_names_the_pool_and_the_key(tmp_path, text, key, why):
     assert err.value.key == key and why in str(err.value), str(err.value)
 
 
+@pytest.mark.slow
 def test_a_bad_pool_file_exits_78_naming_pool_and_key(tmp_path):
     f = write(tmp_path, "[pools.high]\nqueues = ['high']\nmax_memory = -1\n")
     r = subprocess.run(
@@ -314,6 +320,7 @@ def test_the_workers_limit_is_shared_minimums_first_then_in_turn():
     assert share_limit([("a", 3, 3), ("b", 2, 9)], 5) == {"a": 3, "b": 2}  # at the limit: minimums hold
 
 
+@pytest.mark.slow
 def test_two_hosts_share_a_pools_cluster_cap_and_not_the_other_pools(herder, conn, tmp_path):
     conf = tmp_path / "herder.toml"
     conf.write_text(HIGH_AND_BULK + "cluster_max_workers = 3\n")  # the bulk pool's, cluster-wide
@@ -351,10 +358,11 @@ def test_two_hosts_share_a_pools_cluster_cap_and_not_the_other_pools(herder, con
         h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_redis_killed_and_restarted_under_two_pools_loses_no_job(herder, tmp_path):
     from redis import Redis
 
-    from conftest import redis_on, start_redis
+    from harness import redis_on, start_redis
 
     aof = ("--appendonly", "yes", "--appendfsync", "always")
     proc, port = start_redis(tmp_path, *aof)

@@ -11,10 +11,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_for
+from harness import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")]
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from redis import Redis
 from rq import Queue
 
-from conftest import FAST, redis_on, start_redis, wait_for
+from harness import SHORT_TIMEOUT_FLAGS, redis_on, start_redis, wait_for
 
-HEARTBEAT_TIMEOUT = float(FAST["--heartbeat-timeout"])
+pytestmark = pytest.mark.slow
+
+HEARTBEAT_TIMEOUT = float(SHORT_TIMEOUT_FLAGS["--heartbeat-timeout"])
 
 
 def kill_storm(h, kills: int, stop: threading.Event, pause: tuple[float, float] = (0.05, 0.25)) -> list[int]:

@@ -8,10 +8,12 @@ from redis import Redis
 from rq import Queue
 from rq.registry import StartedJobRegistry
 
-from conftest import wait_for
+from harness import wait_for
 from herder.common.config import Config
 from herder.supervisor.redis_side import recovery as recovery_mod
 from herder.supervisor.redis_side.recovery import Recovery
+
+pytestmark = pytest.mark.slow
 
 
 def started(conn: Redis, queue: str, func: str = "herder_testjobs.record") -> str:

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from conftest import free_port, run_jobs_killing_one_holder, start_redis, wait_for
+from harness import free_port, run_jobs_killing_one_holder, start_redis, wait_for
+
+pytestmark = pytest.mark.slow
 
 HERDER = str(Path(sys.executable).with_name("herder"))
 

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from conftest import free_port, run_jobs_killing_one_holder, wait_until_redis_answers
+from harness import free_port, run_jobs_killing_one_holder, wait_until_redis_answers
+
+pytestmark = pytest.mark.slow
 
 PASSWORD = "tls-s3cret-pw"
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from conftest import FAST, HERDER, JOBS_DIR
+from fakes import FakeClock, make
+from harness import HERDER, JOBS_DIR, SHORT_TIMEOUT_FLAGS
 from herder.common.config import (
     APPLY,
     KEYS,
@@ -27,7 +28,6 @@ from herder.common.config import (
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.redis_side.load_reader import Reading
 from herder.supervisor.scaling import Load
-from test_master_unit import FakeClock, make
 
 # What a reload does with each setting, written out here rather than read from the schema,
 # so a setting added without deciding (or a decision changed by accident) fails this file.
@@ -83,9 +83,9 @@ POLICY = {
     RESTART: {"redis_url", "host_id", "master_heartbeat_timeout", "max_restarts", "restart_window"}
     | {"state_dir", "user", "http", "rq_config", "log_format"},
 }
-# The FAST flags of conftest, written into the config file instead (flags pin a setting).
-FAST_IN_FILE = {flag[2:].replace("-", "_"): float(value) for flag, value in FAST.items()}
-NO_FAST_FLAGS = {key: None for key in FAST_IN_FILE}
+# harness's SHORT_TIMEOUT_FLAGS, written into the config file instead (flags pin a setting).
+SHORT_TIMEOUTS_IN_FILE = {flag[2:].replace("-", "_"): float(v) for flag, v in SHORT_TIMEOUT_FLAGS.items()}
+NO_SHORT_TIMEOUT_FLAGS = {key: None for key in SHORT_TIMEOUTS_IN_FILE}
 
 
 def toml(settings: dict[str, Any]) -> str:
@@ -189,11 +189,12 @@ APPLIED = [  # (key, new value): each reload changes one more
 ]
 
 
+@pytest.mark.slow
 def test_reload_applies_each_changed_key_and_status_shows_it_in_force(herder, tmp_path: Path) -> None:
     conf = tmp_path / "herder.toml"
-    settings: dict[str, Any] = {"workers": 2, "paths": [str(JOBS_DIR)], **FAST_IN_FILE}
+    settings: dict[str, Any] = {"workers": 2, "paths": [str(JOBS_DIR)], **SHORT_TIMEOUTS_IN_FILE}
     conf.write_text(toml(settings))
-    h = herder(config=str(conf), workers=None, path=None, **NO_FAST_FLAGS)
+    h = herder(config=str(conf), workers=None, path=None, **NO_SHORT_TIMEOUT_FLAGS)
     first = {p.pid for p in h.wait_workers(2)}
     assert reload(h) == {"ok": True, "changed": [], "applied": [], "restart_workers": [], "replacing": 0}
     for key, value in APPLIED:
@@ -228,6 +229,7 @@ def test_reload_applies_each_changed_key_and_status_shows_it_in_force(herder, tm
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_reload_turns_autoscaling_on_changes_its_bounds_and_turns_it_off(herder, tmp_path: Path) -> None:
     conf = tmp_path / "herder.toml"
     conf.write_text(toml({"workers": 2, "workers_limit": 8}))
@@ -254,14 +256,15 @@ def test_reload_turns_autoscaling_on_changes_its_bounds_and_turns_it_off(herder,
 REMOVED = object()
 
 
+@pytest.mark.slow
 def test_a_reload_with_a_key_only_a_restart_applies_changes_nothing(
     herder, redis_url: str, tmp_path: Path
 ) -> None:
     conf = tmp_path / "herder.toml"
     state = tmp_path / "state"
-    base = {"workers": 2, "redis_url": redis_url, "state_dir": str(state), **FAST_IN_FILE}
+    base = {"workers": 2, "redis_url": redis_url, "state_dir": str(state), **SHORT_TIMEOUTS_IN_FILE}
     conf.write_text(toml(base))
-    h = herder(config=str(conf), workers=None, redis_url=None, state_dir=None, **NO_FAST_FLAGS)
+    h = herder(config=str(conf), workers=None, redis_url=None, state_dir=None, **NO_SHORT_TIMEOUT_FLAGS)
     h.state_dir = str(state)
     pids = {p.pid for p in h.wait_workers(2)}
     before = h.snapshot()
@@ -290,6 +293,7 @@ def test_a_reload_with_a_key_only_a_restart_applies_changes_nothing(
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_reload_changes_the_cluster_cap_but_refuses_to_drop_it(herder, tmp_path: Path) -> None:
     conf = tmp_path / "herder.toml"
     capped = {"min_workers": 1, "max_workers": 2, "cluster_max_workers": 4, "host_ttl": 10.0}

@@ -1,14 +1,12 @@
 """Recycling and culling decided in milliseconds: the master's loop with a fake clock and a
-fake launcher (tests/test_master_unit.py's fakes), and a cull budget answered by the test."""
+fake launcher (tests/fakes.py), and a cull budget answered by the test."""
 
 from __future__ import annotations
 
 import random
 
+from fakes import FakeClock, all_ready, live, make
 from herder.supervisor.states import WorkerState
-from test_master_unit import FakeClock, all_ready, clock, live, make
-
-__all__ = ["clock"]  # the fake clock fixture, shared
 
 
 def ready_count(m) -> int:  # noqa: ANN001

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from redis import Redis
 from rq.command import send_shutdown_command, send_stop_job_command
 from rq.worker import Worker
 
-from conftest import wait_for
+from harness import wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def test_send_shutdown_command_is_a_graceful_recycle_busy_or_idle(herder, conn: Redis, jobs) -> None:

@@ -10,6 +10,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from redis import Redis
 from rq import Callback, Queue, Retry
 from rq.command import send_stop_job_command
@@ -17,7 +18,9 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry
 from rq.worker import Worker
 
-from conftest import free_port, wait_for
+from harness import free_port, wait_for
+
+pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 

@@ -14,7 +14,9 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from conftest import JOBS_DIR, wait_for
+from harness import JOBS_DIR, wait_for
+
+pytestmark = pytest.mark.slow
 
 RQ = str(Path(sys.executable).with_name("rq"))
 OPTIONS = {  # rq worker's flag -> herder run's flag, same value

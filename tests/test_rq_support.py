@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import rq
 
-from conftest import HERDER
+from harness import HERDER
 from herder.common import rq_seam, rq_support
-from herder.common.config import EX_CONFIG, Config, ConfigError
+from herder.common.config import EX_CONFIG, Config, ConfigError, validate
 
 REPO = Path(__file__).resolve().parent.parent
 RQ = rq_support.parse_version(rq.__version__)
@@ -99,6 +99,7 @@ def test_the_seams_check_finds_a_renamed_hook(monkeypatch: pytest.MonkeyPatch) -
     assert "_finalize_success" in (rq_seam.fast_path_missing() or "")
 
 
+@pytest.mark.slow
 def test_asking_for_the_fast_path_exits_78_on_an_rq_without_it(tmp_path: Path) -> None:
     """`herder run --fast-path` on rq 2: one line naming the rq it needs, exit 78, nothing started
     (on rq 3, `herder config` shows the same flag accepted)."""
@@ -121,13 +122,13 @@ def test_asking_for_the_fast_path_exits_78_on_an_rq_without_it(tmp_path: Path) -
 def test_a_config_file_asking_for_it_names_the_file(tmp_path: Path) -> None:
     cfg = Config(fast_path=True)
     if RQ >= (3, 0):
-        cfg.validate({"fast_path": "file herder.toml"})
+        validate(cfg, {"fast_path": "file herder.toml"})
         return
     with pytest.raises(ConfigError) as err:
-        cfg.validate({"fast_path": "file herder.toml"})
+        validate(cfg, {"fast_path": "file herder.toml"})
     assert err.value.key == "fast_path" and "needs rq >= 3.0" in str(err.value)
-    Config(fast_path=True).validate()  # the default: on where it can be, quietly off elsewhere
-    Config(fast_path=False).validate({"fast_path": "command line"})
+    validate(Config(fast_path=True))  # the default: on where it can be, quietly off elsewhere
+    validate(Config(fast_path=False), {"fast_path": "command line"})
 
 
 def test_this_python_is_a_supported_one() -> None:

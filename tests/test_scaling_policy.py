@@ -28,7 +28,9 @@ from herder.supervisor.scaling import (
 )
 from herder.supervisor.states import WorkerState
 
-FAST = settings(max_examples=200, deadline=None)
+# Hypothesis settings for the property tests: twice its default examples, and no per-example
+# deadline (a loaded CI machine is slow, not wrong).
+MANY_EXAMPLES = settings(max_examples=200, deadline=None)
 
 
 def workers_needed(
@@ -151,7 +153,7 @@ def changes(desired: list[int], start: int = 1) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- 1. always within bounds
 
 
-@FAST
+@MANY_EXAMPLES
 @given(
     cfg=configs(),
     rate=rates,
@@ -213,7 +215,7 @@ def test_holding_above_max_is_clamped():
 slot_states = st.sampled_from([*WorkerState, "idle", "busy", "starting", "stopping", "IDLE", ""])
 
 
-@FAST
+@MANY_EXAMPLES
 @given(states=st.dictionaries(st.integers(0, 500), slot_states, max_size=40), excess=st.integers(-5, 60))
 def test_pick_idle_to_stop_only_idle_and_as_many_as_it_can(states, excess):
     picked = pick_idle_to_stop(states, excess)
@@ -238,7 +240,7 @@ def test_pick_idle_to_stop_examples():
 # ---------------------------------------------------------------- 3. up fast
 
 
-@FAST
+@MANY_EXAMPLES
 @given(cfg=configs(), data=st.data())
 def test_big_backlog_step_reaches_max_at_once(cfg, data):
     now = 1000.0
@@ -309,7 +311,7 @@ def burst(sim: Sim, extra: int) -> None:
     assert step.decision.need >= before and sim.current >= before
 
 
-@FAST
+@MANY_EXAMPLES
 @given(
     cfg=configs(),
     rate=rates,
@@ -333,7 +335,7 @@ def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, pre
     assert desired[reach:] == [cfg.lowest] * 5, (reach, desired)
 
 
-@FAST
+@MANY_EXAMPLES
 @given(
     cfg=configs(),
     rate=rates,
@@ -405,7 +407,7 @@ def noisy_scenarios(draw: st.DrawFn, workers_from_backlog: float):
     return cfg, rate, draw(st.integers(0, 50)), level, draw(st.integers(0, 2**32))
 
 
-@FAST
+@MANY_EXAMPLES
 @given(scenario=noisy_scenarios(workers_from_backlog=10.0))
 def test_noisy_constant_load_changes_desired_only_a_few_times(scenario):
     cfg, rate, running, level, seed = scenario
@@ -417,7 +419,7 @@ def test_noisy_constant_load_changes_desired_only_a_few_times(scenario):
     assert all(direction > 0 for _, direction in later), (later, desired)
 
 
-@FAST
+@MANY_EXAMPLES
 @given(scenario=noisy_scenarios(workers_from_backlog=200.0), data=st.data())
 def test_noisy_load_never_goes_up_down_up_within_a_delay(scenario, data):
     cfg, rate, running, level, seed = scenario
@@ -451,7 +453,7 @@ def test_noisy_load_regression():
 # ---------------------------------------------------------------- 6. monotone in backlog
 
 
-@FAST
+@MANY_EXAMPLES
 @given(
     cfg=configs(),
     data=st.data(),
@@ -494,7 +496,7 @@ def test_workers_needed_with_a_learned_rate():
     assert workers_needed(Load(0.0, 60, 0), 1.0, 0.5, 1.0, cfg) == 8  # growing 1/s more
 
 
-@FAST
+@MANY_EXAMPLES
 @given(cfg=configs(), completed=st.integers(-10, 0), busy=st.floats(-100.0, 100.0), rate=rates)
 def test_learn_rate_ignores_zero_and_negative_inputs(cfg, completed, busy, rate):
     state = ScaleState(per_worker=rate, growth=1.5)
@@ -502,7 +504,7 @@ def test_learn_rate_ignores_zero_and_negative_inputs(cfg, completed, busy, rate)
     assert learn_rate(state, abs(completed) + 1, -abs(busy), cfg) == state
 
 
-@FAST
+@MANY_EXAMPLES
 @given(
     cfg=configs(),
     samples=st.lists(st.tuples(st.integers(-5, 100), st.floats(-10.0, 1000.0)), max_size=30),

@@ -12,12 +12,15 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from redis import Redis
 from rq import Retry
 from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 
-from conftest import HERDER, Herder, plain_spawns, wait_for
+from harness import HERDER, Herder, plain_spawns, wait_for
+
+pytestmark = pytest.mark.slow
 
 LOCK = "rq:scheduler-lock:default"  # RQ's scheduler lock of the queue the tests use
 LATE = 2.5  # a tick is 1 s; the rest is slack for a loaded test machine
@@ -186,7 +189,9 @@ def test_frozen_scheduler_is_killed_and_its_lock_moves(herder, jobs, conn: Redis
     # Its lock outlives the master's patience: the master kills it and frees the lock.
     wait_for(lambda: (n := conn.get(LOCK)) and n.decode() != first["name"], 10, what="the lock to move")
     assert time.monotonic() - frozen_at < 2 + 1 + 2  # heartbeat timeout + a kill + a respawn
-    assert f"scheduler pid {first['pid']}: SIGTERM to its process group: silent for" in h.log()
+    # Its states change through the workers' funnel, and say so: idle -> killing (why).
+    killing = f"scheduler pid {first['pid']}: idle -> killing (SIGTERM to its process group: silent for"
+    assert killing in h.log()
     job = jobs.queue.enqueue_in(timedelta(seconds=1), "herder_testjobs.stamp", "thawed")
     wait_for(lambda: stamps(conn, "thawed"), 1 + LATE + 2, what="a scheduled job to run")
     assert stamps(conn, "thawed")[0][0] == job.id
@@ -233,7 +238,7 @@ def test_reload_restarts_the_scheduler_for_new_queues_and_turns_it_off(
     h.signal(signal.SIGHUP)
     st = h.wait_status(lambda s: s["scheduler"]["holds"] == ["high", "default"], 15)["scheduler"]
     assert st["pid"] != first["pid"]
-    assert f"scheduler pid {first['pid']}: `stop` (its settings changed)" in h.log()
+    assert f"scheduler pid {first['pid']}: idle -> stopping (`stop`: its settings changed)" in h.log()
     # Off: it stops and lets go of its locks.
     cfg.write_text("[herder]\nworkers = 1\nqueue = ['high', 'default']\nscheduler = false\n")
     h.signal(signal.SIGHUP)

@@ -6,13 +6,11 @@ from __future__ import annotations
 import signal
 from dataclasses import replace
 
-import pytest
-
+from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeLauncher, FakeProc, FakeRecovery
 from herder.supervisor.master import Master
 from herder.supervisor.redis_side.scheduler_locks import Holder, LockReading
 from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import WorkerState
-from test_master_unit import FAST, FakeClock, FakeLauncher, FakeProc, FakeRecovery
 
 
 class FakeLocks:
@@ -37,11 +35,6 @@ class FakeLocks:
         return 0
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
 def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLocks, list[FakeProc], FakeLauncher]:
     procs: list[FakeProc] = []
 
@@ -52,7 +45,7 @@ def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLocks, list[
 
     locks, launcher = FakeLocks(), FakeLauncher(clock)
     keeper = SchedulerKeeper(locks, clock, "h1", spawn=spawn)  # type: ignore[arg-type]
-    cfg = replace(FAST, queues=["high", "default"], **settings)  # type: ignore[arg-type]
+    cfg = replace(SHORT_TIMEOUT_CONFIG, queues=["high", "default"], **settings)  # type: ignore[arg-type]
     m = Master(cfg, launcher, clock, recovery=FakeRecovery(), host_id="h1", sched=keeper)  # type: ignore[arg-type]
     return m, locks, procs, launcher
 
@@ -87,7 +80,7 @@ def test_a_scheduler_that_keeps_dying_young_backs_off(clock: FakeClock) -> None:
     procs[0].exit(1)  # before `ready`
     m.step()
     assert len(procs) == 1 and m.sched.slot.young_deaths == 1
-    clock.advance(FAST.backoff_initial)
+    clock.advance(SHORT_TIMEOUT_CONFIG.backoff_initial)
     m.step()
     assert len(procs) == 2 and len(locks.released) == 1
 
@@ -97,13 +90,13 @@ def test_a_silent_scheduler_is_killed_and_then_sigkilled(clock: FakeClock) -> No
     m.step()
     procs[0].ready()
     procs[0].obeys_term = False
-    clock.advance(FAST.heartbeat_timeout + 0.5)
+    clock.advance(SHORT_TIMEOUT_CONFIG.heartbeat_timeout + 0.5)
     for w in launcher_procs(m):
         w.beat()  # the workers are fine
     m.step()
     assert procs[0].signals[:2] == [signal.SIGTERM, signal.SIGCONT]
     assert m.guard.degraded == "" and m.counters.totals.killed == 0  # not the fleet's budget
-    clock.advance(FAST.kill_timeout)
+    clock.advance(SHORT_TIMEOUT_CONFIG.kill_timeout)
     m.step()  # SIGKILL: it exits
     m.step()  # reaped, locks freed, replaced
     assert signal.SIGKILL in procs[0].signals and len(locks.released) == 1 and len(procs) == 2

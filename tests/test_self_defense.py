@@ -7,10 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from redis import Redis
 from rq import Queue, Retry
 
-from conftest import ready_pids, wait_for
+from harness import ready_pids, wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def enqueue(conn: Redis, func: str, n: int, *args: object, **kw: object) -> list[str]:

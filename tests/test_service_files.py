@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HERDER
+from harness import HERDER
+
+pytestmark = pytest.mark.slow
 
 
 def render(*args: str) -> subprocess.CompletedProcess:

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-from conftest import reap_adopted, wait_for
+from harness import reap_adopted, wait_for
 from herder.common.exits import EX_TEMPFAIL
 
 
@@ -30,6 +31,7 @@ def holds(proc: psutil.Process, path: Path) -> bool:
     return any(f.path == str(path) for f in proc.open_files())
 
 
+@pytest.mark.slow
 def test_a_second_herder_on_a_live_state_dir_exits_75_and_leaves_the_first_alone(herder, jobs):
     a = herder(workers="2")
     workers = a.wait_workers(2)
@@ -60,6 +62,7 @@ def test_a_second_herder_on_a_live_state_dir_exits_75_and_leaves_the_first_alone
     a.stop_and_check()
 
 
+@pytest.mark.slow
 def test_after_kill_9_of_the_whole_tree_the_next_herder_starts(herder):
     a = herder(workers="2")
     tree = [psutil.Process(a.pid), *a.wait_workers(2)]
@@ -83,6 +86,7 @@ def test_after_kill_9_of_the_whole_tree_the_next_herder_starts(herder):
     a.assert_nothing_left()
 
 
+@pytest.mark.slow
 def test_a_master_outliving_its_watchdog_keeps_its_socket_until_it_is_gone(herder, jobs):
     """kill -9 of the watchdog alone: its master drains (a long job finishes) while a new
     herder starts on the same state dir. The new master must not take the old one's live
@@ -110,6 +114,7 @@ def test_a_master_outliving_its_watchdog_keeps_its_socket_until_it_is_gone(herde
     a.assert_nothing_left()
 
 
+@pytest.mark.slow
 def test_control_server_never_unlinks_a_socket_someone_answers_on(tmp_path: Path):
     from herder.supervisor.control import RECHECK, ControlServer
 

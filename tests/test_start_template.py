@@ -44,6 +44,7 @@ def encoded(worker: HerderFastWorker, commands: list) -> list[list[bytes]]:
     return [[worker._encode(a) for a in command] for command in commands]
 
 
+@pytest.mark.slow
 def test_the_template_gives_rqs_own_start_for_the_next_job(worker: HerderFastWorker, conn: Redis) -> None:
     q = Queue("default", connection=conn)
     first = q.enqueue("herder_rqcompat.add", 1, 2, job_timeout=77)
@@ -64,6 +65,7 @@ def test_the_template_gives_rqs_own_start_for_the_next_job(worker: HerderFastWor
     assert set(worker._templates or {}) == {"77", "500"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [
@@ -89,6 +91,7 @@ def test_a_start_that_depends_on_more_keeps_its_own_round_trip(
     assert worker._no_template == "the template did not give RQ's own start for a real job"
 
 
+@pytest.mark.slow
 def test_a_start_that_fails_for_a_stand_in_keeps_its_own_round_trip(
     worker: HerderFastWorker, conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,6 +107,7 @@ def test_a_start_that_fails_for_a_stand_in_keeps_its_own_round_trip(
     assert worker._template is None and "stand-in" in (worker._no_template or "")
 
 
+@pytest.mark.slow
 def test_a_start_that_talks_to_redis_directly_takes_rqs_own_path(
     worker: HerderFastWorker, conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

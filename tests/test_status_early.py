@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import HERDER, wait_for
+import pytest
+
+from harness import HERDER, wait_for
 from herder.common import statelock
 from herder.common.control_protocol import socket_path
 from herder.supervisor.ctl import client
+
+pytestmark = pytest.mark.slow
 
 GATED = str(Path(__file__).parent / "fakeworkers" / "gated.py")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, wait_for
+from harness import SHORT_TIMEOUT_FLAGS, wait_for
 
 
 class FakeSystemd:
@@ -53,6 +53,7 @@ def systemd(tmp_path: Path):
     fake.close()
 
 
+@pytest.mark.slow
 def test_notify_ready_watchdog_stopping_in_order(herder, systemd, jobs):
     env = {"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "1000000"}  # ping every 0.5 s
     h = herder(workers="2", env=env)
@@ -83,6 +84,7 @@ def test_notify_ready_watchdog_stopping_in_order(herder, systemd, jobs):
     assert ready < stopping[0][0]
 
 
+@pytest.mark.slow
 def test_a_hung_master_stops_the_watchdog_pings(herder, systemd):
     env = {"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "1000000"}
     h = herder(workers="1", env=env, master_heartbeat_timeout="60")
@@ -92,7 +94,7 @@ def test_a_hung_master_stops_the_watchdog_pings(herder, systemd):
     assert master is not None
     os.kill(master.pid, signal.SIGSTOP)
     ping_every = 0.5  # WATCHDOG_USEC / 2
-    ping_grace = 3 * float(FAST["--heartbeat-interval"])  # the watchdog's, for a silent master
+    ping_grace = 3 * float(SHORT_TIMEOUT_FLAGS["--heartbeat-interval"])  # the watchdog's, for a silent master
     # The pings stop once the master has been silent for the ping grace: no ping for a
     # while longer than two ping intervals.
     wait_for(
@@ -109,6 +111,7 @@ def test_a_hung_master_stops_the_watchdog_pings(herder, systemd):
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_reload_sends_reloading_then_ready(herder, systemd, tmp_path: Path):
     conf = tmp_path / "h.toml"
     conf.write_text("[herder]\nworkers = 1\n")
@@ -126,6 +129,7 @@ def test_reload_sends_reloading_then_ready(herder, systemd, tmp_path: Path):
     h.stop_and_check()
 
 
+@pytest.mark.slow
 def test_long_drain_extends_the_stop_timeout(herder, systemd, jobs):
     h = herder(workers="1", env={"NOTIFY_SOCKET": str(systemd.path)}, stop_timeout="30")
     h.wait_workers(1)
@@ -171,6 +175,7 @@ def queue_is_full(path: Path) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_a_service_manager_that_never_reads_cannot_block_the_stop(herder, jobs, tmp_path: Path):
     """A NOTIFY_SOCKET nobody reads (a stalled service manager): its queue fills up (10
     datagrams on Linux) while every job changes the STATUS= line, yet SIGTERM still drains

@@ -7,8 +7,12 @@ import re
 import signal
 import time
 
-from conftest import wait_for
+import pytest
+
+from harness import wait_for
 from herder.supervisor.events import DUPLICATE_SIGNAL_WINDOW
+
+pytestmark = pytest.mark.slow
 
 
 def test_hung_master_is_replaced_after_its_heartbeat_deadline(herder, jobs):

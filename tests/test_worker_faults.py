@@ -7,10 +7,13 @@ import re
 import signal
 import time
 
+import pytest
 from rq.job import Job
 from rq.registry import FailedJobRegistry
 
-from conftest import wait_for
+from harness import wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def failure_reason(conn, job_id: str) -> str:

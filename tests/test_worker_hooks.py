@@ -11,11 +11,13 @@ import pytest
 from rq import Queue
 from rq.job import Job
 
-from conftest import wait_for
+from harness import wait_for
 from herder.supervisor.ctl import client
 
+pytestmark = pytest.mark.slow
 
-def status_now(h) -> dict | None:  # noqa: ANN001 - conftest's Herder
+
+def status_now(h) -> dict | None:  # noqa: ANN001 - harness.Herder
     try:
         return client.call(h.state_dir, {"cmd": "status"})
     except OSError:

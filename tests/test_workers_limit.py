@@ -8,8 +8,12 @@ import signal
 import subprocess
 import time
 
-from conftest import FAST, HERDER
+import pytest
+
+from harness import HERDER, SHORT_TIMEOUT_FLAGS
 from herder.common.config import default_workers_limit, host_cpus
+
+pytestmark = pytest.mark.slow
 
 
 def scale(h, *args: str) -> subprocess.CompletedProcess:
@@ -53,8 +57,8 @@ def test_a_stop_during_a_big_scale_up_exits_0_within_the_stop_timeout(herder):
     # signal between two paced batches and every starting worker must go.
     st = h.wait_status(lambda s: s["totals"]["spawned"] >= 6, 20, "the scale-up under way", interval=0.02)
     assert any(w["state"] == "starting" for w in st["workers"])
-    took = h.stop_and_check(signal.SIGTERM, timeout=float(FAST["--stop-timeout"]))
-    assert took < float(FAST["--stop-timeout"])
+    took = h.stop_and_check(signal.SIGTERM, timeout=float(SHORT_TIMEOUT_FLAGS["--stop-timeout"]))
+    assert took < float(SHORT_TIMEOUT_FLAGS["--stop-timeout"])
     (summary,) = h.master_summaries()
     assert summary["spawned"] <= 40 and summary["spawned"] == summary["exited"]
     assert summary["killed"] == 0  # each starting worker took its `stop`, none needed a kill

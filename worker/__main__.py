@@ -115,7 +115,8 @@ def main() -> int:
 
     from herder.common.redis_connect import bound_calls
     from herder.worker import hooks
-    from herder.worker.rq_worker import log_to_master, make_worker
+    from herder.worker.factory import make_worker
+    from herder.worker.rq_worker import log_to_master
 
     try:  # the user's start-up code: a failure is this worker's failed start (the slot backs off)
         hooks.django_after_fork(cfg)

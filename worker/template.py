@@ -80,7 +80,7 @@ def preload(paths: list[str], modules: list[str], fast_path: bool = True) -> Non
     """What every worker would import anyway, and the user's --preload modules."""
     import herder.worker.__main__  # noqa: F401
     import herder.worker.scheduler  # noqa: F401  (the scheduler is forked from here too)
-    from herder.worker.rq_worker import fast_path_unavailable  # rq, redis, herder's worker class
+    from herder.worker.factory import fast_path_unavailable  # rq, redis, herder's worker classes
 
     fast = fast_path and fast_path_unavailable() is None  # checked (and said) once: workers inherit it
     if fast:

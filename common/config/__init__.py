@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         parse_worker_command,
         redact_setting,
         redact_url,
+        validate,
     )
     from herder.common.exits import EX_CONFIG
 
@@ -98,6 +99,7 @@ _HOMES = {
     "parse_worker_command": "herder.common.config.values",
     "redact_setting": "herder.common.config.values",
     "redact_url": "herder.common.config.values",
+    "validate": "herder.common.config.values",
     "EX_CONFIG": "herder.common.exits",
 }
 
@@ -145,6 +147,7 @@ __all__ = [
     "parse_worker_command",
     "redact_setting",
     "redact_url",
+    "validate",
     "reload_plan",
     "reload_policy",
     "repeatable",

@@ -15,7 +15,7 @@ from urllib.parse import quote
 from herder.common.config.limits import default_workers_limit
 from herder.common.config.pools import coerce_pools, validate_pools
 from herder.common.config.schema import KEYS, Config, ConfigError, normalize_key
-from herder.common.config.values import coerce, redact_setting
+from herder.common.config.values import coerce, redact_setting, validate
 from herder.common.rq_support import unsupported_rq_setting
 
 
@@ -154,7 +154,7 @@ def resolve(layers: list[dict[str, tuple[Any, str]]]) -> tuple[Config, dict[str,
         raise ConfigError(
             "workers", "a fixed count conflicts with max_workers (autoscaling)", sources["workers"]
         )
-    cfg.validate(sources)
+    validate(cfg, sources)
     validate_pools(cfg, sources.get("pools", "default"))
     return cfg, sources
 

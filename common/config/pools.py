@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from herder.common.config.schema import Config, ConfigError, normalize_key
-from herder.common.config.values import coerce
+from herder.common.config.values import coerce, validate
 
 DEFAULT_POOL = "default"
 
@@ -123,7 +123,7 @@ def validate_pools(cfg: Config, source: str) -> None:
     for name, pc in pool_configs(cfg).items():
         where = f"{source} [pools.{name}]"
         try:
-            pc.validate(dict.fromkeys(cfg.pools[name], where))
+            validate(pc, dict.fromkeys(cfg.pools[name], where))
         except ConfigError as exc:
             raise ConfigError(f"pools.{name}.{exc.key}", exc.message, exc.source) from None
         if "workers" in cfg.pools[name] and "max_workers" in cfg.pools[name]:

@@ -314,12 +314,6 @@ class Config:
     pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them
     defaulted: list[str] = internal(factory=list)  # keys `herder run` filled in itself (state_dir)
 
-    def validate(self, sources: dict[str, str] | None = None) -> None:
-        """Raise ConfigError naming the first impossible value and where it came from."""
-        from herder.common.config.values import validate
-
-        validate(self, sources)
-
     @property
     def autoscale(self) -> bool:
         return self.max_workers is not None

@@ -1,8 +1,8 @@
-"""The `herder` command line.
+"""The `herder` command line: click's commands and options, each turning its arguments into a
+request (client.py) or a start-up (startup.py) and their outcome into output and an exit code.
 
-`herder run` resolves and validates the configuration here, in the click process,
-then replaces itself (exec) with the watchdog: the pid a service manager started
-stays the watchdog's, which is what systemd's Type=notify and KillMode=mixed need.
+`herder run` resolves and validates the configuration here, in the click process, then
+startup.py settles it and replaces this process (exec) with the watchdog.
 """
 
 from __future__ import annotations
@@ -22,55 +22,10 @@ from click.core import ParameterSource
 
 from herder.common import config as settings
 from herder.common import statelock
-from herder.common.config import ENV_RESOLVED, EX_CONFIG, Config, ConfigError, OverLimit
+from herder.common.config import EX_CONFIG, Config, ConfigError, OverLimit
 from herder.common.exits import EX_TEMPFAIL
 from herder.supervisor import __version__
-from herder.supervisor.ctl import client, render
-
-MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
-
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
-
-
-def default_state_dir() -> str:
-    if os.geteuid() == 0:
-        return "/run/herder"
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    return os.path.join(base, f"herder-{os.getuid()}")
-
-
-def check_user(name: str) -> pwd.struct_passwd | None:
-    if not name:
-        return None
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        raise ConfigError("user", f"no such user: {name!r}") from None
-    if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
-        raise ConfigError("user", f"only root can run herder as another user ({name!r})")
-    return entry
-
-
-def prepare_state_dir(path: str, owner: pwd.struct_passwd | None = None) -> str:
-    """The state dir holds the control socket and logs: 0700, ours, not a symlink."""
-    p = Path(path).absolute()
-    p.mkdir(mode=0o700, parents=True, exist_ok=True)
-    uid = owner.pw_uid if owner else os.geteuid()
-    if owner and p.lstat().st_uid != uid and not p.is_symlink():
-        os.chown(p, owner.pw_uid, owner.pw_gid)  # the master runs as this user and writes here
-    st = p.lstat()
-    if p.is_symlink() or st.st_uid != uid:
-        raise ConfigError("state_dir", f"{p} must be a directory owned by uid {uid}, not a symlink")
-    if st.st_mode & 0o077:
-        os.chmod(p, 0o700)
-    longest = os.path.join(str(p), "herder.sock")
-    if len(longest.encode()) > MAX_SOCKET_PATH:
-        raise ConfigError(
-            "state_dir",
-            f"{p} is too long: the control socket path would exceed "
-            f"{MAX_SOCKET_PATH} bytes, the limit for Unix sockets",
-        )
-    return str(p)
+from herder.supervisor.ctl import client, render, startup
 
 
 class LenientBool(click.types.BoolParamType):
@@ -187,52 +142,21 @@ def run(ctx: click.Context, **opts) -> None:
     """Run herder in the foreground (what a service unit's ExecStart calls)."""
     try:
         cfg, _sources = resolve_settings(ctx, opts)
-        owner = check_user(cfg.user)
-        if not cfg.state_dir:
-            cfg.defaulted.append("state_dir")  # a reload compares the file's silence, not this path
-        cfg.state_dir = prepare_state_dir(cfg.state_dir or default_state_dir(), owner)
-        if cfg.redis_url is None:
-            # No Redis given: the watchdog runs a private one in the state dir.
-            import herder.watchdog.embedded_redis as embedded_redis  # only now: every command starts faster
-
-            if shutil.which("redis-server") is None:
-                raise ConfigError(
-                    "redis_url", f"not set, and no redis-server on PATH. {embedded_redis.INSTALL_HINT}"
-                )
-            cfg.embedded_redis = True
-            cfg.redis_url = embedded_redis.url_for(cfg.state_dir)
+        owner = startup.settle(cfg)
     except ConfigError as exc:
         if exc.key == "workers" and exc.source.startswith("command line") and not isinstance(exc, OverLimit):
             raise click.BadParameter(str(exc), param_hint="--workers") from None
         click.echo(f"herder: {exc}", err=True)
         sys.exit(EX_CONFIG)
-    lock_fd = lock_state_dir(cfg.state_dir, owner)
-    env = dict(os.environ)
-    env[ENV_RESOLVED] = cfg.to_env()
-    env[statelock.ENV_LOCK_FD] = str(lock_fd)
-    os.set_inheritable(lock_fd, True)  # through this exec only: the watchdog makes it close-on-exec again
-    sys.stderr.flush()
-    # As PID 1 (a container) a signal with no handler is dropped: a SIGTERM while the watchdog
-    # starts would be lost. Blocked, it stays pending through the exec until the watchdog's
-    # handlers are in place (it unblocks them then: watchdog/core.py, install_signals).
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    os.execve(sys.executable, [sys.executable, "-P", "-m", "herder.watchdog"], env)
-
-
-def lock_state_dir(state_dir: str, owner: pwd.struct_passwd | None) -> int:
-    """One herder per state dir (herder.common.statelock): the lock's descriptor, or exit 75
-    (EX_TEMPFAIL) naming the live herder, before anything of this one starts."""
     try:
-        fd = statelock.acquire(state_dir)
+        lock_fd = startup.lock_state_dir(cfg.state_dir, owner)
     except statelock.Locked as exc:
         click.echo(f"herder: {exc}", err=True)
         sys.exit(EX_TEMPFAIL)
     except OSError as exc:
         click.echo(f"herder: cannot lock the state dir: {exc}", err=True)
         sys.exit(EX_CONFIG)
-    if owner:
-        os.fchown(fd, owner.pw_uid, owner.pw_gid)  # like the state dir: that user may run herder there later
-    return fd
+    startup.exec_watchdog(cfg, lock_fd)
 
 
 @cli.command("install-service")
@@ -254,7 +178,7 @@ def install_service(ctx: click.Context, kind: str, output: str | None, label: st
         if not cfg.state_dir:
             cfg.state_dir = "/var/lib/herder" if kind == "systemd" else "/usr/local/var/herder"
         user = cfg.user or pwd.getpwuid(os.geteuid()).pw_name
-        entry = check_user(user) if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
+        entry = startup.check_user(user) if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
     except ConfigError as exc:
         click.echo(f"herder: {exc}", err=True)
         sys.exit(EX_CONFIG)
@@ -320,44 +244,14 @@ def state_dir_option(f):
     )(f)
 
 
-# How long a request waits for the control socket of a herder that is starting: `herder run`
-# holds the state dir's lock from its first moment, its master binds the socket ~0.3 s later.
-STARTING_WAIT = 5.0
-
-
-def starting(state_dir: str) -> bool:
-    """A live herder holds this state dir (herder.pid names a live process) but its master
-    has not bound the control socket yet."""
-    pid = statelock.holder(state_dir, wait=0.0)
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True
-
-
 def ask(state_dir: str | None, body: dict) -> dict:
-    """One request to the running herder; exit 4 (like supervisorctl) if it cannot be reached.
-    A herder still starting is waited for (up to STARTING_WAIT): it answers `starting` soon."""
-    path = state_dir or default_state_dir()
-    deadline = time.monotonic() + STARTING_WAIT
-    while True:
-        try:
-            reply = client.call(path, body)
-            break
-        except (FileNotFoundError, ConnectionRefusedError):
-            if time.monotonic() < deadline and starting(path):
-                time.sleep(0.05)
-                continue
-            click.echo(f"herder: no herder answering at {path} (not running)", err=True)
-            sys.exit(render.EXIT_UNREACHABLE)
-        except (OSError, ValueError) as exc:
-            click.echo(f"herder: no herder answering at {path} ({exc.__class__.__name__}: {exc})", err=True)
-            sys.exit(render.EXIT_UNREACHABLE)
+    """One request to the running herder (client.request); exit 4 (like supervisorctl) if it
+    cannot be reached, 1 if it refuses."""
+    try:
+        reply = client.request(state_dir or startup.default_state_dir(), body)
+    except client.Unreachable as exc:
+        click.echo(f"herder: {exc}", err=True)
+        sys.exit(render.EXIT_UNREACHABLE)
     if not reply.get("ok"):
         click.echo(f"herder: {reply.get('error', 'request failed')}", err=True)
         sys.exit(1)
@@ -435,7 +329,7 @@ def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
     body: dict = {"cmd": "stop"}
     if timeout is not None:
         body["timeout"] = timeout
-    path = state_dir or default_state_dir()
+    path = state_dir or startup.default_state_dir()
     reply = ask(path, body)
     click.echo(f"stopping {reply['stopping']} workers")
     if no_wait:

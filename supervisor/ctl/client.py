@@ -1,11 +1,19 @@
-"""The client end of the control socket: one request, one reply (herder.common.control_protocol)."""
+"""The client end of the control socket: one request, one reply (herder.common.control_protocol);
+a herder still starting is waited for (`request`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import time
 
+from herder.common import statelock
 from herder.common.control_protocol import LOOP_TIMEOUT, MAX_REPLY, encode, recv_line, socket_path
+
+
+class Unreachable(Exception):
+    """No herder answers at that state dir; the message says where and why."""
 
 
 def call(state_dir: str, body: dict, timeout: float = LOOP_TIMEOUT + 2) -> dict:
@@ -19,3 +27,42 @@ def call(state_dir: str, body: dict, timeout: float = LOOP_TIMEOUT + 2) -> dict:
     if not data:
         raise ConnectionError("the master closed the connection without a reply")
     return json.loads(data)
+
+
+# How long a request waits for the control socket of a herder that is starting: `herder run`
+# holds the state dir's lock from its first moment, its master binds the socket ~0.3 s later.
+STARTING_WAIT = 5.0
+
+
+def starting(state_dir: str) -> bool:
+    """A live herder holds this state dir (herder.pid names a live process) but its master
+    has not bound the control socket yet."""
+    pid = statelock.holder(state_dir, wait=0.0)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
+
+
+def request(state_dir: str, body: dict) -> dict:
+    """One request to the running herder, its reply as sent (`ok` true or false). A herder
+    still starting is waited for (up to STARTING_WAIT): it answers `starting` soon. Raises
+    Unreachable when nobody answers."""
+    deadline = time.monotonic() + STARTING_WAIT
+    while True:
+        try:
+            return call(state_dir, body)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() < deadline and starting(state_dir):
+                time.sleep(0.05)
+                continue
+            raise Unreachable(f"no herder answering at {state_dir} (not running)") from None
+        except (OSError, ValueError) as exc:
+            raise Unreachable(
+                f"no herder answering at {state_dir} ({exc.__class__.__name__}: {exc})"
+            ) from None

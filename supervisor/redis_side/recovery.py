@@ -95,13 +95,55 @@ return {'requeued', n}
 
 @dataclass
 class Task:
-    kind: str  # "requeue", "forget", "count_kill" or "cull"
-    subject: str  # job id, RQ worker name, or counter key
-    detail: str = ""  # the reason, or the window
-    label: str = ""  # a requeue's class, for the metrics: "killed" or "died"
-    cause: str = ""  # a requeue's cause for an ending: a kill's kind, or "died"
-    attempts: int = 0
-    due: float = 0.0
+    """Work for the recovery thread, retried while Redis is away (each kind below says what)."""
+
+    attempts: int = field(default=0, kw_only=True)
+    due: float = field(default=0.0, kw_only=True)  # monotonic: not before
+
+
+@dataclass
+class Requeue(Task):
+    """Put back the job a reaped worker held (or fail it past max_requeues)."""
+
+    job_id: str
+    reason: str
+    label: str  # the reason's class, for the metrics: "killed" or "died"
+    cause: str  # for a given-up job's ending: a kill's kind, or "died"
+
+    def __str__(self) -> str:
+        return f"requeue {self.job_id}"
+
+
+@dataclass
+class Forget(Task):
+    """A dead worker: its RQ registration and its lease go."""
+
+    worker_name: str
+
+    def __str__(self) -> str:
+        return f"forget {self.worker_name}"
+
+
+@dataclass
+class CountKill(Task):
+    """One kill, added to the cluster-wide kill budget's counter (budget.py)."""
+
+    key: str
+    window: float
+
+    def __str__(self) -> str:
+        return f"count_kill {self.key}"
+
+
+@dataclass
+class AskCull(Task):
+    """A token of the cluster-wide cull budget, asked once: no answer means no."""
+
+    ticket: int
+    wall: float
+
+    def __str__(self) -> str:
+        return f"cull {self.ticket}"
 
 
 @dataclass
@@ -170,7 +212,7 @@ class Recovery:
     def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
         """Put back the job a reaped worker held; `label` classes the reason ("killed", "died"),
         `cause` names it for a given-up job's ending (a kill's kind, or "died")."""
-        self._submit(Task("requeue", job_id, reason, label=label, cause=cause or label))
+        self._submit(Requeue(job_id, reason, label, cause or label))
 
     def endings(self) -> dict[str, int]:
         """Jobs given up on whose ending no worker has finished yet (as of the last sweep, plus
@@ -184,15 +226,15 @@ class Recovery:
         with self._cond:
             self._state.dead[worker_name] = time.monotonic()
             self._state.poked = True
-        self._submit(Task("forget", worker_name))
+        self._submit(Forget(worker_name))
 
     def count_kill(self, key: str, window: float) -> None:
         """Add one kill to the cluster-wide budget counter (see budget.py)."""
-        self._submit(Task("count_kill", key, str(window)))
+        self._submit(CountKill(key, window))
 
     def ask_cull(self, ticket: int, wall: float) -> None:
         """Ask for a token of the cluster-wide cull budget; the answer comes in `answers()`."""
-        self._submit(Task("cull", str(ticket), repr(wall)))
+        self._submit(AskCull(ticket, wall))
 
     def answers(self) -> dict[int, bool]:
         """Cull tickets answered since the last call: True if a token was taken."""
@@ -210,7 +252,7 @@ class Recovery:
     def pending(self) -> int:
         """Requeues not yet done (a forget does not count: RQ's TTL cleans those anyway)."""
         with self._cond:
-            return sum(t.kind == "requeue" for t in self._tasks) + self._busy
+            return sum(isinstance(t, Requeue) for t in self._tasks) + self._busy
 
     def drain(self, timeout: float) -> int:
         """Wait up to `timeout` for the requeues to be done; return how many are left."""
@@ -238,7 +280,7 @@ class Recovery:
                     return
                 now = time.monotonic()
                 due = [t for t in self._tasks if t.due <= now]
-                self._busy = sum(t.kind == "requeue" for t in due)
+                self._busy = sum(isinstance(t, Requeue) for t in due)
                 sweep = self.sweeping and (self._state.poked or now >= self._next_sweep)
             for task in due:
                 self._attempt(task)
@@ -258,10 +300,10 @@ class Recovery:
         return max(0.01, min(dues, default=now + 1.0) - now)
 
     def _attempt(self, task: Task) -> None:
-        if task.kind == "cull":  # optional by nature: no retries, and no answer means no
-            granted = self._take_cull_token(float(task.detail))
+        if isinstance(task, AskCull):  # optional by nature: no retries, and no answer means no
+            granted = self._take_cull_token(task.wall)
             with self._cond:
-                self._answers[int(task.subject)] = granted
+                self._answers[task.ticket] = granted
                 self._tasks.remove(task)
             return
         try:
@@ -279,9 +321,8 @@ class Recovery:
             if self._outage_since is None:
                 self._outage_since = now
                 log.error(
-                    "Redis unreachable while handling %s %s (%s: %s); retrying until it answers",
-                    task.kind,
-                    task.subject,
+                    "Redis unreachable while handling %s (%s: %s); retrying until it answers",
+                    task,
                     exc.__class__.__name__,
                     exc,
                 )
@@ -290,15 +331,14 @@ class Recovery:
         task.attempts += 1
         if task.attempts >= MAX_ATTEMPTS:
             log.error(
-                "giving up on %s %s after %d attempts: %s: %s", task.kind, task.subject, task.attempts,
-                exc.__class__.__name__, exc,
+                "giving up on %s after %d attempts: %s: %s", task, task.attempts, exc.__class__.__name__, exc,
             )  # fmt: skip
             self.counts.given_up += 1
             with self._cond:
                 self._tasks.remove(task)
             return
         task.due = now + min(RETRY_MAX, RETRY_INITIAL * 2**task.attempts)
-        log.warning("%s %s failed (%s: %s); retrying", task.kind, task.subject, exc.__class__.__name__, exc)
+        log.warning("%s failed (%s: %s); retrying", task, exc.__class__.__name__, exc)
 
     def _answered(self) -> None:
         if self._outage_since is not None:
@@ -315,15 +355,18 @@ class Recovery:
     # ---- tasks -------------------------------------------------------------------------
 
     def _do(self, task: Task) -> None:
-        if task.kind == "forget":
-            self._forget(task.subject)
-        elif task.kind == "count_kill":
-            with self.connection.pipeline() as pipe:
-                pipe.incr(task.subject)
-                pipe.expire(task.subject, int(float(task.detail) * 2) + 1)
-                pipe.execute()
-        else:
-            self._requeue_held(task.subject, task.detail, task.label, task.cause)
+        match task:
+            case Forget():
+                self._forget(task.worker_name)
+            case CountKill():
+                with self.connection.pipeline() as pipe:
+                    pipe.incr(task.key)
+                    pipe.expire(task.key, int(task.window * 2) + 1)
+                    pipe.execute()
+            case Requeue():
+                self._requeue_held(task.job_id, task.reason, task.label, task.cause)
+            case _:
+                raise TypeError(f"not a recovery task: {task!r}")
 
     def _take_cull_token(self, wall: float) -> bool:
         current, previous, elapsed = cull_keys(wall, self.cfg.cull_window)

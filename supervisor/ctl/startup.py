@@ -1,0 +1,109 @@
+"""`herder run`'s start-up, before the watchdog: settle the configuration (the run-as user,
+the state dir, an embedded Redis when none is given), lock the state dir, then replace this
+process (exec) with the watchdog. No click here: the command (cli.py) turns a ConfigError or a
+held lock into its exit code and message.
+
+The exec keeps the pid a service manager started as the watchdog's, which is what systemd's
+Type=notify and KillMode=mixed need.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from herder.common import statelock
+from herder.common.config import ENV_RESOLVED, Config, ConfigError
+
+MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+
+
+def default_state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/run/herder"
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return os.path.join(base, f"herder-{os.getuid()}")
+
+
+def check_user(name: str) -> pwd.struct_passwd | None:
+    if not name:
+        return None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ConfigError("user", f"no such user: {name!r}") from None
+    if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
+        raise ConfigError("user", f"only root can run herder as another user ({name!r})")
+    return entry
+
+
+def prepare_state_dir(path: str, owner: pwd.struct_passwd | None = None) -> str:
+    """The state dir holds the control socket and logs: 0700, ours, not a symlink."""
+    p = Path(path).absolute()
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    uid = owner.pw_uid if owner else os.geteuid()
+    if owner and p.lstat().st_uid != uid and not p.is_symlink():
+        os.chown(p, owner.pw_uid, owner.pw_gid)  # the master runs as this user and writes here
+    st = p.lstat()
+    if p.is_symlink() or st.st_uid != uid:
+        raise ConfigError("state_dir", f"{p} must be a directory owned by uid {uid}, not a symlink")
+    if st.st_mode & 0o077:
+        os.chmod(p, 0o700)
+    longest = os.path.join(str(p), "herder.sock")
+    if len(longest.encode()) > MAX_SOCKET_PATH:
+        raise ConfigError(
+            "state_dir",
+            f"{p} is too long: the control socket path would exceed "
+            f"{MAX_SOCKET_PATH} bytes, the limit for Unix sockets",
+        )
+    return str(p)
+
+
+def settle(cfg: Config) -> pwd.struct_passwd | None:
+    """What `herder run` decides before anything starts, in `cfg`: the state dir (made 0700 and
+    ours), an embedded Redis when no URL is given. Returns the user to run as (None: this one).
+    Raises ConfigError naming the key."""
+    owner = check_user(cfg.user)
+    if not cfg.state_dir:
+        cfg.defaulted.append("state_dir")  # a reload compares the file's silence, not this path
+    cfg.state_dir = prepare_state_dir(cfg.state_dir or default_state_dir(), owner)
+    if cfg.redis_url is None:
+        # No Redis given: the watchdog runs a private one in the state dir.
+        import herder.watchdog.embedded_redis as embedded_redis  # only now: every command starts faster
+
+        if shutil.which("redis-server") is None:
+            raise ConfigError(
+                "redis_url", f"not set, and no redis-server on PATH. {embedded_redis.INSTALL_HINT}"
+            )
+        cfg.embedded_redis = True
+        cfg.redis_url = embedded_redis.url_for(cfg.state_dir)
+    return owner
+
+
+def lock_state_dir(state_dir: str, owner: pwd.struct_passwd | None) -> int:
+    """One herder per state dir (herder.common.statelock): the lock's descriptor, before
+    anything of this one starts. Raises statelock.Locked naming the live herder, or OSError."""
+    fd = statelock.acquire(state_dir)
+    if owner:
+        os.fchown(fd, owner.pw_uid, owner.pw_gid)  # like the state dir: that user may run herder there later
+    return fd
+
+
+def exec_watchdog(cfg: Config, lock_fd: int) -> None:
+    """Become the watchdog, handing it the resolved settings and the state dir's lock."""
+    env = dict(os.environ)
+    env[ENV_RESOLVED] = cfg.to_env()
+    env[statelock.ENV_LOCK_FD] = str(lock_fd)
+    os.set_inheritable(lock_fd, True)  # through this exec only: the watchdog makes it close-on-exec again
+    sys.stderr.flush()
+    # As PID 1 (a container) a signal with no handler is dropped: a SIGTERM while the watchdog
+    # starts would be lost. Blocked, it stays pending through the exec until the watchdog's
+    # handlers are in place (it unblocks them then: watchdog/core.py, install_signals).
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "herder.watchdog"], env)

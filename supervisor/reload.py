@@ -1,0 +1,145 @@
+"""`herder reload` and SIGHUP: re-read the config file and hand each setting to the part that
+uses it, all or nothing.
+
+Settings pinned by the environment or flags stay. A changed key that only a restart of herder
+applies refuses the whole reload (herder.common.config.reload_plan); so does a pool that would
+turn its cluster cap on or off. Pools added start, pools removed drain, a changed pool is
+resized or rolled alone. Runs in the reconcile loop (commands.py hands it the request).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from herder.common.config import (
+    KEYS,
+    WORKERS,
+    Config,
+    ConfigError,
+    all_queues,
+    pool_configs,
+    reload_plan,
+    reload_policy,
+    reread,
+)
+from herder.supervisor.hooks import EventHooks
+from herder.supervisor.pool import Pool
+from herder.supervisor.redis_side.load_reader import LoadReader
+from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.uplink import Uplink
+
+if TYPE_CHECKING:
+    from herder.supervisor.guard import KillGuard
+    from herder.supervisor.launcher import Clock
+
+log = logging.getLogger("herder")
+
+
+class Reloadable(Protocol):
+    """What a reload reads and changes of the master (herder.supervisor.master.Master)."""
+
+    cfg: Config
+    started_cfg: Config  # what the watchdog started with: it never re-reads the file
+    clock: Clock
+    host_id: str
+    pools: dict[str, Pool]
+    tickets: Iterator[int]  # cull-ticket numbers, unique across pools (a new pool's Retirement)
+    guard: KillGuard
+    recovery: Recovery | None
+    reader: LoadReader | None
+    uplink: Uplink | None
+    hooks: EventHooks
+
+
+def reload(m: Reloadable, why: str, restart: Callable[[str], int]) -> dict:
+    """Re-read the file and apply it; `restart(why)` rolls every pool's workers (returns how
+    many it replaces), for keys only new workers take."""
+    if not m.cfg.config_file:
+        log.warning("%s: no config file to re-read (herder run had no --config)", why)
+        return {"ok": False, "error": "herder run was started without --config: nothing to re-read"}
+    if m.uplink:
+        m.uplink.reloading()
+    try:
+        new = reread(m.cfg)
+        plan = reload_plan(m.cfg, new, m.started_cfg)
+        check_pool_caps(m, new)
+    except ConfigError as exc:
+        log.error("%s: keeping the running config: %s", why, exc)
+        if m.uplink:
+            m.uplink.ready()
+        return {"ok": False, "error": str(exc)}
+    pools_done = apply(m, new)
+    changed = sorted(plan.applied + plan.restart_workers)
+    log.info("%s: config re-read from %s; changed: %s", why, new.config_file, ", ".join(changed) or "nothing")
+    for line in pools_done:
+        log.info("%s: %s", why, line)
+    replacing = restart(f"{why} ({', '.join(plan.restart_workers)} changed)") if plan.restart_workers else 0
+    if m.uplink:
+        m.uplink.ready()
+    reply = {
+        "ok": True,
+        "changed": changed,
+        "applied": plan.applied,
+        "restart_workers": plan.restart_workers,
+        "replacing": replacing,
+    }
+    return reply | ({"pools": pools_done} if pools_done else {})
+
+
+def check_pool_caps(m: Reloadable, new: Config) -> None:
+    """A pool that stays may not turn its cluster cap on or off on reload (how it reserves
+    changes): ConfigError, and nothing changes. A pool added with a cap is fine."""
+    for name, pc in pool_configs(new).items():
+        pool = m.pools.get(name)
+        stays = pool is not None and not pool.draining and bool(m.cfg.pools and new.pools)
+        if stays and (pool.cfg.cluster_max_workers is None) != (pc.cluster_max_workers is None):
+            raise ConfigError(
+                f"pools.{name}.cluster_max_workers",
+                "turning a pool's cluster cap on or off changes how this host reserves; "
+                "only a restart of herder applies it; the running config is kept",
+                f"file {new.config_file}",
+            )
+
+
+def apply(m: Reloadable, new: Config) -> list[str]:
+    """Hand each setting to the part that uses it. Every part, every time: each setter is
+    cheap and keeps what did not change, and no changed key can be forgotten. Settings
+    read where they are used (deadlines, backoff, the workers limit) need only m.cfg.
+    Returns what happened to pools (added, removed, rolled)."""
+    done: list[str] = []
+    old_cfg, fresh = m.cfg, pool_configs(new)
+    for name, pool in list(m.pools.items()):
+        if name not in fresh and not pool.draining:
+            pool.draining = True  # its workers stop after their jobs; then it goes (master)
+            done.append(f"pool {name} removed: its workers finish their jobs and stop")
+    for name, pc in fresh.items():
+        pool = m.pools.get(name)
+        if pool is None or pool.draining:
+            m.pools[name] = Pool.build(name, pc, m.host_id, m.recovery, m.tickets)
+            if new.pools:
+                done.append(f"pool {name} added")
+            continue
+        rolled = [k for k in KEYS if getattr(pc, k) != getattr(pool.cfg, k) and reload_policy(k) == WORKERS]
+        if new.pools and pool.cfg != pc and old_cfg.pools.get(name) != new.pools.get(name):
+            done.append(f"pool {name} changed" + (f" ({', '.join(rolled)}: rolled)" if rolled else ""))
+            if rolled:
+                pool.generation += 1
+        pool.resize(pc)
+        pool.retirement.configure(pc)
+    m.cfg = new
+    m.guard.configure(new, m.clock.wall())
+    if m.recovery is not None:
+        m.recovery.configure(new)
+    if m.reader is not None:
+        m.reader.set_queues(all_queues(new))
+        m.reader.set_interval(min(pc.scale_interval for pc in fresh.values()))
+        for name, pc in fresh.items():
+            if pc.cluster_max_workers is not None:
+                m.reader.set_cluster(
+                    pc.cluster_max_workers, pc.host_ttl, new.kill_budget_window, name, m.host_id
+                )
+    logging.getLogger().setLevel(new.log_level.upper())
+    m.hooks.configure(new)
+    return done
