@@ -20,7 +20,7 @@ from herder.supervisor import reload
 from herder.supervisor.control import ControlServer
 from herder.supervisor.fleet import Worker
 from herder.supervisor.fleetview import Observed, fleet_view
-from herder.supervisor.pool import Pool
+from herder.supervisor.pool import Pool, PoolState
 from herder.supervisor.reload import Reloadable
 from herder.supervisor.snapshot import FleetView, build_status
 
@@ -146,7 +146,7 @@ class Commands:
         m, names = self.m, {p.name for p in pools}
         for pool in pools:
             if pool.paused != paused:
-                pool.paused = paused
+                pool.change_state(PoolState.PAUSED if paused else PoolState.ACTIVE)
                 what = "finish their jobs and take no new ones" if paused else "take jobs again"
                 where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
                 log.info("herder %s%s: workers %s", "pause" if paused else "resume", where, what)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from herder.common.config import Config, host_cpus
 from herder.supervisor.observations import FinishedJob, Observations
-from herder.supervisor.states import WorkerState, change_state
+from herder.supervisor.states import Cull, WorkerState, change_state
 
 log = logging.getLogger("herder")
 
@@ -77,7 +77,7 @@ class Worker:
     age_limit: float | None = None  # max_age plus this worker's jitter
     failed_seen: int = 0  # its failed jobs already timed into `failures`
     failures: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when (monotonic)
-    cull: str = ""  # "", "asked" (a cull token is on its way) or "denied"
+    cull: Cull = Cull.NONE  # where culling stands (states.CULL_TRANSITIONS; retirement.py moves it)
     cull_ticket: int = 0
     cull_asked_at: float = 0.0
     rss: float | None = None  # MB, its last reading (only with max_memory)
@@ -110,7 +110,7 @@ class Worker:
 
     @property
     def culled(self) -> bool:
-        return self.retire_reason.startswith("culled")
+        return self.cull == Cull.CULLED
 
 
 @dataclass

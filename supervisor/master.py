@@ -41,7 +41,15 @@ from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.scaling import pick_idle_to_stop
 from herder.supervisor.scheduler import SchedulerKeeper
-from herder.supervisor.states import LEAVING, WORKING, WorkerState, change_state
+from herder.supervisor.states import (
+    LEAVING,
+    PHASES,
+    WORKING,
+    IllegalTransition,
+    MasterPhase,
+    WorkerState,
+    change_state,
+)
 from herder.supervisor.uplink import Uplink
 
 if TYPE_CHECKING:  # imported with --http only (Master.__init__)
@@ -95,11 +103,11 @@ class Master:
         self.sched = sched or SchedulerKeeper(None, clock, self.host_id)  # RQ's scheduler: scheduler.py
         self.guard = KillGuard(cfg, recovery)
         self.endings = Endings()  # given-up jobs: which worker ends each (endings.py)
-        self.stopping = False
+        self.phase = MasterPhase.STARTING  # changed only through enter()
+        self.ready_at: float | None = None  # wall time the fleet was first ready (`ready` to the watchdog)
         self.spawns_pending = False  # pacing left spawns for the next pass: it comes soon
         self.started_at = clock.wall() if started_at is None else started_at
         self.restarts = restarts  # times the watchdog restarted the master before this one
-        self.ever_ready = False  # the fleet was ready once (`ready` to the watchdog, health)
         self.lagging_reads, self._lag_said_at = 0, float("-inf")  # silences the reader's lag explained
         self.health = HealthWatch()
         # /metrics, and the job metrics only it serves, with --http alone: only then does the
@@ -149,6 +157,21 @@ class Master:
     def target(self) -> int:
         """Workers wanted on this host: every pool's target."""
         return sum(p.target for p in self.pools.values() if not p.draining)
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase == MasterPhase.STOPPING
+
+    @property
+    def ever_ready(self) -> bool:
+        """The fleet was ready once: health judges a shortfall from here on, not a start."""
+        return self.ready_at is not None
+
+    def enter(self, new: MasterPhase) -> None:
+        """The one place the master's phase changes, checked against PHASES."""
+        if new not in PHASES[self.phase]:
+            raise IllegalTransition(f"master: {self.phase} -> {new} is not allowed")
+        self.phase = new
 
     @property
     def paused(self) -> bool:
@@ -293,8 +316,9 @@ class Master:
 
     def heartbeat(self) -> None:
         """`ready` once the fleet first is; `alive` and a status line to the watchdog."""
-        if not self.ever_ready and self.fleet_ready():
-            self.ever_ready = True
+        if self.phase == MasterPhase.STARTING and self.fleet_ready():
+            self.enter(MasterPhase.RUNNING)
+            self.ready_at = self.clock.wall()
             log.info("all %d workers ready", len(self.live_workers()))
             if self.uplink:
                 self.uplink.ready()
@@ -566,7 +590,7 @@ class Master:
 
     def begin_stop(self, hurry: bool, why: str) -> None:
         if not self.stopping:
-            self.stopping = True
+            self.enter(MasterPhase.STOPPING)
             log.info("%s: stopping %d workers (each finishes its job; stop timeout %g s)", why,
                      len(self.workers), self.cfg.stop_timeout)  # fmt: skip
             if self.uplink:

@@ -9,11 +9,29 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 
 from herder.common.config import Config
 from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.retirement import Retirement
+from herder.supervisor.states import IllegalTransition
+
+
+class PoolState(StrEnum):
+    """ACTIVE <--pause/resume--> PAUSED; either --a reload removes it--> DRAINING (final: its
+    workers finish their jobs and stop, then the master drops it)."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"  # `herder pause [--pool]`: its workers take no new jobs
+    DRAINING = "draining"
+
+
+POOL_TRANSITIONS: dict[PoolState, frozenset[PoolState]] = {
+    PoolState.ACTIVE: frozenset({PoolState.PAUSED, PoolState.DRAINING}),
+    PoolState.PAUSED: frozenset({PoolState.ACTIVE, PoolState.DRAINING}),
+    PoolState.DRAINING: frozenset(),
+}
 
 
 @dataclass
@@ -24,8 +42,21 @@ class Pool:
     retirement: Retirement
     target: int
     generation: int = 0  # bumped by a rolling restart of this pool
-    paused: bool = False  # `herder pause [--pool]`: its workers take no new jobs
-    draining: bool = False  # a reload removed it: its workers finish their jobs and stop
+    state: PoolState = PoolState.ACTIVE  # changed only through change_state
+
+    @property
+    def paused(self) -> bool:
+        return self.state == PoolState.PAUSED
+
+    @property
+    def draining(self) -> bool:
+        return self.state == PoolState.DRAINING
+
+    def change_state(self, new: PoolState) -> None:
+        """The one place a pool's state changes, checked against POOL_TRANSITIONS."""
+        if new != self.state and new not in POOL_TRANSITIONS[self.state]:
+            raise IllegalTransition(f"pool {self.name}: {self.state} -> {new} is not allowed")
+        self.state = new
 
     @classmethod
     def build(

@@ -25,7 +25,7 @@ from herder.common.config import (
     reread,
 )
 from herder.supervisor.hooks import EventHooks
-from herder.supervisor.pool import Pool
+from herder.supervisor.pool import Pool, PoolState
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.uplink import Uplink
@@ -112,7 +112,7 @@ def apply(m: Reloadable, new: Config) -> list[str]:
     old_cfg, fresh = m.cfg, pool_configs(new)
     for name, pool in list(m.pools.items()):
         if name not in fresh and not pool.draining:
-            pool.draining = True  # its workers stop after their jobs; then it goes (master)
+            pool.change_state(PoolState.DRAINING)  # its workers stop after their jobs; then it goes
             done.append(f"pool {name} removed: its workers finish their jobs and stop")
     for name, pc in fresh.items():
         pool = m.pools.get(name)

@@ -33,6 +33,7 @@ from herder.supervisor.fleet import Worker
 from herder.supervisor.observations import Observations
 from herder.supervisor.redis_side.budget import SlidingWindow
 from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.states import Cull, change_cull
 
 log = logging.getLogger("herder")
 
@@ -99,13 +100,13 @@ class Retirement:
         tickets the recovery thread answered (the master takes them once for every pool)."""
         if answers is None:
             answers = self.recovery.answers() if self.recovery else {}
-        self._asking = sum(1 for w in live if w.cull == "asked")
+        self._asking = sum(1 for w in live if w.cull == Cull.ASKED)
         planned = sum(1 for w in live if w.retire_reason and not w.culled)
         room = max(1, math.floor(self.cfg.recycle_share * target)) - planned
         for w in live:
             obs = w.proc.snapshot()
             self._count_failures(w, obs, now)
-            if w.cull == "asked" and w.cull_ticket in answers:
+            if w.cull == Cull.ASKED and w.cull_ticket in answers:
                 self._answered(w, answers[w.cull_ticket], now, wall)
             if w.retire_reason:
                 continue
@@ -122,7 +123,7 @@ class Retirement:
                 self.recycled[reason.split(":")[0]] += 1
                 room -= 1
                 log.info("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, reason)
-        denied = [w for w in live if w.cull == "denied"]
+        denied = [w for w in live if w.cull == Cull.DENIED]
         if self.degraded and not denied:
             log.warning("health ok again: no worker is waiting on the cull budget")
             self.degraded = ""
@@ -163,10 +164,10 @@ class Retirement:
         cfg = self.cfg
         failing = cfg.cull_failures > 0 and len(w.failures) >= cfg.cull_failures
         if not failing:
-            if w.cull == "denied":
-                w.cull = ""  # its jobs succeed again: nothing to cull
+            if w.cull == Cull.DENIED:
+                change_cull(w, Cull.NONE)  # its jobs succeed again: nothing to cull
             return
-        if w.cull == "asked" or (w.cull == "denied" and now - w.cull_asked_at < ASK_AGAIN):
+        if w.cull == Cull.ASKED or (w.cull == Cull.DENIED and now - w.cull_asked_at < ASK_AGAIN):
             return
         w.cull_asked_at = now
         if self.local.count(wall) + self._asking + 1 > cfg.cull_budget:  # asks in flight count
@@ -174,24 +175,25 @@ class Retirement:
         elif self.recovery is None:
             self._answered(w, True, now, wall)
         else:
-            w.cull, w.cull_ticket = "asked", next(self.tickets)
+            change_cull(w, Cull.ASKED)
+            w.cull_ticket = next(self.tickets)
             self._asking += 1
             self.recovery.ask_cull(w.cull_ticket, wall)
 
     def _answered(self, w: Worker, granted: bool, now: float, wall: float) -> None:
-        self._asking -= w.cull == "asked"
+        self._asking -= w.cull == Cull.ASKED
         if not granted:
             self._deny(w, "cluster-wide (or Redis did not answer)")
             return
         self.local.add(wall)
-        w.cull = ""
+        change_cull(w, Cull.CULLED)
         w.retire_reason = f"culled: {len(w.failures)} failed jobs within {self.cfg.cull_failure_window:g} s"
         self.recycled["culled"] += 1
         log.warning("slot %d pid %d: %s; stopped as its replacement starts", w.slot, w.pid, w.retire_reason)
 
     def _deny(self, w: Worker, where: str) -> None:
-        first = w.cull != "denied"
-        w.cull = "denied"
+        first = w.cull != Cull.DENIED
+        change_cull(w, Cull.DENIED)
         self.degraded = (
             f"cull budget spent {where}: {self.cfg.cull_budget} culls per {self.cfg.cull_window:g} s; "
             "workers whose jobs keep failing are left running"

@@ -65,6 +65,53 @@ class IllegalTransition(RuntimeError):
     pass
 
 
+class MasterPhase(StrEnum):
+    """The master's own life: STARTING --the fleet first ready--> RUNNING --stop--> STOPPING;
+    a stop may come while it starts. A started master never goes back (the watchdog replaces
+    a master that failed; a new one starts again)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+
+
+PHASES: dict[MasterPhase, frozenset[MasterPhase]] = {
+    MasterPhase.STARTING: frozenset({MasterPhase.RUNNING, MasterPhase.STOPPING}),
+    MasterPhase.RUNNING: frozenset({MasterPhase.STOPPING}),
+    MasterPhase.STOPPING: frozenset(),
+}
+
+
+class Cull(StrEnum):
+    """Where culling stands for a worker whose jobs keep failing (herder.supervisor.retirement):
+
+    NONE --failing, a token asked--> ASKED --granted--> CULLED (stopped as its replacement starts)
+      |                                |
+      +--budget spent on this host-----+--refused or no answer--> DENIED
+    DENIED --asked again later--> ASKED;  DENIED --its jobs succeed again--> NONE
+    """
+
+    NONE = "none"
+    ASKED = "asked"  # a token of the cluster-wide cull budget is on its way
+    DENIED = "denied"  # the budget is spent: left running, asked again later
+    CULLED = "culled"  # final: it retires
+
+
+CULL_TRANSITIONS: dict[Cull, frozenset[Cull]] = {
+    Cull.NONE: frozenset({Cull.ASKED, Cull.DENIED, Cull.CULLED}),  # CULLED: no Redis to ask
+    Cull.ASKED: frozenset({Cull.CULLED, Cull.DENIED}),
+    Cull.DENIED: frozenset({Cull.ASKED, Cull.NONE}),
+    Cull.CULLED: frozenset(),
+}
+
+
+def change_cull(w: HasCull, new: Cull) -> None:
+    """The one place a worker's culling moves, checked against CULL_TRANSITIONS."""
+    if w.cull != new and new not in CULL_TRANSITIONS[w.cull]:
+        raise IllegalTransition(f"{w.label}: cull {w.cull} -> {new} is not allowed")
+    w.cull = new
+
+
 class HasState(Protocol):
     """What the funnel reads and changes of a worker (herder.supervisor.fleet.Worker)."""
 
@@ -72,6 +119,15 @@ class HasState(Protocol):
 
     @property
     def label(self) -> str: ...  # `slot 3 pid 1234`, `scheduler pid 1234`
+
+
+class HasCull(Protocol):
+    """What change_cull reads and changes of a worker (herder.supervisor.fleet.Worker)."""
+
+    cull: Cull
+
+    @property
+    def label(self) -> str: ...
 
 
 def change_state(w: HasState, new: WorkerState, reason: str, level: int = logging.INFO) -> None:

@@ -3,8 +3,9 @@ user runs it: `podman build` of deploy/container/Dockerfile, then a container of
 384 MiB on a read-only root, with the image's own herder.toml, the test jobs as the job code
 and a redis-server on the host.
 
-It skips, saying why, where no container can run; with HERDER_REQUIRE_CONTAINER=1 (.ci/run)
-that is a failure instead, so CI never passes by skipping it.
+It skips, saying why, where no container can run; with HERDER_REQUIRE_CONTAINER=1 (.ci/run,
+which runs it as a step of its own: `-m container`) that is a failure instead, so CI never
+passes by skipping it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from harness import JobsHelper, free_port, reap_adopted, wait_for
 from podman import REPO, Podman, Unusable, build_image, redis_image
 from test_container import SECRET_PLACEHOLDER, image_uid
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.container]
 
 # slirp4netns' address for the host's loopback, with allow_host_loopback: the container
 # reaches the test's redis-server, which listens on 127.0.0.1 only.

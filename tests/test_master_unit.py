@@ -18,10 +18,19 @@ from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
 from herder.supervisor.metrics import vitals_of
 from herder.supervisor.observations import Observations
+from herder.supervisor.pool import PoolState
 from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import Reading
 from herder.supervisor.scaling import Load
-from herder.supervisor.states import TRANSITIONS, IllegalTransition, WorkerState, change_state
+from herder.supervisor.states import (
+    TRANSITIONS,
+    Cull,
+    IllegalTransition,
+    MasterPhase,
+    WorkerState,
+    change_cull,
+    change_state,
+)
 
 # ---- spawn, ready, reap ----------------------------------------------------------------------
 
@@ -595,3 +604,32 @@ def test_memory_pressure_holds_scale_up_and_says_why_in_status_and_health(clock:
             assert vitals_of(view).memory_pressure == "cgroup memory 352 MiB of 384 MiB (92%)"
     # Eased: the next reading scales up.
     assert m.target > 1 and not m.commands.view().memory_pressure
+
+
+# ---- the other explicit states: the master's phase, a pool's, a worker's culling ------------
+
+
+def test_the_master_pool_and_cull_states_move_only_along_their_tables(clock: FakeClock) -> None:
+    m, _, _ = make(clock, workers=1)
+    m.step()
+    assert m.phase == MasterPhase.STARTING and not m.ever_ready
+    all_ready(m)
+    assert m.phase == MasterPhase.RUNNING and m.ever_ready and m.ready_at is not None
+    m.begin_stop(hurry=False, why="test")
+    assert m.stopping and m.ever_ready  # a stop keeps what the fleet was
+    with pytest.raises(IllegalTransition):
+        m.enter(MasterPhase.RUNNING)  # a stopping master never runs again
+
+    pool = m.pool_list()[0]
+    pool.change_state(PoolState.PAUSED)
+    assert pool.paused and not pool.draining
+    pool.change_state(PoolState.DRAINING)
+    with pytest.raises(IllegalTransition):
+        pool.change_state(PoolState.ACTIVE)  # a removed pool only drains
+
+    w = next(iter(m.workers.values()))
+    for step in (Cull.ASKED, Cull.DENIED, Cull.NONE, Cull.DENIED, Cull.ASKED, Cull.CULLED):
+        change_cull(w, step)
+    assert w.culled
+    with pytest.raises(IllegalTransition):
+        change_cull(w, Cull.NONE)  # culled is final: it retires
