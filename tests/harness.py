@@ -26,6 +26,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -576,3 +578,14 @@ def run_jobs_killing_one_holder(h: Herder, conn: Redis, tag: str) -> dict[str, A
     status = h.snapshot()
     assert status["totals"]["requeued"] == 1 and status["scheduler"]["holds"] == ["default"]
     return status
+
+
+def http_status(url: str) -> int | None:
+    """The HTTP status a GET of `url` answers with; None while nothing answers there."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None

@@ -33,7 +33,7 @@ import psutil
 import pytest
 import yaml
 
-from harness import HERDER, HERDERS, TAG_VAR, Herder, free_port, tagged, wait_for
+from harness import HERDER, HERDERS, TAG_VAR, Herder, free_port, http_status, tagged, wait_for
 from herder.common import config as settings
 from herder.common.config import limits
 from herder.supervisor.ctl import service
@@ -480,16 +480,6 @@ def nspids(pid: int) -> list[int]:
             if line.startswith("NSpid:"):
                 return [int(x) for x in line.split()[1:]]
     raise AssertionError(f"no NSpid for {pid}")
-
-
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
 
 
 def child_running(parent: int, argv_tail: list[str]) -> psutil.Process | None:

@@ -16,8 +16,6 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +25,7 @@ import psutil
 import pytest
 from redis import Redis
 
-from harness import JobsHelper, free_port, reap_adopted, wait_for
+from harness import JobsHelper, free_port, http_status, reap_adopted, wait_for
 from podman import REPO, Podman, Unusable, build_image, redis_image
 from test_container import SECRET_PLACEHOLDER, image_uid
 
@@ -55,16 +53,6 @@ def image() -> Iterator[tuple[Podman, str]]:
         yield podman, tag
     finally:
         podman.run("rmi", "-f", tag, check=False, timeout=300)
-
-
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
 
 
 class Container:
