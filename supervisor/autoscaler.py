@@ -13,7 +13,15 @@ import logging
 from herder.common.config import Config
 from herder.supervisor.redis_side.cluster import share_of
 from herder.supervisor.redis_side.load_reader import Reading
-from herder.supervisor.scaling import Load, ScaleConfig, ScaleState, decide, learn_rate, smoothed_growth
+from herder.supervisor.scaling import (
+    Load,
+    ScaleConfig,
+    ScaleState,
+    clamp,
+    decide,
+    learn_rate,
+    smoothed_growth,
+)
 from herder.supervisor.snapshot import QueueStats
 
 log = logging.getLogger("herder")
@@ -21,8 +29,8 @@ log = logging.getLogger("herder")
 
 def policy_config(cfg: Config) -> ScaleConfig:
     return ScaleConfig(
-        lowest=cfg.floor,
-        highest=cfg.cluster_max_workers or cfg.ceiling,
+        floor=cfg.floor,
+        ceiling=cfg.cluster_max_workers or cfg.ceiling,
         scale_down_delay=cfg.scale_down_delay,
         drain_target=cfg.drain_target,
         max_wait=cfg.max_wait,
@@ -58,7 +66,7 @@ class Autoscaler:
         """New bounds or timings (herder scale, reload): clamp what was decided into them."""
         self.cfg = cfg
         self.policy = policy_config(cfg)
-        self.cluster_desired = max(self.policy.lowest, min(self.policy.highest, self.cluster_desired))
+        self.cluster_desired = clamp(self.cluster_desired, self.policy)
         self.queues = {k: v for k, v in self.queues.items() if k in cfg.queues}
 
     def fold(
@@ -85,9 +93,7 @@ class Autoscaler:
         target = decision.desired
         if self.cfg.cluster_max_workers is not None:
             hosts = reading.grant.hosts if reading.grant else (self.host_id,)
-            target = max(
-                self.cfg.floor, min(self.cfg.ceiling, share_of(decision.desired, hosts, self.host_id))
-            )
+            target = self.cfg.bound(share_of(decision.desired, hosts, self.host_id))  # this host's share
             if reading.grant is not None:
                 self.grant = reading.grant.granted
         if paused and target > current:

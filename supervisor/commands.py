@@ -186,13 +186,14 @@ class Commands:
             return found
         pool = found[0]
         cfg = pool.cfg
+        bounds: dict[str, int]
         if "workers" in body:
             n = int(body["workers"])
             if n < 1:
                 return {"ok": False, "error": "workers must be at least 1"}
             if cfg.autoscale:
                 return {"ok": False, "error": "autoscaling is on: use --min/--max"}
-            new = replace(cfg, workers=n)
+            bounds = {"workers": n}
         else:
             if not cfg.autoscale:
                 return {
@@ -203,22 +204,17 @@ class Commands:
             hi = int(body.get("max", cfg.ceiling))
             if not 0 <= lo <= hi or hi < 1:
                 return {"ok": False, "error": f"need 0 <= min <= max and max >= 1, got {lo}, {hi}"}
-            new = replace(cfg, min_workers=lo, max_workers=hi)
+            bounds = {"min_workers": lo, "max_workers": hi}
+        new = replace(pool.configured, **bounds)
         others = sum(p.cfg.floor for p in pools if p is not pool)
         if new.ceiling > new.limit or new.floor + others > new.limit:
             log.warning("scale to %d refused: above %s", new.ceiling, new.describe_limit())
             return {"ok": False, "error": f"{new.ceiling} workers is above {new.describe_limit()}"}
-        self.resize(pool, new)
-        bounds = f"min {new.floor}, max {new.ceiling}" if new.autoscale else "fixed"
+        pool.scale(bounds)
+        shown = f"min {new.floor}, max {new.ceiling}" if new.autoscale else "fixed"
         where = "" if pool.name == DEFAULT_POOL else f"pool {pool.name}: "
-        log.info("scale: %starget now %d workers (%s)", where, pool.target, bounds)
+        log.info("scale: %starget now %d workers (%s)", where, pool.target, shown)
         return {"ok": True, "pool": pool.name, "desired": pool.target, "min": new.floor, "max": new.ceiling}
-
-    def resize(self, pool: Pool, cfg: Config) -> None:
-        """New worker bounds for a pool; with one pool its settings are the host's too."""
-        pool.resize(cfg)
-        if not self.m.cfg.pools:
-            self.m.cfg = cfg
 
     def reload(self, why: str) -> dict:
         """`herder reload` and SIGHUP (reload.py); keys only new workers take roll every pool."""

@@ -69,7 +69,7 @@ def fleet_view(m: Observed) -> FleetView:
     queue_stats = {q: p.scaler.queues.get(q) for p in pools for q in p.cfg.queues}
     rates = [p.scaler.state.per_worker for p in pools if p.scaler.state.per_worker is not None]
     return FleetView(
-        cfg=m.cfg,
+        cfg=m.cfg if m.cfg.pools else pools[0].cfg,  # one pool: its bounds are the host's (scale)
         host_id=m.host_id,
         started_at=m.started_at,
         now=now,
@@ -149,6 +149,7 @@ def pool_view(m: Observed, pool: Pool) -> dict[str, Any]:
         "autoscale": cfg.autoscale,
         "min": cfg.floor,
         "max": cfg.ceiling,
+        "scaled": dict(pool.scaled),  # `herder scale`'s bounds over the file's, {}: none
         "desired": pool.target,
         # What the pool's queues call for across the cluster before this host's bounds (the
         # figure a KEDA ScaledObject scales hosts by); a fixed-size pool wants its size.
@@ -193,7 +194,8 @@ def settings(m: Observed) -> dict[str, Any]:
     one does: a reload that did not reach a part shows here. With pools, the fleet
     settings shown are the first pool's; `pools` has what each pool sets itself."""
     first = m.pool_list()[0]
-    out: dict[str, Any] = {k: getattr(m.cfg, k) for k in KEYS}
+    in_force = m.cfg if m.cfg.pools else first.cfg  # one pool: `herder scale`'s bounds are the host's
+    out: dict[str, Any] = {k: getattr(in_force, k) for k in KEYS}
     out.update({k: redact_setting(k, out[k]) for k in SECRET_KEYS if out[k]})
     out.update(
         redis_url=redact_url(m.cfg.redis_url),

@@ -7,8 +7,9 @@ in the file there is one pool, `default`, and herder behaves as it always did.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from herder.common.config import Config
@@ -16,6 +17,11 @@ from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.retirement import Retirement
 from herder.supervisor.states import IllegalTransition
+
+log = logging.getLogger("herder")
+
+# A pool's worker bounds: what `herder scale` may set over the file's values.
+BOUND_KEYS = ("workers", "min_workers", "max_workers")
 
 
 class PoolState(StrEnum):
@@ -36,11 +42,17 @@ POOL_TRANSITIONS: dict[PoolState, frozenset[PoolState]] = {
 
 @dataclass
 class Pool:
+    """One fleet's state. Its settings in force (`cfg`) are one owner's: the file's and flags'
+    (`configured`, which a reload replaces) with the operator's `herder scale` over their
+    bounds (`scaled`); everything else reads `cfg`, and only `configure` and `scale` change it."""
+
     name: str
-    cfg: Config
+    cfg: Config  # in force: `configured` with `scaled` over it
     scaler: Autoscaler
     retirement: Retirement
     target: int
+    configured: Config  # as the file and flags say (a reload's new values land here)
+    scaled: dict[str, int] = field(default_factory=dict)  # `herder scale`'s bounds, {}: none
     generation: int = 0  # bumped by a rolling restart of this pool
     state: PoolState = PoolState.ACTIVE  # changed only through change_state
 
@@ -64,12 +76,28 @@ class Pool:
     ) -> Pool:
         """`tickets`: the master's cull-ticket numbers, unique across its pools."""
         retirement = Retirement(cfg, recovery, tickets=tickets)
-        return cls(name, cfg, Autoscaler(cfg, host_id), retirement, cfg.floor)
+        return cls(name, cfg, Autoscaler(cfg, host_id), retirement, cfg.floor, configured=cfg)
 
-    def resize(self, cfg: Config) -> None:
-        """New settings with new worker bounds (`herder scale`, a reload): the target moves into
-        them at once; autoscaling turned on starts from the count running so far."""
-        self.target = max(cfg.floor, min(cfg.ceiling, self.target)) if cfg.autoscale else cfg.workers
+    def configure(self, cfg: Config) -> None:
+        """The file's settings anew (a reload). `herder scale`'s bounds stay over them unless the
+        file changed the bounds itself: then the file's are in force again."""
+        if self.scaled and any(getattr(cfg, k) != getattr(self.configured, k) for k in BOUND_KEYS):
+            log.info(
+                "pool %s: the file's new worker bounds replace herder scale's %s", self.name, self.scaled
+            )
+            self.scaled = {}
+        self.configured = cfg
+        self._apply(replace(cfg, **self.scaled))
+
+    def scale(self, bounds: dict[str, int]) -> None:
+        """`herder scale`: new bounds over the file's (workers, or min_workers and max_workers)."""
+        self.scaled = {k: v for k, v in bounds.items() if k in BOUND_KEYS}
+        self._apply(replace(self.configured, **self.scaled))
+
+    def _apply(self, cfg: Config) -> None:
+        """The target moves into the new bounds at once; autoscaling turned on starts from the
+        count running so far."""
+        self.target = cfg.bound(self.target) if cfg.autoscale else cfg.workers
         self.scaler.configure(cfg)
         self.cfg = cfg
 

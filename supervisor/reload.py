@@ -121,12 +121,13 @@ def apply(m: Reloadable, new: Config) -> list[str]:
             if new.pools:
                 done.append(f"pool {name} added")
             continue
-        rolled = [k for k in KEYS if getattr(pc, k) != getattr(pool.cfg, k) and reload_policy(k) == WORKERS]
-        if new.pools and pool.cfg != pc and old_cfg.pools.get(name) != new.pools.get(name):
+        was = pool.configured  # the file's last values: `herder scale`'s bounds are no change
+        rolled = [k for k in KEYS if getattr(pc, k) != getattr(was, k) and reload_policy(k) == WORKERS]
+        if new.pools and was != pc and old_cfg.pools.get(name) != new.pools.get(name):
             done.append(f"pool {name} changed" + (f" ({', '.join(rolled)}: rolled)" if rolled else ""))
             if rolled:
                 pool.generation += 1
-        pool.resize(pc)
+        pool.configure(pc)
         pool.retirement.configure(pc)
     m.cfg = new
     m.guard.configure(new, m.clock.wall())

@@ -30,10 +30,11 @@ DOWN_STEP = 0.1
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    # Bounds of the count the policy decides: this host's, or with a cluster cap the whole
-    # cluster's (each host then runs its share; see herder.supervisor.autoscaler).
-    lowest: int
-    highest: int
+    # Bounds of the count the policy decides, the pool's min_workers and max_workers (Config's
+    # floor and ceiling); with a cluster cap, the ceiling is the whole cluster's (each host then
+    # runs its share; see herder.supervisor.autoscaler).
+    floor: int
+    ceiling: int
     scale_down_delay: float = 30.0
     drain_target: float = 30.0
     # The latency target (`max_wait`): no waiting job should wait longer than this; None: none.
@@ -70,13 +71,14 @@ class Decision:
     desired: int
     need: int
     reason: str
-    # What the load calls for before any bound (lowest, highest): for a scaler outside herder
-    # (KEDA: herder_workers_wanted) that adds hosts when one host's highest is not enough.
+    # What the load calls for before any bound (floor, ceiling): for a scaler outside herder
+    # (KEDA: herder_workers_wanted) that adds hosts when one host's ceiling is not enough.
     wanted: int = 0
 
 
 def clamp(value: int, cfg: ScaleConfig) -> int:
-    return max(cfg.lowest, min(cfg.highest, value))
+    """`value` within the bounds: the policy's one way to apply them."""
+    return max(cfg.floor, min(cfg.ceiling, value))
 
 
 def learn_rate(state: ScaleState, completed: int, busy_seconds: float, cfg: ScaleConfig) -> ScaleState:
@@ -179,9 +181,9 @@ def decide(
         ), state
     earlier = [n for _, n in recent[:-1]] or [raw]
     noise = max(earlier) - min(earlier)
-    highest = max(raw, *earlier)
-    target = clamp(min(current, math.ceil(highest + noise - 1e-9)), cfg)
-    spread = f"need {min(earlier):.1f} to {highest:.1f} over the last {cfg.scale_down_delay:.0f} s"
+    peak = max(raw, *earlier)
+    target = clamp(min(current, math.ceil(peak + noise - 1e-9)), cfg)
+    spread = f"need {min(earlier):.1f} to {peak:.1f} over the last {cfg.scale_down_delay:.0f} s"
     if target < hold and (noise == 0 or hold - target >= max(2, math.ceil(DOWN_STEP * hold))):
         return Decision(target, need, f"scale down: {spread}", wanted), state
     return Decision(hold, need, f"need {need}: holding {hold}, {spread}", wanted), state

@@ -131,6 +131,9 @@ class FakeRecovery:
     def start(self) -> None:
         pass
 
+    def configure(self, cfg: Config) -> None:  # a reload's settings
+        self.cfg = cfg
+
     def tell(self, holding: dict[str, str | None]) -> None:
         self.told = dict(holding)
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc, all_ready, live, make
-from herder.supervisor import fleet
+from herder.supervisor import fleet, reload
 from herder.supervisor.fleet import Worker
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
@@ -428,7 +428,7 @@ def test_stopping_workers_count_towards_the_limit(clock: FakeClock, window: int)
         proc.busy("long")
     m.step()
     # A lower limit (a reload): the idle half is stopped; those still finish up meanwhile.
-    m.commands.resize(m.pool_list()[0], replace(m.cfg, workers=4, workers_limit=4))
+    reload.apply(m, replace(m.cfg, workers=4, workers_limit=4))
     m.step()
     assert sorted(w.slot for w in m.workers.values() if w.state == WorkerState.STOPPING) == [4, 5, 6, 7]
     clock.advance(2)

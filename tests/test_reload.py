@@ -253,6 +253,34 @@ def test_reload_turns_autoscaling_on_changes_its_bounds_and_turns_it_off(herder,
     h.stop_and_check()
 
 
+@pytest.mark.slow
+def test_herder_scale_outlives_a_reload_that_leaves_the_files_bounds_as_they_were(
+    herder, tmp_path: Path
+) -> None:
+    """`herder scale` sets bounds over the file's: a reload of other settings keeps them; a
+    reload that changes the file's own bounds puts the file's in force again."""
+    conf = tmp_path / "herder.toml"
+    conf.write_text(toml({"workers": 2, "workers_limit": 8}))
+    h = herder(config=str(conf), workers=None)
+    h.wait_workers(2)
+    assert herder_cli(h, "scale", "4").returncode == 0
+    h.wait_workers(4)
+    conf.write_text(toml({"workers": 2, "workers_limit": 8, "max_requeues": 7}))
+    reply = reload(h)
+    assert reply["applied"] == ["max_requeues"], reply  # the scaled count is no change of the file's
+    st = h.snapshot()
+    assert (st["desired"], st["settings"]["workers"], st["pools"]["default"]["scaled"]) == (
+        4,
+        4,
+        {"workers": 4},
+    )
+    conf.write_text(toml({"workers": 3, "workers_limit": 8, "max_requeues": 7}))
+    assert reload(h)["applied"] == ["workers"]
+    st = h.wait_status(lambda s: s["actual"] == 3, 20, what="the file's 3 workers in force")
+    assert (st["desired"], st["pools"]["default"]["scaled"]) == (3, {})
+    h.stop_and_check()
+
+
 REMOVED = object()
 
 
@@ -323,7 +351,7 @@ def test_autoscaling_turned_on_starts_from_the_count_running_and_waits_to_scale_
 
     m.reader = Reader()  # type: ignore[assignment]
     m.commands.rescale({"workers": 5})
-    m.commands.resize(m.pool_list()[0], replace(m.cfg, min_workers=1, max_workers=8))  # a reload turned it on
+    m.pool_list()[0].configure(replace(m.cfg, min_workers=1, max_workers=8))  # a reload turned it on
     assert m.target == 5
     m.scale()
     assert m.target == 5  # not back to the count herder started with, and not down at once

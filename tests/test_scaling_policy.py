@@ -61,8 +61,8 @@ def configs(draw: st.DrawFn) -> SimConfig:
     hi = draw(st.integers(lo, lo + 60))
     interval = draw(st.sampled_from([0.1, 0.5, 1.0, 2.0, 5.0]))
     return SimConfig(
-        lowest=lo,
-        highest=hi,
+        floor=lo,
+        ceiling=hi,
         interval=interval,
         scale_down_delay=interval * draw(st.one_of(st.floats(0.0, 60.0), st.just(30.0))),
         drain_target=draw(st.floats(1.0, 300.0)),
@@ -169,15 +169,15 @@ def changes(desired: list[int], start: int = 1) -> list[tuple[int, int]]:
 )
 def test_desired_is_always_within_min_and_max(cfg, rate, data, steps):
     # The starting count may be outside the bounds (e.g. max lowered by a config change).
-    current = data.draw(st.integers(0, cfg.highest + 10), label="current")
+    current = data.draw(st.integers(0, cfg.ceiling + 10), label="current")
     sim = Sim(cfg, state_with_rate(rate, cfg), current)
     low_since = None
     for obs, lag, learned in steps:
         load = None if obs is None else Load(sim.at, obs[0], obs[1])
         step = sim.observe(load, 0.0 if obs is None else obs[2], lag)
         d = step.decision
-        assert cfg.lowest <= d.desired <= cfg.highest, d
-        hold = max(cfg.lowest, min(cfg.highest, step.current))
+        assert cfg.floor <= d.desired <= cfg.ceiling, d
+        hold = max(cfg.floor, min(cfg.ceiling, step.current))
         if load is None:
             assert d.desired == hold  # Redis silent: hold the count, clamped
         else:
@@ -194,7 +194,7 @@ def test_desired_is_always_within_min_and_max(cfg, rate, data, steps):
 
 
 def test_no_reading_holds_the_count_clamped():
-    cfg = SimConfig(lowest=2, highest=8)
+    cfg = SimConfig(floor=2, ceiling=8)
     state = ScaleState(per_worker=1.0, growth=3.0)
     for current, held in [(0, 2), (2, 2), (5, 5), (8, 8), (50, 8)]:
         decision, after = decide(state, None, current, 4.0, cfg)
@@ -205,7 +205,7 @@ def test_no_reading_holds_the_count_clamped():
 def test_holding_above_max_is_clamped():
     # Regression. Counterexample found by the property above: max_workers 4, a fleet of 6
     # (max was lowered) and an idle queue: decide() held at 6 while waiting out the delay.
-    cfg = SimConfig(lowest=0, highest=4)
+    cfg = SimConfig(floor=0, ceiling=4)
     decision, _ = decide(ScaleState(), Load(0.0, 0, 0), 6, 0.0, cfg)
     assert decision.desired == 4
 
@@ -245,10 +245,10 @@ def test_pick_idle_to_stop_examples():
 def test_big_backlog_step_reaches_max_at_once(cfg, data):
     now = 1000.0
     state = data.draw(any_states(now), label="state")
-    current = data.draw(st.integers(0, cfg.highest + 3), label="current")
+    current = data.draw(st.integers(0, cfg.ceiling + 3), label="current")
     rate = state.per_worker
     # Enough to need max_workers: max * rate * drain_target jobs, or max jobs at cold start.
-    enough = math.ceil(cfg.highest * rate * cfg.drain_target) if rate is not None else cfg.highest
+    enough = math.ceil(cfg.ceiling * rate * cfg.drain_target) if rate is not None else cfg.ceiling
     sim = Sim(cfg, state, current, at=now)
     desired = []
     for _ in range(2):  # the backlog stays at least that large for two intervals
@@ -257,11 +257,11 @@ def test_big_backlog_step_reaches_max_at_once(cfg, data):
         completions = data.draw(st.floats(0.0, 500.0))
         desired.append(sim.step(backlog, running, completions).decision.desired)
     # Required: max within two intervals. The policy does it in one, whatever it remembered.
-    assert desired == [cfg.highest, cfg.highest]
+    assert desired == [cfg.ceiling, cfg.ceiling]
 
 
 def test_up_fast_examples():
-    cfg = SimConfig(lowest=1, highest=20, drain_target=30.0)
+    cfg = SimConfig(floor=1, ceiling=20, drain_target=30.0)
     # Cold start: one worker per waiting job.
     decision, _ = decide(ScaleState(), Load(0.0, 20, 0), 1, 0.0, cfg)
     assert decision.desired == 20
@@ -277,11 +277,11 @@ def test_a_latency_target_grows_a_fleet_the_length_rule_keeps():
     # within the 30 s drain target, so the length rule keeps 1 worker; but the oldest waits 6 s.
     state = ScaleState(per_worker=1.0, growth=-0.2, last=Load(0.0, 5, 1, 5.0))
     load = Load(1.0, 4, 1, oldest_age=6.0)
-    plain = ScaleConfig(lowest=1, highest=8, drain_target=30.0)
+    plain = ScaleConfig(floor=1, ceiling=8, drain_target=30.0)
     decision, _ = decide(state, load, 1, 1.0, plain)
     assert decision.desired == 1
     # A 2 s latency target drains the backlog within 2 s: 1 running + 4 waiting / (1/s * 2 s).
-    target = ScaleConfig(lowest=1, highest=8, drain_target=30.0, max_wait=2.0)
+    target = ScaleConfig(floor=1, ceiling=8, drain_target=30.0, max_wait=2.0)
     decision, _ = decide(state, load, 1, 1.0, target)
     assert decision.desired == 3 and "oldest job waited 6.0 s (max wait 2 s)" in decision.reason
     # A job older than the target adds a worker even where the backlog formula would not.
@@ -320,7 +320,7 @@ def burst(sim: Sim, extra: int) -> None:
     data=st.data(),
 )
 def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, prefix, extra, data):
-    start = data.draw(st.integers(cfg.lowest, cfg.highest), label="start")
+    start = data.draw(st.integers(cfg.floor, cfg.ceiling), label="start")
     sim = warmed_up(cfg, rate, prefix, start)
     burst(sim, extra)
     held = sim.current
@@ -332,7 +332,7 @@ def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, pre
         elapsed = i * cfg.interval
         if elapsed < cfg.scale_down_delay - 1e-6:
             assert d == held, (i, desired)  # not a worker less before the delay has elapsed
-    assert desired[reach:] == [cfg.lowest] * 5, (reach, desired)
+    assert desired[reach:] == [cfg.floor] * 5, (reach, desired)
 
 
 @MANY_EXAMPLES
@@ -345,7 +345,7 @@ def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, pre
     data=st.data(),
 )
 def test_a_load_fading_to_zero_reaches_min_a_delay_after_it_is_gone(cfg, rate, prefix, extra, fade, data):
-    start = data.draw(st.integers(cfg.lowest, cfg.highest), label="start")
+    start = data.draw(st.integers(cfg.floor, cfg.ceiling), label="start")
     sim = warmed_up(cfg, rate, prefix, start)
     burst(sim, extra)
     held = sim.current
@@ -359,11 +359,11 @@ def test_a_load_fading_to_zero_reaches_min_a_delay_after_it_is_gone(cfg, rate, p
     assert all(a >= b for a, b in pairwise(desired))  # straight down, no bounce
     # Min within the delay after the queue is empty (+1 interval of float slack), which is
     # at most the delay plus the fade: never the two delays of a staircase.
-    assert desired[fade - 1 + reach :] == [cfg.lowest] * (len(desired) - fade + 1 - reach), desired
+    assert desired[fade - 1 + reach :] == [cfg.floor] * (len(desired) - fade + 1 - reach), desired
 
 
 def test_down_slowly_example():
-    cfg = SimConfig(lowest=1, highest=10, scale_down_delay=30.0)
+    cfg = SimConfig(floor=1, ceiling=10, scale_down_delay=30.0)
     sim = Sim(cfg, ScaleState(per_worker=1.0), 1)
     sim.step(300, 0, 0.0)
     assert sim.current == 10
@@ -394,8 +394,8 @@ def noisy_scenarios(draw: st.DrawFn, workers_from_backlog: float):
     interval = draw(st.sampled_from([0.5, 1.0, 2.0]))
     hi = draw(st.integers(1, 300))
     cfg = SimConfig(
-        lowest=draw(st.integers(0, hi)),
-        highest=hi,
+        floor=draw(st.integers(0, hi)),
+        ceiling=hi,
         interval=interval,
         scale_down_delay=interval * draw(st.integers(20, 60)),
         drain_target=draw(st.floats(10.0, 120.0)),
@@ -411,7 +411,7 @@ def noisy_scenarios(draw: st.DrawFn, workers_from_backlog: float):
 @given(scenario=noisy_scenarios(workers_from_backlog=10.0))
 def test_noisy_constant_load_changes_desired_only_a_few_times(scenario):
     cfg, rate, running, level, seed = scenario
-    steps = noisy_constant_load(cfg, rate, running, level, seed, start=cfg.lowest)
+    steps = noisy_constant_load(cfg, rate, running, level, seed, start=cfg.floor)
     desired = [s.decision.desired for s in steps]
     later = changes(desired, start=10)
     assert len(later) <= 3, (later, desired)
@@ -423,7 +423,7 @@ def test_noisy_constant_load_changes_desired_only_a_few_times(scenario):
 @given(scenario=noisy_scenarios(workers_from_backlog=200.0), data=st.data())
 def test_noisy_load_never_goes_up_down_up_within_a_delay(scenario, data):
     cfg, rate, running, level, seed = scenario
-    start = data.draw(st.integers(cfg.lowest, cfg.highest), label="start")
+    start = data.draw(st.integers(cfg.floor, cfg.ceiling), label="start")
     steps = noisy_constant_load(cfg, rate, running, level, seed, start=start)
     desired = [s.decision.desired for s in steps]
     moves = changes(desired)
@@ -439,7 +439,7 @@ def test_noisy_load_regression():
     # 30 s drain target made need swing between 16 and 130; with seed 0 desired changed 22
     # times in 300 s, stayed between 53 and 130, and went 122 -> 86 at t=48 and back up to
     # 130 at t=49 (a scale-down kept only the highest need of the last 5 intervals).
-    cfg = SimConfig(lowest=1, highest=200)
+    cfg = SimConfig(floor=1, ceiling=200)
     for seed in range(5):
         steps = noisy_constant_load(cfg, 0.1, 10, 60, seed, start=1)
         desired = [s.decision.desired for s in steps]
@@ -464,7 +464,7 @@ def test_noisy_load_regression():
 def test_a_larger_backlog_never_gives_fewer_workers(cfg, data, backlogs_, running, completions):
     now = 1000.0
     state = data.draw(any_states(now), label="state")
-    current = data.draw(st.integers(0, cfg.highest + 3), label="current")
+    current = data.draw(st.integers(0, cfg.ceiling + 3), label="current")
     small, large = sorted(backlogs_)
     d_small, _ = decide(state, Load(now, small, running), current, completions, cfg)
     d_large, _ = decide(state, Load(now, large, running), current, completions, cfg)
@@ -480,14 +480,14 @@ def test_a_larger_backlog_never_gives_fewer_workers(cfg, data, backlogs_, runnin
 
 
 def test_workers_needed_cold_start_counts_a_worker_per_waiting_job():
-    cfg = SimConfig(lowest=0, highest=100)
+    cfg = SimConfig(floor=0, ceiling=100)
     assert workers_needed(Load(0.0, 7, 3), 0.0, None, 0.0, cfg) == 10
     assert workers_needed(Load(0.0, 0, 3), 0.0, None, 0.0, cfg) == 3
     assert workers_needed(Load(0.0, 0, 0), -5.0, None, 0.0, cfg) == 0
 
 
 def test_workers_needed_with_a_learned_rate():
-    cfg = SimConfig(lowest=0, highest=100, drain_target=30.0)
+    cfg = SimConfig(floor=0, ceiling=100, drain_target=30.0)
     # 1 job/s arriving (completions, no growth) + 60 waiting, 0.5 job/s per worker:
     # (1 * 30 + 60) / (0.5 * 30) = 6 workers.
     assert workers_needed(Load(0.0, 60, 2), 0.0, 0.5, 1.0, cfg) == 6
@@ -524,7 +524,7 @@ def test_learn_rate_ignores_samples_that_carry_no_rate():
     # Regression. Counterexample found by the property above: 1 job over 5e-324 s gave an
     # infinite rate, then with alpha 1 the next sample made it inf * 0 = NaN, on which
     # decide() raised ValueError (math.ceil of NaN).
-    cfg = SimConfig(lowest=0, highest=10, alpha=1.0)
+    cfg = SimConfig(floor=0, ceiling=10, alpha=1.0)
     state = learn_rate(ScaleState(per_worker=0.5), 1, 5e-324, cfg)
     state = learn_rate(state, 1, 1.0, cfg)
     assert state.per_worker == 1.0
@@ -533,7 +533,7 @@ def test_learn_rate_ignores_samples_that_carry_no_rate():
 
 
 def test_learn_rate_examples():
-    cfg = SimConfig(lowest=0, highest=10, alpha=0.5)
+    cfg = SimConfig(floor=0, ceiling=10, alpha=0.5)
     state = learn_rate(ScaleState(), 10, 20.0, cfg)
     assert state.per_worker == 0.5  # first sample taken as is
     state = learn_rate(state, 30, 20.0, cfg)

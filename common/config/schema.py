@@ -330,6 +330,10 @@ class Config:
         """The most workers herder runs."""
         return self.workers if self.max_workers is None else self.max_workers
 
+    def bound(self, count: int) -> int:
+        """`count` within [floor, ceiling]: how every layer applies min_workers and max_workers."""
+        return max(self.floor, min(self.ceiling, count))
+
     @property
     def limit(self) -> int:
         """The most worker processes this host runs: workers_limit, else computed from the host."""
