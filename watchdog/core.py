@@ -21,6 +21,7 @@ import signal
 import subprocess
 import time
 from collections import deque
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from herder.common.exits import EX_CONFIG, describe
@@ -35,6 +36,16 @@ if TYPE_CHECKING:  # imported by __main__ only with embedded_redis on
 log = logging.getLogger("herder.watchdog")
 
 TICK = 0.25
+
+
+class MasterState(StrEnum):
+    """What the watchdog knows of its current master: STARTING (started, no `ready` yet) ->
+    READY (systemd's watchdog is fed while it keeps talking); KILLED: SIGKILLed for running
+    past the stop's grace (once: the exit comes next). A new master starts at STARTING."""
+
+    STARTING = "starting"
+    READY = "ready"
+    KILLED = "killed"
 
 
 class Watchdog:
@@ -67,8 +78,7 @@ class Watchdog:
         self._last_extend = 0.0
         self.master: subprocess.Popen[bytes] | None = None
         self.master_seen = 0.0
-        self.master_ready = False
-        self.master_killed = False
+        self.master_state = MasterState.STARTING
         self.restarts: deque[float] = deque()
         self.master_starts = 0
         self.next_start = 0.0
@@ -134,7 +144,7 @@ class Watchdog:
         assert self.master.stdout
         os.set_blocking(self.master.stdout.fileno(), False)
         self.master_seen = time.monotonic()
-        self.master_ready = False
+        self.master_state = MasterState.STARTING
         self._lines = LineSplitter()
         log.info("master %d started", self.master.pid)
 
@@ -165,9 +175,9 @@ class Watchdog:
             self.notify.stopping()
             log.info("master %d is stopping on request", self.master.pid if self.master else -1)
         elif verb == "ready":
-            if not self.master_ready:
+            if self.master_state == MasterState.STARTING:
                 log.info("master %d ready", self.master.pid if self.master else -1)
-            self.master_ready = True
+                self.master_state = MasterState.READY
             self.notify.ready()
         elif verb == "status":
             self.notify.status(msg.text)
@@ -275,7 +285,8 @@ class Watchdog:
     def feed_service_manager(self, now: float) -> None:
         master_running = self.master is not None and self.master.returncode is None
         # Healthy: up (said ready) and heartbeating. Starting is not yet healthy.
-        healthy = master_running and self.master_ready and now - self.master_seen < self.ping_grace
+        ready = self.master_state == MasterState.READY
+        healthy = master_running and ready and now - self.master_seen < self.ping_grace
         self.notify.ping_if_due(healthy and not self.stopping)
         self.notify.flush()  # what waited for room, and the newest STATUS= once a second
         # While a drain waits on long jobs, ask systemd for more time, a little at a
@@ -323,14 +334,14 @@ class Watchdog:
                     return self.exit_code
             if self.stopping and master_running and now - self.stop_started > self.stop_grace:
                 assert self.master
-                if not self.master_killed:
+                if self.master_state != MasterState.KILLED:
                     log.error(
                         "master %d still running %g s after the stop began: SIGKILL",
                         self.master.pid,
                         self.stop_grace,
                     )
                     self.master.kill()
-                    self.master_killed = True
+                    self.master_state = MasterState.KILLED
             if not self.stopping:
                 self.check_silence()
             self.feed_service_manager(now)
