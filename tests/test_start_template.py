@@ -146,3 +146,33 @@ def test_the_pinned_clock_is_this_threads_only() -> None:
     assert seen["this"] == start_template.STAND_IN_TIME
     assert seen["other"] != start_template.STAND_IN_TIME and seen["other"].year < 2100  # type: ignore[attr-defined]
     assert rq.utils.now().year < 2100  # restored
+
+
+def test_two_threads_windows_overlap_and_neither_undoes_the_others() -> None:
+    """Each thread's pin is its own: the first window to close leaves the second's in force
+    (threads per worker run overlapping starts)."""
+    import threading
+    from datetime import timedelta
+
+    import rq.executions
+    import rq.utils
+
+    clock = start_template.FrozenClock()
+    later = start_template.STAND_IN_TIME + timedelta(days=1)
+    first_in, first_out, seen = threading.Event(), threading.Event(), {}
+
+    def first() -> None:
+        with clock(start_template.STAND_IN_TIME, start_template.STAND_IN_EXECUTION):
+            first_in.set()
+            first_out.wait(5)
+            seen["first"] = rq.utils.now()
+
+    t = threading.Thread(target=first)
+    t.start()
+    first_in.wait(5)
+    with clock(later, "f1" * 16):
+        first_out.set()
+        t.join(5)  # the first window closes while this one is open
+        seen["second"], seen["second_id"] = rq.utils.now(), rq.executions.uuid4().hex
+    assert seen == {"first": start_template.STAND_IN_TIME, "second": later, "second_id": "f1" * 16}
+    assert rq.utils.now().year < 2100 and rq.executions.uuid4().hex != "f1" * 16  # both closed

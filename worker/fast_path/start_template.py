@@ -61,43 +61,59 @@ def timeout_key(timeout: Any) -> str:
 
 
 class FrozenClock:
-    """RQ's clock and execution ids pinned for the length of a `with`: every `now()` and
-    `current_timestamp()` in RQ's modules gives one time, Execution.create one id."""
+    """RQ's clock and execution ids pinned for the length of a `with`, in this thread only:
+    every `now()` and `current_timestamp()` in RQ's modules gives one time, Execution.create
+    one id. The worker's other threads (RQ's pubsub listener, herder's sentinel, another
+    thread's worker) keep the real clock, even while their own windows overlap this one.
+
+    RQ's functions are replaced once per process by stand-ins that read this thread's pin
+    (a threading.local) and fall through to the real function where none is set; a window
+    only sets and clears its own thread's pin, so no window can undo another's."""
+
+    _local = threading.local()
+    _installed = False
+    _install_lock = threading.Lock()
 
     def __init__(self) -> None:
-        self.sites: list[tuple[Any, str]] = []
-        for module in list(sys.modules.values()):
-            name = getattr(module, "__name__", "") or ""
-            if name != "rq" and not name.startswith("rq."):
-                continue
-            for attr in ("now", "current_timestamp"):
-                if getattr(module, attr, None) is getattr(rq.utils, attr):
-                    self.sites.append((module, attr))
+        with FrozenClock._install_lock:
+            if not FrozenClock._installed:
+                _install_pins(FrozenClock._local)
+                FrozenClock._installed = True
 
     @contextlib.contextmanager
     def __call__(self, t: datetime, execution_id: str) -> Iterator[None]:
-        """Pinned for this thread only: the worker's other threads (RQ's pubsub listener,
-        herder's sentinel) keep the real clock, even while a stand-in's time is pinned."""
-        stamp = calendar.timegm(t.utctimetuple())
-        fixed = uuid.UUID(hex=execution_id)
-        owner = threading.get_ident()
-        real_now, real_stamp, real_uuid4 = rq.utils.now, rq.utils.current_timestamp, rq.executions.uuid4
-
-        def pinned(value: Any, real: Callable[[], Any]) -> Callable[[], Any]:
-            return lambda: value if threading.get_ident() == owner else real()
-
-        fakes = {"now": pinned(t, real_now), "current_timestamp": pinned(stamp, real_stamp)}
-        originals = [(m, a, getattr(m, a)) for m, a in self.sites]
-        original_uuid4 = rq.executions.uuid4
-        for module, attr in self.sites:
-            setattr(module, attr, fakes[attr])
-        rq.executions.uuid4 = pinned(fixed, real_uuid4)  # type: ignore[assignment]
+        pin = self._local
+        pin.now, pin.stamp, pin.uuid = t, calendar.timegm(t.utctimetuple()), uuid.UUID(hex=execution_id)
         try:
             yield
         finally:
-            for module, attr, original in originals:
-                setattr(module, attr, original)
-            rq.executions.uuid4 = original_uuid4  # type: ignore[assignment]
+            del pin.now, pin.stamp, pin.uuid
+
+
+def _install_pins(pin: threading.local) -> None:
+    """Every RQ module's `now` and `current_timestamp` (each its own reference to rq.utils'
+    functions) and rq.executions' `uuid4`, replaced by stand-ins reading `pin`."""
+    real_now, real_stamp, real_uuid4 = rq.utils.now, rq.utils.current_timestamp, rq.executions.uuid4
+
+    def now() -> Any:
+        return getattr(pin, "now", None) or real_now()
+
+    def current_timestamp() -> Any:
+        stamp = getattr(pin, "stamp", None)
+        return real_stamp() if stamp is None else stamp
+
+    def uuid4() -> Any:
+        return getattr(pin, "uuid", None) or real_uuid4()
+
+    stand_ins = {"now": (real_now, now), "current_timestamp": (real_stamp, current_timestamp)}
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "") or ""
+        if name != "rq" and not name.startswith("rq."):
+            continue
+        for attr, (real, stand_in) in stand_ins.items():
+            if getattr(module, attr, None) is real:
+                setattr(module, attr, stand_in)
+    rq.executions.uuid4 = uuid4  # type: ignore[assignment]
 
 
 def time_values(t: datetime, encode: Callable[[Any], bytes], offsets: list[int]) -> list[bytes]:
