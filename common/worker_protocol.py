@@ -10,7 +10,7 @@ standard library only, unit-tested directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote
 
 from herder.common.lines import MAX_LINE_BYTES, LineSplitter
@@ -30,8 +30,11 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # outside the job's own code (a Redis call that never returns): `beat <job-id> <ts> <stuck>`.
 # Version 7: `busy`'s queue and function are percent-encoded (a space, `%`, non-ASCII), so a
 # queue named as RQ allows (`"bulk jobs"`) keeps its name in the metrics.
-VERSION = 7
-SUPPORTED_VERSIONS = ("1", "2", "3", "4", "5", "6", "7")
+# Version 8: a worker process running jobs in several threads tags `busy`, `beat` and `done`
+# with the thread they are about: `t<i> busy ...` (no tag: thread 0, as every older worker).
+VERSION = 8
+SUPPORTED_VERSIONS = ("1", "2", "3", "4", "5", "6", "7", "8")
+MAX_THREADS = 256  # a tag past this is malformed
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
 # Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one).
 PAUSE_REASONS = ("suspended", "paused")
@@ -70,6 +73,7 @@ class Message:
     queue: str | None = None  # `busy` (version 5): the job's queue
     func: str | None = None  # `busy` (version 5): the job's function, as RQ names it
     stuck: float = 0.0  # `beat` (version 6): seconds the main loop made no progress outside the job
+    thread: int = 0  # version 8: the thread of a threaded worker the line is about
 
 
 # ---- worker side: building lines -------------------------------------------------------
@@ -124,6 +128,11 @@ def stop_line(ts: float) -> bytes:
     return f"stop {ts:.6f}\n".encode()
 
 
+def for_thread(line: bytes, thread: int) -> bytes:
+    """A `busy`, `beat` or `done` line about one thread of a threaded worker (version 8)."""
+    return line if thread == 0 else b"t%d %s" % (thread, line)
+
+
 # ---- master side: reading lines --------------------------------------------------------
 
 
@@ -152,6 +161,20 @@ def parse_line(raw: bytes) -> Message:
     fields = text.strip().split()
     if not fields:
         raise ProtocolError("empty line")
+    thread = 0
+    if fields[0][:1] == "t" and fields[0][1:].isdigit():  # version 8: `t<i> busy|beat|done ...`
+        thread = int(fields[0][1:])
+        if not 0 < thread < MAX_THREADS or len(fields) < 2 or fields[1] not in THREADED_VERBS:
+            raise ProtocolError(f"bad thread tag {fields[0][:20]!r}")
+        fields = fields[1:]
+    msg = _parse_fields(fields)
+    return msg if thread == 0 else replace(msg, thread=thread)
+
+
+THREADED_VERBS = ("busy", "beat", "done")  # what a thread says; ready, idle and stop are the process's
+
+
+def _parse_fields(fields: list[str]) -> Message:
     verb, args = fields[0], fields[1:]
     match verb, len(args):
         case "ready", 2 | 3:

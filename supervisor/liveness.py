@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from herder.common.config import Config
 from herder.supervisor.fleet import Worker
-from herder.supervisor.observations import Observations
+from herder.supervisor.observations import Held, Observations
 from herder.supervisor.states import WorkerState
 
 EOF_GRACE = 1.0  # seconds a worker may live on after closing its stdout
@@ -33,13 +33,22 @@ def derived_state(w: Worker, obs: Observations) -> WorkerState:
     return WorkerState.BUSY if obs.job_id is not None else WorkerState.IDLE
 
 
-def past_job_timeout(obs: Observations, now: float, cfg: Config) -> float | None:
-    """Seconds the current job is past its timeout plus grace, or None if it is not."""
-    if obs.job_id is None:
-        return None
-    timeout = obs.job_timeout if obs.job_timeout is not None else cfg.job_timeout
-    over = now - obs.job_started - timeout
-    return over if timeout >= 0 and over > cfg.job_timeout_grace else None
+def past_job_timeout(obs: Observations, now: float, cfg: Config) -> tuple[float, Held] | None:
+    """Seconds a job it runs is past its timeout plus grace, and that job (the furthest past,
+    in a threaded worker), or None if none is."""
+    worst: tuple[float, Held] | None = None
+    for held in obs.jobs.values():
+        timeout = held.timeout if held.timeout is not None else cfg.job_timeout
+        over = now - held.started - timeout
+        if timeout >= 0 and over > cfg.job_timeout_grace and (worst is None or over > worst[0]):
+            worst = (over, held)
+    return worst
+
+
+def stuck_since(obs: Observations) -> float | None:
+    """Since when the loop of a thread running a job has made no progress outside the job's
+    own code (the earliest, in a threaded worker), or None."""
+    return min((h.stuck_since for h in obs.jobs.values() if h.stuck_since is not None), default=None)
 
 
 def read_late(verdict: Verdict | None, w: Worker) -> bool:
@@ -50,10 +59,10 @@ def read_late(verdict: Verdict | None, w: Worker) -> bool:
 
 def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | None:
     """Why this worker must be killed now, or None while it is fine."""
-    over = past_job_timeout(obs, now, cfg)
+    late = past_job_timeout(obs, now, cfg)
     # A stop timeout is part of a stop, and a job past its own timeout is killed as RQ itself
     # would: neither is a judgement a widespread fault could fool.
-    hung = w.state != WorkerState.STOPPING and over is None
+    hung = w.state != WorkerState.STOPPING and late is None
     if obs.stdout_eof:
         # EOF comes a moment before the exit that caused it: allow the process time to go.
         grace = cfg.kill_timeout if obs.said_stop else EOF_GRACE
@@ -83,16 +92,19 @@ def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | No
     if silent > cfg.heartbeat_timeout:
         why = f"silent for {silent:.1f} s (heartbeat timeout {cfg.heartbeat_timeout:g} s)"
         return Verdict(why, judged_hung=hung, kind="silent")
-    if obs.stuck_since is not None and now - obs.stuck_since > cfg.progress_timeout:
+    stuck = stuck_since(obs)
+    if stuck is not None and now - stuck > cfg.progress_timeout:
         # Alive (its beat goes on) but its loop is stuck outside the job: a Redis call that
         # never returns, say. It will not finish what it holds; its job is recovered.
         why = (
-            f"its loop made no progress for {now - obs.stuck_since:.0f} s outside the job's own code "
+            f"its loop made no progress for {now - stuck:.0f} s outside the job's own code "
             f"(progress timeout {cfg.progress_timeout:g} s)"
         )
         return Verdict(why, judged_hung=hung, kind="no_progress")
-    if over is not None:
-        timeout = obs.job_timeout if obs.job_timeout is not None else cfg.job_timeout
-        why = f"busy {over:.0f} s past its {timeout:g} s timeout"
+    if late is not None:
+        over, held = late
+        timeout = held.timeout if held.timeout is not None else cfg.job_timeout
+        which = f"job {held.job_id} " if len(obs.jobs) > 1 else ""  # a threaded worker: which one
+        why = f"busy {over:.0f} s past its {which}{timeout:g} s timeout"
         return Verdict(why, judged_hung=False, kind="job_timeout")
     return None

@@ -8,20 +8,34 @@ lock; the loop reads a snapshot and decides (liveness.py, fleet.py). Pure: no I/
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from herder.common.worker_protocol import Message
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A job a worker runs now, as its `busy` line said: one per thread of a threaded worker."""
+
+    job_id: str
+    started: float  # monotonic, on receipt of `busy`
+    timeout: float | None = None  # the job's own limit (RQ's job.timeout); None: the worker said none
+    queue: str | None = None  # its queue and function (`busy`, version 5)
+    func: str | None = None
+    started_wall: float = 0.0  # the worker's own time of `busy`
+    # Since when (monotonic) the thread's loop has made no progress outside the job's own code,
+    # as its last `beat` said (version 6); None while it progresses.
+    stuck_since: float | None = None
+
+
 @dataclass
 class Observations:
-    """What the stdout reader saw. Written by the reader under `lock`, read by the loop."""
+    """What the stdout reader saw. Written by the reader under `lock`, read by the loop (a
+    snapshot: `copy`)."""
 
     last_seen: float  # monotonic time of the last valid line
     ready: bool = False
-    job_id: str | None = None
-    job_started: float = 0.0  # monotonic, on receipt of `busy`
-    job_timeout: float | None = None
+    jobs: dict[int, Held] = field(default_factory=dict)  # by thread (0 for a one-job worker)
     jobs_ok: int = 0
     jobs_failed: int = 0
     last_done_wall: float | None = None  # the worker's completion timestamp
@@ -36,12 +50,21 @@ class Observations:
     last_error: str = ""
     paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended or paused
     endings: int = 0  # given-up jobs this worker ended (`end`), which count as no job
-    job_queue: str | None = None  # the running job's queue and function (`busy`, version 5)
-    job_func: str | None = None
-    job_started_wall: float = 0.0  # the worker's own time of `busy`
-    # Since when (monotonic) its main loop has made no progress outside the job's own code, as
-    # its last `beat` said (version 6); None while it progresses.
-    stuck_since: float | None = None
+
+    def copy(self) -> Observations:
+        """A snapshot the loop may read while the reader records on (Held is immutable)."""
+        return replace(self, jobs=dict(self.jobs))
+
+    @property
+    def oldest(self) -> Held | None:
+        """The job it has run longest, None when it runs none."""
+        return min(self.jobs.values(), key=lambda h: h.started, default=None)
+
+    @property
+    def job_id(self) -> str | None:
+        """The job it runs (its oldest, in a threaded worker), None when idle."""
+        held = self.oldest
+        return held.job_id if held else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,38 +85,37 @@ def record(o: Observations, finished: deque[FinishedJob], msg: Message, now: flo
     """Record one parsed line (`now`: monotonic, on receipt); True if the loop should look now
     (a `ready` or a `stop`: a state to change at once, not at the next tick)."""
     o.last_seen = now
+    held = o.jobs.get(msg.thread)
     match msg.verb:
         case "ready":
             o.ready = True
             return True
-        case "beat":
-            o.stuck_since = now - msg.stuck if msg.stuck > 0 else None
+        case "beat" if held is not None and held.job_id == msg.job_id:
+            o.jobs[msg.thread] = replace(held, stuck_since=now - msg.stuck if msg.stuck > 0 else None)
         case "idle":
             o.paused = msg.paused
-            o.stuck_since = None
         case "busy":
-            o.stuck_since = None
-            o.job_id, o.job_started, o.job_timeout = msg.job_id, now, msg.timeout
-            o.job_queue, o.job_func, o.job_started_wall = msg.queue, msg.func, msg.ts
+            assert msg.job_id is not None
+            o.jobs[msg.thread] = Held(msg.job_id, now, msg.timeout, msg.queue, msg.func, msg.ts)
             o.paused = None
         case "done" if msg.ok is None:  # an ending (`end`) is over: no job of its own
             o.endings += 1
-            if o.job_id == msg.job_id:
-                o.job_id = None
+            if held is not None and held.job_id == msg.job_id:
+                del o.jobs[msg.thread]
         case "done":
-            o.stuck_since = None
-            if o.job_id == msg.job_id:
-                o.busy_seconds += now - o.job_started
+            ran = held is not None and held.job_id == msg.job_id
             if msg.ok:
                 o.jobs_ok += 1
             else:
                 o.jobs_failed += 1
-            if o.job_id == msg.job_id and o.job_queue is not None:
-                seconds = max(0.0, msg.ts - o.job_started_wall)
-                finished.append(FinishedJob(o.job_queue, o.job_func or "?", msg.ok, seconds))
+            if ran:
+                assert held is not None
+                o.busy_seconds += now - held.started
+                if held.queue is not None:
+                    seconds = max(0.0, msg.ts - held.started_wall)
+                    finished.append(FinishedJob(held.queue, held.func or "?", msg.ok, seconds))
+                del o.jobs[msg.thread]
             o.last_done_wall = msg.ts
-            if o.job_id == msg.job_id:
-                o.job_id = None
         case "stop":
             o.said_stop = True
             return True

@@ -90,8 +90,13 @@ def build_status(v: FleetView) -> dict[str, Any]:
                 "pid": w.pid,
                 "pool": w.pool,
                 "state": str(w.state),
-                "job": o.job_id,
-                "job_seconds": round(v.now - o.job_started, 1) if o.job_id else None,
+                "job": o.job_id,  # its oldest, in a threaded worker
+                "job_seconds": round(v.now - o.oldest.started, 1) if o.oldest else None,
+                # Every job it runs, by thread (one entry for a one-job worker).
+                "jobs": [
+                    {"thread": t, "job": h.job_id, "seconds": round(v.now - h.started, 1)}
+                    for t, h in sorted(o.jobs.items())
+                ],
                 "jobs_ok": o.jobs_ok,
                 "jobs_failed": o.jobs_failed,
                 "last_done": o.last_done_wall,

@@ -162,7 +162,7 @@ class WorkerProcess:
 
     def snapshot(self) -> Observations:
         with self.lock:
-            return Observations(**vars(self.obs))
+            return self.obs.copy()
 
     def unread(self) -> int:
         """Bytes waiting in its stdout pipe that the hub has not read yet (a starved master's

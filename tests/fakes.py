@@ -13,7 +13,7 @@ from dataclasses import replace
 from herder.common.config import Config
 from herder.supervisor.launcher import SubprocessLauncher
 from herder.supervisor.master import Master
-from herder.supervisor.observations import Observations
+from herder.supervisor.observations import Held, Observations
 from herder.supervisor.redis_side.recovery import Counts
 
 
@@ -47,7 +47,7 @@ class FakeProc:
 
     # the ProcessHandle
     def snapshot(self) -> Observations:
-        return replace(self.obs)
+        return self.obs.copy()
 
     def take_finished(self) -> list:
         return []
@@ -82,12 +82,13 @@ class FakeProc:
     def ready(self) -> None:
         self.obs.ready, self.obs.last_seen = True, self.clock.t
 
-    def busy(self, job: str, timeout: float | None = None) -> None:
-        o = self.obs
-        o.job_id, o.job_started, o.job_timeout, o.last_seen = job, self.clock.t, timeout, self.clock.t
+    def busy(self, job: str, timeout: float | None = None, thread: int = 0) -> None:
+        self.obs.jobs[thread] = Held(job, self.clock.t, timeout)
+        self.obs.last_seen = self.clock.t
 
-    def done(self) -> None:
-        self.obs.job_id, self.obs.last_seen = None, self.clock.t
+    def done(self, thread: int = 0) -> None:
+        self.obs.jobs.pop(thread, None)
+        self.obs.last_seen = self.clock.t
         self.obs.jobs_ok += 1
 
     def beat(self) -> None:

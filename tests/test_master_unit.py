@@ -17,7 +17,7 @@ from herder.supervisor.fleet import Worker
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
 from herder.supervisor.metrics import vitals_of
-from herder.supervisor.observations import Observations
+from herder.supervisor.observations import Held, Observations
 from herder.supervisor.pool import PoolState
 from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import Reading
@@ -300,7 +300,7 @@ def test_judge_eof_start_timeout_and_waiting_for_redis() -> None:
 
 
 def test_derived_state_follows_the_worker_unless_the_master_decided() -> None:
-    busy = Observations(last_seen=0.0, ready=True, job_id="j")
+    busy = Observations(last_seen=0.0, ready=True, jobs={0: Held("j", 0.0)})
     assert derived_state(worker(WorkerState.STARTING), busy) == WorkerState.BUSY
     assert derived_state(worker(WorkerState.STOPPING), busy) == WorkerState.STOPPING
     assert derived_state(worker(WorkerState.STARTING), Observations(last_seen=0.0)) == WorkerState.STARTING

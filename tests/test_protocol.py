@@ -3,6 +3,7 @@ bounded line splitter."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from urllib.parse import quote
 
 import pytest
@@ -54,7 +55,11 @@ def test_parses_every_verb(line: bytes, expected: Message) -> None:
         (b"idle -5", "bad timestamp"),
         (b"done j 1.0 maybe", "bad outcome"),
         (b"ready x 1.0", "bad pid"),
-        (b"ready 1 1.0 8", "unsupported protocol version"),
+        (b"ready 1 1.0 9", "unsupported protocol version"),
+        (b"t0 busy j 1.0", "bad thread tag"),  # thread 0 goes untagged
+        (b"t256 busy j 1.0", "bad thread tag"),
+        (b"t1 ready 1 1.0", "bad thread tag"),  # the process's own lines carry no thread
+        (b"t1", "bad thread tag"),
         (b"beat abc-1 11.0 -2", "bad timestamp"),
         (b"\xff\xfe", "not UTF-8"),
         (b"busy " + b"j" * 300 + b" 1.0", "bad job id"),
@@ -151,6 +156,17 @@ def test_what_the_worker_writes_the_master_reads(
     assert [wp.master_request(x) for x in lines] == [
         ("stop", None), ("pause", None), ("resume", None), None, ("end", job), None, None
     ]  # fmt: skip
+    for thread in (1, 7, wp.MAX_THREADS - 1):  # version 8: a thread's busy, beat and done
+        for line in (
+            wp.busy_line(job, ts, timeout, "q", "m.f"),
+            wp.beat_line(job, ts),
+            wp.done_line(job, ts, ok),
+        ):
+            tagged = parse_line(wp.for_thread(line, thread)[:-1])
+            assert (tagged.thread, tagged.job_id) == (thread, job) and tagged == replace(
+                parse_line(line[:-1]), thread=thread
+            )
+    assert wp.for_thread(wp.beat_line(job, ts), 0) == wp.beat_line(job, ts)  # thread 0 untagged
     ended = parse_line(wp.done_line(job, ts, None)[:-1])
     assert ended.verb == "done" and ended.ok is None  # an ending: neither ok nor failed
     for paused in wp.PAUSE_REASONS:
