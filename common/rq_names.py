@@ -9,10 +9,11 @@ WORKER_PREFIX = "herder."
 LEASE_PREFIX = "herder:alive:"
 
 
-def rq_worker_name(host: str, slot: int | str, pid: int) -> str:
-    """The name herder's RQ worker registers under: unique per process, and marked as
-    herder's, so a sweep knows whose job it may judge."""
-    return f"{WORKER_PREFIX}{host}.{slot}.{pid}"
+def rq_worker_name(host: str, slot: int | str, pid: int, thread: int = 0) -> str:
+    """The name herder's RQ worker registers under: unique per process (and per thread of a
+    threaded worker: `.t<i>` after the first), and marked as herder's, so a sweep knows whose
+    job it may judge."""
+    return f"{WORKER_PREFIX}{host}.{slot}.{pid}" + (f".t{thread}" if thread else "")
 
 
 def is_herder_worker(name: str) -> bool:

@@ -28,9 +28,12 @@ log = logging.getLogger("herder")
 
 
 def policy_config(cfg: Config) -> ScaleConfig:
+    """The policy counts job slots (a worker runs `threads` jobs at once): its bounds are the
+    pool's worker bounds times that, and its decision is divided back (Autoscaler.workers)."""
+    n = cfg.threads
     return ScaleConfig(
-        floor=cfg.floor,
-        ceiling=cfg.cluster_max_workers or cfg.ceiling,
+        floor=cfg.floor * n,
+        ceiling=(cfg.cluster_max_workers or cfg.ceiling) * n,
         scale_down_delay=cfg.scale_down_delay,
         drain_target=cfg.drain_target,
         max_wait=cfg.max_wait,
@@ -43,7 +46,7 @@ class Autoscaler:
         self.host_id = host_id
         self.policy = policy_config(cfg)
         self.state = ScaleState()
-        self.cluster_desired = cfg.floor
+        self.cluster_desired = cfg.floor * cfg.threads  # job slots, as the policy counts
         self.wanted: int | None = None  # what the load calls for before any bound; None: not read yet
         # The cluster's grant: None without a cluster cap; 0 (spawn nothing) until it answers.
         self.grant: int | None = 0 if cfg.cluster_max_workers is not None else None
@@ -89,11 +92,12 @@ class Autoscaler:
         decision, self.state = decide(state, load, self.cluster_desired, completions, self.policy)
         self.cluster_desired = decision.desired
         if load is not None:
-            self.wanted = decision.wanted
-        target = decision.desired
+            self.wanted = self.workers(decision.wanted)
+        target = self.workers(decision.desired)
         if self.cfg.cluster_max_workers is not None:
             hosts = reading.grant.hosts if reading.grant else (self.host_id,)
-            target = self.cfg.bound(share_of(decision.desired, hosts, self.host_id))  # this host's share
+            share = share_of(self.workers(decision.desired), hosts, self.host_id)  # this host's share
+            target = self.cfg.bound(share)
             if reading.grant is not None:
                 self.grant = reading.grant.granted
         if paused and target > current:
@@ -102,6 +106,10 @@ class Autoscaler:
             granted = f", cluster grant {self.grant}" if self.grant is not None else ""
             log.info("scale: %d -> %d workers (%s%s)", current, target, decision.reason, granted)
         return target
+
+    def workers(self, slots: int) -> int:
+        """Job slots as worker processes: each runs `threads` jobs at once."""
+        return -(-slots // self.cfg.threads)
 
     def _record_queues(self, reading: Reading) -> None:
         if reading.load is None:

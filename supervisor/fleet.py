@@ -83,6 +83,7 @@ class Worker:
     rss: float | None = None  # MB, its last reading (only with max_memory)
     rss_checked_at: float = float("-inf")
     title: str = ""  # what its log lines call it when it is no fleet worker ("scheduler")
+    threads: int = 1  # jobs it runs at once, one per thread (its pool's `threads` at its spawn)
 
     @property
     def pid(self) -> int:

@@ -150,6 +150,7 @@ def pool_view(m: Observed, pool: Pool) -> dict[str, Any]:
         "min": cfg.floor,
         "max": cfg.ceiling,
         "scaled": dict(pool.scaled),  # `herder scale`'s bounds over the file's, {}: none
+        "threads": cfg.threads,  # jobs each of its workers runs at once
         "desired": pool.target,
         # What the pool's queues call for across the cluster before this host's bounds (the
         # figure a KEDA ScaledObject scales hosts by); a fixed-size pool wants its size.

@@ -258,7 +258,12 @@ class Master:
         self.heartbeat()
         self.publish()
         if self.recovery:  # what the next sweep must not touch
-            self.recovery.tell({self.rq_name(w): w.proc.snapshot().job_id for w in self.workers.values()})
+            holding: dict[str, str | None] = {}
+            for w in self.workers.values():
+                jobs = w.proc.snapshot().jobs
+                for thread, name in enumerate(self.rq_names(w)):
+                    holding[name] = jobs[thread].job_id if thread in jobs else None
+            self.recovery.tell(holding)
 
     @property
     def sched_cfg(self) -> Config:
@@ -373,17 +378,18 @@ class Master:
             pool = self.pool_of(w)
             if not graceful and self.recovery is not None and pool.cfg.worker_command is None:
                 # A killed RQ worker cannot unregister itself, nor say what it had popped.
-                self.recovery.forget(self.rq_name(w))
+                for name in self.rq_names(w):
+                    self.recovery.forget(name)
             self.counters.fold_exit(w, obs, now)
             self.fold_finished(w)
             life = f"lived {lived:.1f} s, {obs.jobs_ok} jobs ok, {obs.jobs_failed} failed"
             change_state(
                 w, WorkerState.EXITED, f"{how}; {why}; {life}", logging.INFO if graceful else logging.WARNING
             )
-            if obs.job_id is not None:
-                cause = f"killed by herder: {w.kill_reason}" if w.kill_reason else f"worker died ({how})"
-                label = "killed" if w.kill_reason else "died"  # the metrics' reason
-                self.requeue(obs.job_id, f"{cause} while running the job", label, w.kill_kind or "died")
+            cause = f"killed by herder: {w.kill_reason}" if w.kill_reason else f"worker died ({how})"
+            label = "killed" if w.kill_reason else "died"  # the metrics' reason
+            for held in obs.jobs.values():  # every job it ran: one per thread of a threaded worker
+                self.requeue(held.job_id, f"{cause} while running the job", label, w.kill_kind or "died")
             slot = self.slots.get(w.slot)
             if slot is None or self.stopping:
                 continue
@@ -429,8 +435,9 @@ class Master:
 
         self.endings.dispatch(self.recovery.endings(), workers, current, self.clock.monotonic())
 
-    def rq_name(self, w: Worker) -> str:  # as the worker registers with RQ
-        return rq_worker_name(self.hostname, w.slot, w.pid)
+    def rq_names(self, w: Worker) -> list[str]:
+        """As the worker registers with RQ: one name, or one per thread of a threaded worker."""
+        return [rq_worker_name(self.hostname, w.slot, w.pid, t) for t in range(w.threads)]
 
     # ---- murder: the unresponsive ----------------------------------------------------------
 
@@ -571,7 +578,12 @@ class Master:
             log.error("slot %d: cannot spawn worker (%s); next try in %.2f s", slot.index, exc, delay)
             return
         w = Worker(
-            slot.index, proc, spawned_at=self.clock.monotonic(), generation=pool.generation, pool=pool.name
+            slot.index,
+            proc,
+            spawned_at=self.clock.monotonic(),
+            generation=pool.generation,
+            pool=pool.name,
+            threads=pool.cfg.threads if pool.cfg.worker_command is None else 1,
         )
         if pool.paused:
             proc.send_pause(True)

@@ -53,6 +53,10 @@ def test_redact_url_hides_passwords() -> None:
         ({"queues": ["default", ""]}, "queues"),
         ({"queues": ["tab\there"]}, "queues"),
         ({"queues": ["a,b"], "worker_command": ["./my-worker"]}, "queues"),  # HERDER_QUEUES is a,b
+        ({"threads": 0}, "threads"),
+        ({"threads": 256}, "threads"),  # a thread's tag must fit the protocol
+        ({"threads": 2, "worker_command": ["./my-worker"]}, "threads"),
+        ({"threads": 2, "worker_class": "app.MyWorker"}, "threads"),
         ({"redis_url": "http://x"}, "redis_url"),
         ({"log_level": "LOUD"}, "log_level"),
     ],

@@ -78,7 +78,7 @@ POLICY = {
     WORKERS: {"queues", "paths", "worker_command", "log_level", "heartbeat_interval", "redis_timeout"}
     | {"worker_class", "job_class", "queue_class", "serializer", "exception_handlers"}
     | {"disable_default_exception_handler", "results_ttl", "worker_ttl", "maintenance_interval"}
-    | {"dequeue_strategy", "fork_server", "preload", "worker_nice", "fast_path"}
+    | {"dequeue_strategy", "fork_server", "preload", "worker_nice", "fast_path", "threads"}
     | {"worker_init", "django_settings"},
     RESTART: {"redis_url", "host_id", "master_heartbeat_timeout", "max_restarts", "restart_window"}
     | {"state_dir", "user", "http", "rq_config", "log_format"},

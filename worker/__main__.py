@@ -131,6 +131,16 @@ def main() -> int:
     if not cfg.redis_url:
         print("herder worker: no Redis URL configured", file=sys.stderr)
         return 1
+    if cfg.threads > 1:  # several RQ workers in this process, one per thread (threads.py)
+        from herder.worker.threads import run_threads
+
+        made = [made_ahead()]  # the spare's connections serve the first thread
+
+        def connect() -> tuple[Redis, Redis]:
+            return (made.pop() if made else None) or connections(cfg)
+
+        log_to_master("%(levelname)s %(message)s")
+        return run_threads(cfg, channel, connect, wait_for_redis, "%(levelname)s %(message)s")
     connection, probe = made_ahead() or connections(cfg)
     if not wait_for_redis(probe, channel):
         channel.stopped()

@@ -55,6 +55,9 @@ class Channel:
         self._progress_at = time.monotonic()  # the main loop's last step (monotonic)
         self.in_job = False  # the job's own code runs: its time is the job's, not the loop's
         self._sentinel = threading.Thread(target=self._watch_master, name="herder-sentinel", daemon=True)
+        self._ready_threads = 0  # a threaded worker's threads that said ready (ThreadChannel)
+        self.index = 0  # the thread its busy, beat and done lines are about (ThreadChannel)
+        self.threads: list[ThreadChannel] = []  # a threaded worker's: beaten for by the sentinel
 
     # ---- lines to the master -------------------------------------------------
 
@@ -171,17 +174,27 @@ class Channel:
                 time.sleep(self.heartbeat_interval)
             if os.getppid() not in self._parents:
                 self._master_gone(f"parent changed from {self._parent} to {os.getppid()}")
-            with self._lock:
-                job_id = self._job_id
-            if job_id is not None:
-                stuck = self.stuck_for()
-                self._send(
-                    wp.beat_line(job_id, time.time(), stuck if stuck >= self.heartbeat_interval else 0.0)
-                )
-                if self.on_beat:
-                    if not self._beat_hook.is_alive():
-                        self._beat_hook.start()
-                    self._beat_due.set()  # coalesced: a renewal still waiting on Redis takes this one
+            busy = False
+            for thread in self.threads or [self]:
+                with self._lock:
+                    job_id = thread._job_id
+                if job_id is not None:
+                    busy = True
+                    stuck = thread.stuck_for()
+                    line = wp.beat_line(
+                        job_id, time.time(), stuck if stuck >= self.heartbeat_interval else 0.0
+                    )
+                    self._send(wp.for_thread(line, thread.index))
+            if busy and self.on_beat:
+                if not self._beat_hook.is_alive():
+                    self._beat_hook.start()
+                self._beat_due.set()  # coalesced: a renewal still waiting on Redis takes this one
+
+    def beat_threads(self) -> None:
+        """A threaded worker's beat: every thread's lease (each renews at most every third of it)."""
+        for thread in self.threads:
+            if thread.on_beat is not None:
+                thread.on_beat()
 
     def _run_beat_hook(self) -> None:
         while True:
@@ -192,3 +205,66 @@ class Channel:
                     self.on_beat()
                 except Exception:  # a lease not renewed this beat is renewed by the next
                     pass
+
+
+class ThreadChannel:
+    """One thread's view of a threaded worker's channel (worker/threads.py): its busy, beat and
+    done lines name the thread (protocol version 8), its job and progress are its own. The
+    process's `ready` goes out once every thread is ready, its `stop` once every thread is done
+    (the runner sends it); idle heartbeats, the master's requests (stop, pause, end) and the
+    watch on the master are the process's, shared."""
+
+    def __init__(self, process: Channel, index: int, threads: int) -> None:
+        self.process, self.index, self._threads = process, index, threads
+        self._job_id: str | None = None
+        self._progress_at = time.monotonic()
+        self.in_job = False
+        self.on_beat: Callable[[], None] | None = None  # this thread's lease (see Channel.on_beat)
+        process.threads.append(self)
+        process.on_beat = process.beat_threads
+
+    # The process's, shared by every thread.
+    heartbeat_interval = property(lambda self: self.process.heartbeat_interval)
+    stop_reason = property(lambda self: self.process.stop_reason)
+    paused = property(lambda self: self.process.paused)
+    requests = property(lambda self: self.process.requests)
+    endings = property(lambda self: self.process.endings)
+
+    def request_stop(self, reason: str) -> None:
+        self.process.request_stop(reason)
+
+    def idle(self, paused: str | None = None) -> None:
+        self.progress()
+        self.process.idle(paused)
+
+    def progress(self) -> None:
+        self._progress_at = time.monotonic()
+
+    def stuck_for(self) -> float:
+        return 0.0 if self.in_job else time.monotonic() - self._progress_at
+
+    def ready(self) -> None:
+        """Ready once every thread is: one `ready` for the process."""
+        self.progress()
+        with self.process._lock:
+            self.process._ready_threads += 1
+            last = self.process._ready_threads == self._threads
+        if last:
+            self.process.ready()
+
+    def busy(
+        self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
+    ) -> None:
+        with self.process._lock:
+            self._job_id = job_id
+        self.progress()
+        self.process._send(wp.for_thread(wp.busy_line(job_id, time.time(), timeout, queue, func), self.index))
+
+    def done(self, job_id: str, ok: bool | None) -> None:
+        with self.process._lock:
+            self._job_id = None
+        self.progress()
+        self.process._send(wp.for_thread(wp.done_line(job_id, time.time(), ok), self.index))
+
+    def stopped(self) -> None:
+        """A thread's own end says nothing: the process says `stop` once all are done."""

@@ -23,6 +23,7 @@ neither kills it nor counts it as a fault, and a `stop` ends it at once.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -55,6 +56,13 @@ class JobStopped(BaseException):  # not an Exception: a job's `except Exception`
     """Raised in the running job by RQ's send_stop_job_command; RQ marks the job stopped."""
 
 
+def raise_in_thread(ident: int, exc: type[BaseException]) -> None:
+    """Raise `exc` in another thread of this process, at its next Python instruction (as
+    RQ's TimerDeathPenalty does; a blocking C call finishes first)."""
+    if ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc)) > 1:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+
+
 class HerderMixin(BaseWorker):
     """herder's protocol on top of any RQ worker class: SimpleWorker (herder's default, the
     job in this process) or a user's class (`--worker-class`), forking ones included."""
@@ -70,6 +78,9 @@ class HerderMixin(BaseWorker):
     lease_quiet = False  # while the fast path records RQ's start: the lease rides apart
 
     nice_when_ready = 0  # the increment on its niceness to take once registered (--worker-nice)
+    # The thread it runs in, when it is one of a threaded worker's (worker/threads.py): its job's
+    # timeout and a stop request are raised in that thread, not by a signal to the process.
+    thread_ident: int | None = None
 
     def attach(self, channel: Channel, lease_seconds: float) -> None:
         self.channel = channel
@@ -105,6 +116,8 @@ class HerderMixin(BaseWorker):
         # RQ's warm shutdown would let an unresponsive job run on, and its cold shutdown
         # raises SystemExit inside the job, which RQ then records as a failed job. With
         # the default action the process just ends and the master requeues the job.
+        if self.thread_ident is not None:
+            return  # a threaded worker's thread: the process's main thread set them (threads.py)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(STOP_JOB_SIGNAL, self._stop_job_now)
@@ -125,6 +138,10 @@ class HerderMixin(BaseWorker):
         horse the job runs in this process, so its main thread is told to stop it."""
         if self.horse_pid:
             super().kill_horse(sig)  # a forking worker class: RQ's own way
+        elif self.thread_ident is not None:  # one thread of a threaded worker: raised in that thread
+            job_id = rq_seam.stopped_job_id(self)
+            if job_id is not None and job_id == self._performing:
+                raise_in_thread(self.thread_ident, JobStopped)
         else:
             os.kill(os.getpid(), STOP_JOB_SIGNAL)
 

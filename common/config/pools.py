@@ -44,6 +44,7 @@ POOL_KEYS = frozenset(
         "paths",
         "preload",
         "worker_class",
+        "threads",
         "job_class",
         "queue_class",
         "serializer",

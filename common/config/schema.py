@@ -229,6 +229,13 @@ class Config:
         factory=list,
         reload=WORKERS,
     )
+    # Jobs at once per worker process, one per thread (docs/operations.md, "Threads").
+    threads: int = setting(
+        1,
+        "Jobs each worker process runs at once, one per thread, each thread an RQ worker of its "
+        "own (I/O-bound, thread-safe job code; the workers limit still counts processes).",
+        reload=WORKERS,
+    )
     # RQ's per-job writes in two round trips instead of about eleven (docs/design.md, "Fast path").
     fast_path: bool = setting(
         True,

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from herder.common.config.schema import KEYS, SECRET_KEYS, Config, ConfigError, OverLimit
 from herder.common.rq_support import NEEDS_RQ, unsupported_rq_setting
 
+MAX_THREADS = 255  # herder.common.worker_protocol.MAX_THREADS - 1: a thread's tag must fit
 RETRIES = 3  # herder.common.redis_connect.RETRIES (that module imports redis: not here)
 
 _TYPES = {k: v for k, v in typing.get_type_hints(Config).items() if k in KEYS}
@@ -244,6 +245,12 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
                 "redis_url",
                 f"scheme must be redis://, rediss://, unix:// or redis+sentinel://, got {scheme!r}",
             )
+    if not 1 <= cfg.threads <= MAX_THREADS:
+        raise bad("threads", f"must be 1 to {MAX_THREADS}, got {cfg.threads}")
+    if cfg.threads > 1 and cfg.worker_command is not None:
+        raise bad("threads", "a worker_command runs its own way: threads are for herder's RQ workers")
+    if cfg.threads > 1 and cfg.worker_class:
+        raise bad("threads", "a worker_class of yours runs one job per process: threads run herder's own")
     if cfg.worker_command is not None and not cfg.worker_command:
         raise bad("worker_command", "is empty")
     if cfg.http:

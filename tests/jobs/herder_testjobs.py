@@ -139,3 +139,14 @@ def orphan_a_child(tag: str, seconds: float) -> str:
     subprocess.run(["sh", "-c", f"sleep {seconds} &"], check=True)
     _mark("finished", tag)
     return tag
+
+
+def spin(tag: str, seconds: float) -> str:
+    """Runs Python for `seconds` (short sleeps): an async exception, as RQ's TimerDeathPenalty
+    raises in a threaded worker's job, lands within one of them."""
+    _mark("started", tag)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    _mark("finished", tag)
+    return tag

@@ -1,0 +1,97 @@
+"""Threads per worker (`threads = N`, issue 31): one worker process runs N jobs at once, each
+thread an RQ worker of its own, with every guarantee kept per job: a kill loses none of the
+jobs the process held, a graceful stop finishes every thread's job, a job past its timeout is
+stopped in its own thread while its siblings run on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import pytest
+from redis import Redis
+from rq import Worker
+from rq.job import Job
+
+from harness import JobsHelper, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def worker_pids_of(conn: Redis, job_ids: list[str]) -> set[int]:
+    """The process of each job's RQ worker (`<host>.<slot>.<pid>[.t<i>]`), from RQ's record."""
+    names = [Job.fetch(j, connection=conn).worker_name for j in job_ids]
+    return {int(name.split(".")[3]) for name in names if name}
+
+
+def test_a_threaded_worker_runs_its_jobs_at_once_each_thread_an_rq_worker(
+    herder, jobs: JobsHelper, conn
+) -> None:
+    h = herder(workers="1", threads="4")
+    (proc,) = h.wait_workers(1)
+    tag = uuid.uuid4().hex
+    ids = [jobs.enqueue("record", tag, 1.5).id for _ in range(4)]
+    # All four run at once in the one process: each started before any finished.
+    wait_for(lambda: len(jobs.started(tag)) == 4, 10, what="the four jobs to start together")
+    assert jobs.finished(tag) == []
+    st = h.snapshot()
+    (w,) = st["workers"]
+    assert sorted(j["thread"] for j in w["jobs"]) == [0, 1, 2, 3] and w["state"] == "busy"
+    assert worker_pids_of(conn, ids) == {proc.pid}
+    names = {Job.fetch(j, connection=conn).worker_name for j in ids}
+    assert len(names) == 4  # each job taken by a thread's own RQ worker
+    for job_id in ids:
+        jobs.wait_finished(job_id, 10, what=f"job {job_id} to finish")
+    # RQ's view: four workers of that process, each registered under its thread's name.
+    registered = {x.name for x in Worker.all(connection=conn) if x.name.split(".")[3] == str(proc.pid)}
+    assert registered == names
+    assert st["totals"]["spawned"] == 1
+    h.stop_and_check()
+    assert {x.name for x in Worker.all(connection=conn)} & names == set()  # each unregistered itself
+
+
+def test_a_killed_threaded_worker_loses_none_of_its_jobs(herder, jobs: JobsHelper, conn) -> None:
+    h = herder(workers="1", threads="3")
+    (proc,) = h.wait_workers(1)
+    tag = uuid.uuid4().hex
+    ids = [jobs.enqueue("record", tag, 2).id for _ in range(3)]
+    wait_for(lambda: len(jobs.started(tag)) == 3, 10, what="the three jobs to start")
+    os.kill(proc.pid, signal.SIGKILL)  # every job it held goes back on the queue
+    for job_id in ids:
+        jobs.wait_finished(job_id, 30, what=f"job {job_id} requeued and finished")
+    assert sorted(jobs.finished(tag)) == sorted(ids)  # each ran to its end once
+    assert sorted(jobs.started(tag)) == sorted(ids * 2)  # and started twice: killed, then again
+    st = h.snapshot()  # all three put back by the reap itself, at once, none left to a sweep
+    assert (st["totals"]["requeued"], st["totals"]["recovered_by_sweep"]) == (3, 0), st["totals"]
+    h.stop_and_check()
+
+
+def test_a_graceful_stop_finishes_every_threads_job(herder, jobs: JobsHelper) -> None:
+    h = herder(workers="1", threads="3")
+    h.wait_workers(1)
+    tag = uuid.uuid4().hex
+    ids = [jobs.enqueue("record", tag, 1.5).id for _ in range(3)]
+    wait_for(lambda: len(jobs.started(tag)) == 3, 10, what="the three jobs to start")
+    h.stop_and_check()  # exit 0, nothing left
+    assert sorted(jobs.finished(tag)) == sorted(ids)
+    assert all(jobs.status(j) == "finished" for j in ids)
+
+
+def test_a_job_past_its_timeout_is_stopped_in_its_own_thread_while_its_siblings_finish(
+    herder, jobs: JobsHelper, conn
+) -> None:
+    h = herder(workers="1", threads="2")
+    (proc,) = h.wait_workers(1)
+    tag = uuid.uuid4().hex
+    late = jobs.enqueue("spin", tag, 30, job_timeout=1)
+    sibling = jobs.enqueue("spin", tag, 2.5)
+    wait_for(lambda: len(jobs.started(tag)) == 2, 10, what="both jobs to start")
+    wait_for(lambda: jobs.status(late.id) == "failed", 10, what="the late job stopped by its timeout")
+    result = Job.fetch(late.id, connection=conn).latest_result()
+    assert result is not None and "JobTimeoutException" in (result.exc_string or "")
+    jobs.wait_finished(sibling.id, 10, what="its sibling to finish")
+    assert jobs.finished(tag) == [sibling.id]
+    (w,) = h.wait_workers(1)
+    assert w.pid == proc.pid  # the process lives on: only the late job was stopped
+    h.stop_and_check()
