@@ -95,3 +95,21 @@ def test_a_job_past_its_timeout_is_stopped_in_its_own_thread_while_its_siblings_
     (w,) = h.wait_workers(1)
     assert w.pid == proc.pid  # the process lives on: only the late job was stopped
     h.stop_and_check()
+
+
+def test_rqs_stop_job_command_stops_the_job_in_its_own_thread(herder, jobs: JobsHelper, conn) -> None:
+    from rq.command import send_stop_job_command
+
+    h = herder(workers="1", threads="2")
+    (proc,) = h.wait_workers(1)
+    tag = uuid.uuid4().hex
+    long = jobs.enqueue("spin", tag, 30)
+    sibling = jobs.enqueue("spin", tag, 2.5)
+    wait_for(lambda: len(jobs.started(tag)) == 2, 10, what="both jobs to start")
+    send_stop_job_command(conn, long.id)
+    wait_for(lambda: jobs.status(long.id) == "stopped", 10, what="the long job stopped, as RQ marks it")
+    jobs.wait_finished(sibling.id, 10, what="its sibling to finish")
+    assert jobs.finished(tag) == [sibling.id]
+    (w,) = h.wait_workers(1)
+    assert w.pid == proc.pid
+    h.stop_and_check()
