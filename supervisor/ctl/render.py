@@ -84,6 +84,8 @@ def render(status: dict[str, Any]) -> str:
         rss = f"{w['rss'] / 2**20:.0f}M" if w["rss"] else "-"
         cpu = f"{w['cpu_percent']:.0f}" if w["cpu_percent"] is not None else "-"
         job = f"{w['job']} ({_duration(w['job_seconds'])})" if w["job"] else ""
+        more = len(w.get("jobs", [])) - 1  # a threaded worker's other jobs
+        job += f" and {more} more" if more > 0 else ""
         state = w.get("paused") or w["state"] if w["state"] == "idle" else w["state"]
         pool_cell = f"{w.get('pool', ''):<10} " if several else ""
         lines.append(
