@@ -43,6 +43,12 @@ def test_a_threaded_worker_runs_its_jobs_at_once_each_thread_an_rq_worker(
     assert len(names) == 4  # each job taken by a thread's own RQ worker
     for job_id in ids:
         jobs.wait_finished(job_id, 10, what=f"job {job_id} to finish")
+    # RQ's registries and results, as a one-job pool leaves them.
+    q = jobs.queue
+    assert q.started_job_registry.get_job_ids() == [] and sorted(
+        q.finished_job_registry.get_job_ids()
+    ) == sorted(ids)
+    assert [Job.fetch(j, connection=conn).return_value() for j in ids] == [tag] * 4
     # RQ's view: four workers of that process, each registered under its thread's name.
     registered = {x.name for x in Worker.all(connection=conn) if x.name.split(".")[3] == str(proc.pid)}
     assert registered == names
