@@ -28,7 +28,22 @@ from herder.common import worker_protocol as wp
 from herder.common.lines import LineSplitter
 
 
-class Channel:
+class Progress:
+    """A loop's progress outside its job's own code: a beat says how long it has been stuck."""
+
+    _progress_at = 0.0  # monotonic: the loop's last step
+    in_job = False  # the job's own code runs: its time is the job's, not the loop's
+
+    def progress(self) -> None:
+        """The loop moved on: a Redis call answered (or failed), a dequeue slice ended."""
+        self._progress_at = time.monotonic()
+
+    def stuck_for(self) -> float:
+        """Seconds the loop has made no progress outside the job's own code."""
+        return 0.0 if self.in_job else time.monotonic() - self._progress_at
+
+
+class Channel(Progress):
     def __init__(self, heartbeat_interval: float = 1.0, orphan_log: str | None = None) -> None:
         self.heartbeat_interval = heartbeat_interval
         self.orphan_log = orphan_log
@@ -74,14 +89,6 @@ class Channel:
         """Start watching the master (stdin, parent pid) and beating while busy."""
         self._sentinel.start()
 
-    def progress(self) -> None:
-        """The main loop moved on: a Redis call answered (or failed), a dequeue slice ended."""
-        self._progress_at = time.monotonic()
-
-    def stuck_for(self) -> float:
-        """Seconds the main loop has made no progress outside the job's own code."""
-        return 0.0 if self.in_job else time.monotonic() - self._progress_at
-
     def ready(self) -> None:
         self.progress()
         self._send(wp.ready_line(os.getpid(), time.time()))
@@ -97,17 +104,19 @@ class Channel:
     def busy(
         self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
     ) -> None:
-        with self._lock:
-            self._job_id = job_id
-        self.progress()
-        self._send(wp.busy_line(job_id, time.time(), timeout, queue, func))
+        self.job_line(self, job_id, wp.busy_line(job_id, time.time(), timeout, queue, func))
 
     def done(self, job_id: str, ok: bool | None) -> None:
         """ok: the job's outcome; None: an ending (`end`) is over."""
+        self.job_line(self, None, wp.done_line(job_id, time.time(), ok))
+
+    def job_line(self, owner: Channel | ThreadChannel, job_id: str | None, line: bytes) -> None:
+        """A `busy` (the job `owner` now runs) or a `done` (job_id None: it runs none), for the
+        process itself or one thread of it (the line then names the thread)."""
         with self._lock:
-            self._job_id = None
-        self.progress()
-        self._send(wp.done_line(job_id, time.time(), ok))
+            owner._job_id = job_id
+        owner.progress()
+        self._send(wp.for_thread(line, owner.index))
 
     def stopped(self) -> None:
         self._send(wp.stop_line(time.time()))
@@ -207,7 +216,7 @@ class Channel:
                     pass
 
 
-class ThreadChannel:
+class ThreadChannel(Progress):
     """One thread's view of a threaded worker's channel (worker/threads.py): its busy, beat and
     done lines name the thread (protocol version 8), its job and progress are its own. The
     process's `ready` goes out once every thread is ready, its `stop` once every thread is done
@@ -237,12 +246,6 @@ class ThreadChannel:
         self.progress()
         self.process.idle(paused)
 
-    def progress(self) -> None:
-        self._progress_at = time.monotonic()
-
-    def stuck_for(self) -> float:
-        return 0.0 if self.in_job else time.monotonic() - self._progress_at
-
     def ready(self) -> None:
         """Ready once every thread is: one `ready` for the process."""
         self.progress()
@@ -255,16 +258,10 @@ class ThreadChannel:
     def busy(
         self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
     ) -> None:
-        with self.process._lock:
-            self._job_id = job_id
-        self.progress()
-        self.process._send(wp.for_thread(wp.busy_line(job_id, time.time(), timeout, queue, func), self.index))
+        self.process.job_line(self, job_id, wp.busy_line(job_id, time.time(), timeout, queue, func))
 
     def done(self, job_id: str, ok: bool | None) -> None:
-        with self.process._lock:
-            self._job_id = None
-        self.progress()
-        self.process._send(wp.for_thread(wp.done_line(job_id, time.time(), ok), self.index))
+        self.process.job_line(self, None, wp.done_line(job_id, time.time(), ok))
 
     def stopped(self) -> None:
         """A thread's own end says nothing: the process says `stop` once all are done."""

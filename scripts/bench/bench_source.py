@@ -15,10 +15,11 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
-from bench_base import REPO, BenchError
-from bench_procs import child_env
+from bench_base import REPO, BenchError, say
+from bench_procs import Processes, child_env
 
 NAMESPACE = "herder"
 
@@ -125,3 +126,28 @@ def git_state(repo: Path = REPO) -> str:
         dirty = git("status", "--porcelain", "--", *source_dirs(repo))
         return git("rev-parse", "--short", "HEAD") + (" (herder's code modified)" if dirty else "")
     return "unknown"
+
+
+def run_each(
+    keys: list[str], tmp: Path, run_one: Callable[[str, dict[str, str], Processes], dict]
+) -> dict[str, dict] | None:
+    """Each contender in turn (herder's from a snapshot of its source, so edits during the run
+    change nothing), every process ended after: {key: what run_one measured}, or None when one
+    failed (said, with where its logs are)."""
+    procs = Processes()
+    results: dict[str, dict] = {}
+    try:
+        herder_src = snapshot_herder(tmp / "herder-src")
+        say(f"herder from a snapshot of its source (digest {herder_digest(herder_src)})")
+        for key in keys:
+            env = child_env()
+            if key != "rq":
+                env["PYTHONPATH"] = str(herder_src)
+            results[key] = run_one(key, env, procs)
+            say(f"{key}: {results[key]}")
+    except BenchError as exc:
+        say(f"error: {exc}; logs kept in {tmp}")
+        return None
+    finally:
+        procs.kill_all(spare=set())
+    return results

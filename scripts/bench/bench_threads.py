@@ -28,10 +28,10 @@ import psutil
 from redis import Redis
 from rq import Queue, Worker
 
-from bench_base import BenchError, say, wait_for
-from bench_procs import Processes, RedisServer, become_subreaper, child_env
+from bench_base import BenchError, wait_for
+from bench_procs import Processes, RedisServer, become_subreaper
 from bench_report import publish
-from bench_source import herder_digest, snapshot_herder
+from bench_source import run_each
 
 BIN = Path(sys.executable).parent
 QUEUE = "default"
@@ -154,22 +154,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="herder-threads-"))
     (tmp / "jobs").mkdir()
     (tmp / "jobs" / "bench_io.py").write_text(JOB_SOURCE)
-    procs = Processes()
-    results = {}
-    try:
-        herder_src = snapshot_herder(tmp / "herder-src")
-        say(f"herder from a snapshot of its source (digest {herder_digest(herder_src)})")
-        for key in keys:
-            env = child_env()
-            if key != "rq":
-                env["PYTHONPATH"] = str(herder_src)
-            results[key] = run_one(key, args, tmp, env, procs)
-            say(f"{key}: {results[key]}")
-    except BenchError as exc:
-        say(f"error: {exc}; logs kept in {tmp}")
+    found = run_each(keys, tmp, lambda key, env, procs: run_one(key, args, tmp, env, procs))
+    if found is None:
         return 1
-    finally:
-        procs.kill_all(spare=set())
+    results = found
     lines = [
         "## Threads: many I/O-bound jobs in few processes",
         "",
