@@ -3,7 +3,8 @@ listeners, Sidekiq's death handlers, RQ's webhooks), instead of waiting for a sc
 
 `--on-event COMMAND` runs COMMAND (split as a shell would, run without one) with the event
 as one JSON object on its stdin; `--on-event-url URL` POSTs the same JSON. Events: a worker
-killed or culled, a budget spent, a job given up, the master restarted, health changing.
+that died unasked (crashed, killed from outside), a worker killed or culled, a budget spent,
+a job given up, the master restarted, health changing.
 
 Never in the loop's way: `emit` only puts the event on a bounded queue (a full queue drops
 and counts it); HOOK_THREADS threads deliver, each hook bounded by `on_event_timeout` (a
@@ -41,6 +42,7 @@ HOOK_THREADS = 2  # hooks running at once
 STDERR_TAIL = 2048  # bytes of a hook's stderr kept for the log
 OUTCOMES = ("ok", "failed", "timeout", "unstartable", "dropped")
 EVENTS = (
+    "worker_died",
     "worker_killed",
     "worker_culled",
     "budget_spent",

@@ -35,6 +35,7 @@ from herder.supervisor.health import HealthWatch
 from herder.supervisor.hooks import EventHooks, HealthChanges
 from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge, read_late
+from herder.supervisor.observations import Observations
 from herder.supervisor.pool import Pool, share_limit
 from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
@@ -391,18 +392,43 @@ class Master:
             for held in obs.jobs.values():  # every job it ran: one per thread of a threaded worker
                 self.requeue(held.job_id, f"{cause} while running the job", label, w.kill_kind or "died")
             slot = self.slots.get(w.slot)
-            if slot is None or self.stopping:
-                continue
-            if not died_young(graceful, obs.ready, lived, pool.cfg):
+            backs_off = slot is not None and not self.stopping
+            young = backs_off and died_young(graceful, obs.ready, lived, pool.cfg)
+            if backs_off and not young:
+                assert slot is not None
                 slot.lived(now)
-                continue
-            delay = slot.died_young(now, pool.cfg)
-            log.warning("slot %d: backoff (died %d times in a row, before `ready` or within %.1f s of "
-                        "its start); next spawn in %.2f s", w.slot, slot.young_deaths, pool.cfg.min_uptime,
-                        delay)  # fmt: skip
+            if young:
+                assert slot is not None
+                delay = slot.died_young(now, pool.cfg)
+                log.warning("slot %d: backoff (died %d times in a row, before `ready` or within %.1f s "
+                            "of its start); next spawn in %.2f s", w.slot, slot.young_deaths,
+                            pool.cfg.min_uptime, delay)  # fmt: skip
+            if not graceful and not w.kill_reason:  # an exit herder did not ask for
+                self.report_death(w, code, obs, slot.young_deaths if young and slot else 1)
         for launcher in self.launchers.values():
             launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
         self.forget_drained_pools()
+
+    def report_death(self, w: Worker, code: int, obs: Observations, in_a_row: int) -> None:
+        """`worker_died`: an exit herder did not ask for (a crash, os._exit, a segfault, a kill
+        from outside), with the jobs it held, which the reap has put back on their queues. A
+        slot dying young again and again says so at 1, 2, 4, 8 ... deaths in a row: a crash
+        loop is a few events, not one per death."""
+        if in_a_row & (in_a_row - 1):
+            return
+        self.hooks.emit(
+            "worker_died",
+            pool=w.pool,
+            slot=w.slot,
+            pid=w.pid,
+            exit_code=code if code >= 0 else None,
+            signal=describe(code).removeprefix("killed by ") if code < 0 else None,
+            jobs=[{"job_id": h.job_id, "queue": h.queue, "function": h.func} for h in obs.jobs.values()],
+            # Its jobs went to recovery: back on their queue, or past max_requeues given up
+            # (then a `job_given_up` of their own).
+            recovered=bool(obs.jobs) and self.recovery is not None,
+            deaths_in_a_row=in_a_row,
+        )
 
     def fold_finished(self, w: Worker) -> None:
         """The worker's finished jobs into the job metrics (by the pool's queues)."""

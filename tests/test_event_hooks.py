@@ -184,3 +184,48 @@ def test_a_webhook_url_is_shown_without_its_secret_path(tmp_path) -> None:
     bad = subprocess.run([HERDER, "config", "--on-event-url", "ftp://x/s3cr3t", "--redis-url", "redis://127.0.0.1:1/0"],
                          capture_output=True, text=True, timeout=30)  # fmt: skip
     assert bad.returncode == 78 and "on_event_url" in bad.stderr and "s3cr3t" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_every_death_herder_did_not_ask_for_is_an_event_with_the_jobs_it_held(
+    herder, conn, tmp_path, webhook
+) -> None:
+    """kill -9 from outside, os._exit and a segfault in a job: each one `worker_died` at the hook
+    command and at the webhook, with its exit, the job it held and that herder recovered it
+    (here given up at once, `max_requeues = 0`: each job one death, one event)."""
+    command, out = hook_command(tmp_path)
+    url, posted = webhook
+    h = herder(workers="2", on_event=command, on_event_url=url, max_requeues="0")
+    h.wait_workers(2)
+    q = Queue("default", connection=conn)
+
+    def died(n: int) -> list[dict] | None:
+        hooked = [e for e in read_events(out) if e["event"] == "worker_died"]
+        webbed = [e for e in posted if e["event"] == "worker_died"]
+        return hooked if len(hooked) >= n and len(webbed) >= n else None
+
+    held = q.enqueue("herder_testjobs.record", "held", 30)
+    wait_for(lambda: conn.llen("started:held") or None, 10, what="the job running")
+    victim = h.worker_for_job(conn, held.id)
+    os.kill(victim, signal.SIGKILL)
+    (killed,) = wait_for(lambda: died(1), 20, what="worker_died for the kill -9")
+    assert (killed["pid"], killed["signal"], killed["exit_code"]) == (victim, "SIGKILL", None)
+    assert killed["jobs"] == [{"job_id": held.id, "queue": "default", "function": "herder_testjobs.record"}]
+    assert killed["recovered"] is True
+    wait_for(
+        lambda: [e for e in read_events(out) if e["event"] == "job_given_up"], 20, what="its job given up"
+    )
+    h.wait_workers(2)
+    exited = q.enqueue("herder_testjobs.exit_hard", "x")
+    wait_for(lambda: died(2), 20, what="worker_died for os._exit")
+    h.wait_workers(2)
+    crashed = q.enqueue("herder_testjobs.segfault", "s")
+    hooked = wait_for(lambda: died(3), 20, what="worker_died for a segfault")
+    by_job = {e["jobs"][0]["job_id"]: e for e in hooked if e["jobs"]}
+    assert (by_job[exited.id]["exit_code"], by_job[exited.id]["signal"]) == (3, None)
+    assert by_job[crashed.id]["signal"] == "SIGSEGV"
+    for e in hooked:  # the same event at the command and at the URL, once each
+        e.pop("env"), e.pop("said")
+        assert [p for p in posted if p == e] == [e]
+    h.stop_and_check()
+    assert len(died(1) or []) >= 3 and all(e["event"] != "worker_died" or e["jobs"] for e in read_events(out))

@@ -76,6 +76,8 @@ def test_a_worker_that_dies_mid_job_is_replaced_at_once_and_its_job_requeued(clo
 
 def test_a_slot_whose_workers_die_young_backs_off_exponentially(clock: FakeClock) -> None:
     m, launcher, _ = make(clock, workers=1, backoff_initial=0.1, backoff_max=1.0)
+    emitted: list[tuple[str, dict]] = []
+    m.hooks.emit = lambda event, **fields: emitted.append((event, fields))  # type: ignore[method-assign]
     m.step()
     delays = []
     for _ in range(6):
@@ -89,6 +91,9 @@ def test_a_slot_whose_workers_die_young_backs_off_exponentially(clock: FakeClock
         m.step()
         assert 0 in m.workers
     assert delays == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    # Six deaths in a row, `worker_died` at the 1st, 2nd and 4th: a crash loop is a few events.
+    died = [f for e, f in emitted if e == "worker_died"]
+    assert [f["deaths_in_a_row"] for f in died] == [1, 2, 4] and died[0]["exit_code"] == 1
     # A worker that lives past min_uptime resets the slot.
     launcher.spawned[-1].ready()
     clock.advance(2)
