@@ -23,7 +23,6 @@ import random
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,9 +30,9 @@ from redis import Redis
 from rq import Queue
 
 from bench_base import REPO, say
-from bench_procs import Processes, RedisServer, become_subreaper
+from bench_procs import Processes, RedisServer
 from bench_report import publish
-from bench_source import run_each
+from bench_source import run_each, scratch
 
 sys.path.insert(0, str(REPO / "tests"))
 from faultproxy import FaultProxy  # noqa: E402  (the tests' proxy: the same faults)
@@ -160,14 +159,10 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the contenders' logs (their folder is said)")
     args = p.parse_args()
     keys = args.only.split(",") if args.only else list(CONTENDERS)
-    become_subreaper()
-    tmp = Path(tempfile.mkdtemp(prefix="herder-network-"))
-    (tmp / "jobs").mkdir()
-    (tmp / "jobs" / "net_jobs.py").write_text(JOB_SOURCE)
-    found = run_each(keys, tmp, lambda key, env, procs: run_one(key, args, tmp, env, procs))
-    if found is None:
+    tmp = scratch("herder-network-", "net_jobs.py", JOB_SOURCE)
+    results = run_each(keys, tmp, lambda key, env, procs: run_one(key, args, tmp, env, procs))
+    if results is None:
         return 1
-    results = found
     rows = [k for k in next(iter(results.values())) if k != "faults"]
     lines = [
         "## A flaky network",

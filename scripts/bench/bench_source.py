@@ -14,6 +14,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -151,3 +152,15 @@ def run_each(
     finally:
         procs.kill_all(spare=set())
     return results
+
+
+def scratch(prefix: str, module: str, source: str) -> Path:
+    """A scratch folder for one scenario, its job code in `jobs/` (every contender's --path),
+    with this process the subreaper of whatever the contenders leave behind."""
+    from bench_procs import become_subreaper
+
+    become_subreaper()
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    (tmp / "jobs").mkdir()
+    (tmp / "jobs" / module).write_text(source)
+    return tmp

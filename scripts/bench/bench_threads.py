@@ -20,7 +20,6 @@ import contextlib
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,9 +28,9 @@ from redis import Redis
 from rq import Queue, Worker
 
 from bench_base import BenchError, wait_for
-from bench_procs import Processes, RedisServer, become_subreaper
+from bench_procs import Processes, RedisServer
 from bench_report import publish
-from bench_source import run_each
+from bench_source import run_each, scratch
 
 BIN = Path(sys.executable).parent
 QUEUE = "default"
@@ -150,14 +149,10 @@ def main() -> int:
     args = p.parse_args()
     names = contenders(args.concurrency, args.threads)
     keys = args.only.split(",") if args.only else list(names)
-    become_subreaper()
-    tmp = Path(tempfile.mkdtemp(prefix="herder-threads-"))
-    (tmp / "jobs").mkdir()
-    (tmp / "jobs" / "bench_io.py").write_text(JOB_SOURCE)
-    found = run_each(keys, tmp, lambda key, env, procs: run_one(key, args, tmp, env, procs))
-    if found is None:
+    tmp = scratch("herder-threads-", "bench_io.py", JOB_SOURCE)
+    results = run_each(keys, tmp, lambda key, env, procs: run_one(key, args, tmp, env, procs))
+    if results is None:
         return 1
-    results = found
     lines = [
         "## Threads: many I/O-bound jobs in few processes",
         "",
