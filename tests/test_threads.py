@@ -119,3 +119,23 @@ def test_rqs_stop_job_command_stops_the_job_in_its_own_thread(herder, jobs: Jobs
     (w,) = h.wait_workers(1)
     assert w.pid == proc.pid
     h.stop_and_check()
+
+
+def test_worker_init_runs_once_per_process_and_recycling_counts_every_threads_jobs(
+    herder, jobs: JobsHelper, tmp_path
+) -> None:
+    """As for a one-job worker: --worker-init once per process (before its threads start),
+    and max_jobs counts the jobs of all its threads (the replacement starts first)."""
+    init_log = tmp_path / "init.log"
+    h = herder(workers="1", threads="3", max_jobs="6", worker_init="herder_hooks:record_init",
+               env={"HERDER_TEST_INIT_LOG": str(init_log)})  # fmt: skip
+    (first,) = h.wait_workers(1)
+    assert init_log.read_text().split() == [str(first.pid)]
+    tag = uuid.uuid4().hex
+    ids = [jobs.enqueue("record", tag).id for _ in range(6)]
+    for job_id in ids:
+        jobs.wait_finished(job_id, 10, what=f"job {job_id} to finish")
+    (second,) = h.wait_workers(1, timeout=20, without=[first.pid])  # recycled after its 6 jobs
+    assert init_log.read_text().split() == [str(first.pid), str(second.pid)]
+    assert "recycled after max jobs: 6 jobs done" in h.log()
+    h.stop_and_check()
