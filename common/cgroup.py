@@ -279,3 +279,20 @@ def memory_pressure(threshold: float = 0.9, root: str | Path = "/") -> str | Non
     if limit is None or usage is None or usage < threshold * limit.value:
         return None
     return f"cgroup memory {mib(usage)} of {mib(limit.value)} ({usage / limit.value:.0%})"
+
+
+def oom_kills(root: str | Path = "/") -> tuple[int, ...] | None:
+    """The kernel's OOM kill counters of this process's memory cgroup and each visible ancestor
+    (v2: memory.events `oom_kill`; v1: memory.oom_control `oom_kill`): a kill under any of
+    their limits moves one of them. None where no memory controller says."""
+    h = hierarchy("memory", root)
+    if h is None:
+        return None
+    name = "memory.events" if h.version == 2 else "memory.oom_control"
+    counts = []
+    for d in h.dirs:
+        for line in (_read(d / name) or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                counts.append(_int(value) or 0)
+    return tuple(counts) if counts else None

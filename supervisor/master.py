@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import socket
 from collections.abc import Callable
 from dataclasses import replace
@@ -37,7 +38,7 @@ from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge, read_late
 from herder.supervisor.observations import Observations
 from herder.supervisor.pool import Pool, share_limit
-from herder.supervisor.pressure import MemoryWatch
+from herder.supervisor.pressure import MemoryWatch, OomWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.scaling import pick_idle_to_stop
@@ -116,6 +117,7 @@ class Master:
         self.jobstats: JobStats | None = None
         self.http: Publisher | None = None
         self.memory = memory or MemoryWatch()  # the cgroup near its memory limit: no scale-up
+        self.oom = OomWatch()  # a SIGKILL herder did not send: the kernel's OOM killer's?
         self.hooks = EventHooks(cfg, self.host_id, counted=bool(cfg.http))  # --on-event, --on-event-url
         self.health_changes, self._health_read_at = HealthChanges(), float("-inf")
         if recovery is not None:  # a job given up is an event (called from the recovery thread)
@@ -373,6 +375,11 @@ class Master:
             del self.workers[slot_index]
             now = self.clock.monotonic()
             lived, how = now - w.spawned_at, describe(code)
+            oom = code == -signal.SIGKILL and not w.kill_reason and self.oom.killed()
+            if oom:  # said as such in the exit line, the event, the requeue and herder_kills_total
+                how = "killed by the kernel's OOM killer (SIGKILL)"
+                self.counters.totals.killed_by["oom"] += 1
+                self.counters.totals.killed_by_pool["oom", w.pool] += 1
             # Asked to stop (by herder, or by RQ's shutdown command: it said `stop`) and exited 0.
             graceful = code == 0 and not w.kill_reason and (w.stop_sent_at is not None or obs.said_stop)
             why = "stopped as asked" if graceful else w.kill_reason or "unexpected"
@@ -404,12 +411,12 @@ class Master:
                             "of its start); next spawn in %.2f s", w.slot, slot.young_deaths,
                             pool.cfg.min_uptime, delay)  # fmt: skip
             if not graceful and not w.kill_reason:  # an exit herder did not ask for
-                self.report_death(w, code, obs, slot.young_deaths if young and slot else 1)
+                self.report_death(w, code, obs, slot.young_deaths if young and slot else 1, oom)
         for launcher in self.launchers.values():
             launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
         self.forget_drained_pools()
 
-    def report_death(self, w: Worker, code: int, obs: Observations, in_a_row: int) -> None:
+    def report_death(self, w: Worker, code: int, obs: Observations, in_a_row: int, oom: bool = False) -> None:
         """`worker_died`: an exit herder did not ask for (a crash, os._exit, a segfault, a kill
         from outside), with the jobs it held, which the reap has put back on their queues. A
         slot dying young again and again says so at 1, 2, 4, 8 ... deaths in a row: a crash
@@ -428,6 +435,7 @@ class Master:
             # (then a `job_given_up` of their own).
             recovered=bool(obs.jobs) and self.recovery is not None,
             deaths_in_a_row=in_a_row,
+            oom=oom,  # the kernel's OOM killer sent the SIGKILL (its cgroup's counter moved)
         )
 
     def fold_finished(self, w: Worker) -> None:

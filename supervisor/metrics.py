@@ -23,7 +23,7 @@ PUBLISH_EVERY = 0.5  # seconds between two Vitals the loop publishes
 STALE_AFTER = 5.0  # seconds without new Vitals: the loop is stalled (it passes every 0.25 s)
 # Every label value a counter can take, shown from the start at 0 (so rate() works at once).
 KILL_REASONS = ("silent", "no_ready", "no_progress", "stdout_closed", "stop_timeout", "job_timeout",
-                "memory_hard", "hurried_stop")  # fmt: skip
+                "memory_hard", "hurried_stop", "oom")  # fmt: skip  # oom: the kernel's, not herder's
 REQUEUE_REASONS = ("killed", "died", "swept")
 RECYCLE_REASONS = ("culled", "recycled after max jobs", "recycled after max age", "recycled after max memory",
                    "killed over hard memory limit")  # fmt: skip

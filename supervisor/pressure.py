@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from herder.common.cgroup import memory_pressure
+from herder.common.cgroup import memory_pressure, oom_kills
 
 log = logging.getLogger("herder")
 
@@ -35,3 +35,18 @@ class MemoryWatch:
                 log.info("memory pressure eased: scale-up allowed again")
             self.reason = reason
         return self.reason
+
+
+class OomWatch:
+    """Did the kernel's OOM killer kill since the last look? Read when a worker died by a
+    SIGKILL herder did not send: its cgroup's (or an ancestor's) OOM kill counter moved."""
+
+    def __init__(self, read: Callable[[], tuple[int, ...] | None] = oom_kills) -> None:
+        self.read = read
+        self.seen = read()
+
+    def killed(self) -> bool:
+        now = self.read()
+        moved = now is not None and self.seen is not None and now != self.seen
+        self.seen = now if now is not None else self.seen
+        return moved

@@ -266,6 +266,21 @@ def test_mountinfo_escapes_in_a_mount_point_are_read(tmp_path: Path) -> None:
     assert cgroup.memory_limit(root) == 128 * MiB
 
 
+def test_the_oom_kill_counters_of_the_cgroup_and_its_ancestors(tmp_path: Path) -> None:
+    """v2's memory.events and v1's memory.oom_control, this cgroup's then each ancestor's: a kill
+    under the pod's limit moves the pod's counter, not the container's."""
+    pod, c1 = "sys/fs/cgroup/kubepods/pod1", "sys/fs/cgroup/kubepods/pod1/c1"
+    events = "low 0\nhigh 0\nmax 3\noom {}\noom_kill {}\noom_group_kill 0"
+    files = {f"{c1}/memory.events": events.format(0, 0), f"{pod}/memory.events": events.format(2, 2)}
+    root = fake_root(tmp_path, ["0::/kubepods/pod1/c1"], V2_MOUNT, files)
+    assert cgroup.oom_kills(root) == (0, 2)
+    mem = "sys/fs/cgroup/memory/docker/abc"
+    v1 = fake_root(tmp_path / "v1", V1_CGROUPS, V1_MOUNTS,
+                   {f"{mem}/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1"})  # fmt: skip
+    assert cgroup.oom_kills(v1) == (1,)  # the ancestors here have no file: not counted
+    assert cgroup.oom_kills(fake_root(tmp_path / "none", ["0::/"], V2_MOUNT, {})) is None
+
+
 # -- the default workers limit ------------------------------------------------------------------
 
 
@@ -408,3 +423,38 @@ def test_the_working_set_in_a_real_cgroup_shows_as_memory_pressure(limited_cgrou
     assert m and int(m[1]) >= 200 and int(m[2]) >= 52, after
     assert "CPU quota 1.0" in described and "memory 384 MiB (working set" in described, described
     assert limited_cgroup[0].name in described, described  # the cgroup that sets the limits
+
+
+@pytest.mark.slow
+def test_a_worker_the_kernels_oom_killer_ends_is_named_as_such(
+    limited_cgroup: list[Path], herder, redis_url: str, conn, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """herder in a cgroup of 384 MiB, a job that holds 600 MB: the kernel's OOM killer SIGKILLs
+    its worker. herder sent no signal, and the cgroup's OOM kill counter moved: the exit line,
+    the `worker_died` event and herder_kills_total{reason="oom"} say the OOM killer did it."""
+    from rq import Queue
+
+    from harness import HERDERS, Herder, free_port, wait_for
+    from test_event_hooks import hook_command, read_events
+    from test_health_http import metrics, sample
+
+    command, out = hook_command(tmp_path)
+    port = free_port()
+    workdir = tmp_path / "herder"
+    workdir.mkdir()
+    args = {"--workers": "1", "--on-event": command, "--http": str(port), "--max-requeues": "0"}
+    h = Herder(redis_url, workdir, uuid.uuid4().hex, args)  # type: ignore[arg-type]
+    request.node.stash[HERDERS].append(h)  # the herder fixture's clean-up ends it, whatever happens
+    procs = [str(d / "cgroup.procs") for d in limited_cgroup]
+    h.argv = [sys.executable, "-c", MOVE_AND_EXEC, *procs, "--", *h.argv]  # herder runs inside it
+    h.start()
+    (first,) = h.wait_workers(1, timeout=30)
+    Queue("default", connection=conn).enqueue("herder_testjobs.leak", "oom", 600)
+    died = wait_for(lambda: [e for e in read_events(out) if e["event"] == "worker_died"], 30,
+                    what="worker_died for the OOM kill")  # fmt: skip
+    assert died[0]["pid"] == first.pid and died[0]["oom"] is True and died[0]["signal"] == "SIGKILL", died
+    assert f"pid {first.pid}: busy -> exited (killed by the kernel's OOM killer (SIGKILL);" in h.log()
+    assert (
+        sample(metrics(f"http://127.0.0.1:{port}"), "herder_kills_total", reason="oom", pool="default") == 1
+    )
+    h.stop_and_check()
