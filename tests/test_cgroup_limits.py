@@ -454,7 +454,12 @@ def test_a_worker_the_kernels_oom_killer_ends_is_named_as_such(
                     what="worker_died for the OOM kill")  # fmt: skip
     assert died[0]["pid"] == first.pid and died[0]["oom"] is True and died[0]["signal"] == "SIGKILL", died
     assert f"pid {first.pid}: busy -> exited (killed by the kernel's OOM killer (SIGKILL);" in h.log()
-    assert (
-        sample(metrics(f"http://127.0.0.1:{port}"), "herder_kills_total", reason="oom", pool="default") == 1
+    wait_for(  # /metrics serves what the loop last published: a moment after the event
+        lambda: (
+            sample(metrics(f"http://127.0.0.1:{port}"), "herder_kills_total", reason="oom", pool="default")
+            == 1
+        ),
+        10,
+        what='herder_kills_total{reason="oom"} at 1',
     )
     h.stop_and_check()
