@@ -70,7 +70,12 @@ def test_config_validation_names_the_key(change: dict, key: str) -> None:
 
 
 def test_a_queue_name_is_whatever_rq_accepts() -> None:
-    validate(Config(queues=["bulk jobs", "a,b", "ünïcode", "with%percent"]))
+    names = ["bulk jobs", "a,b", "ünïcode", "with%percent"]
+    cfg = Config(queues=list(names))
+    validate(cfg)  # raises ConfigError on a name it refuses
+    assert cfg.queues == names
+    with pytest.raises(ConfigError, match="queues"):  # an empty name is a typo, not a queue
+        validate(Config(queues=[*names, ""]))
 
 
 def test_a_heartbeat_timeout_of_two_dequeue_slices_is_the_shortest_allowed() -> None:
