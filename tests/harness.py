@@ -145,13 +145,17 @@ def reap_adopted() -> None:
             pass
 
 
-def tagged(tag: str) -> list[psutil.Process]:
+def tagged(tag: str, session: int | None = None) -> list[psutil.Process]:
+    """The live processes of one herder: those whose environment carries its tag, and those in
+    its session (`herder run` starts one). A process that sets its title (setproctitle) blanks
+    what /proc shows of its environment, so the tag alone misses forked workers."""
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.environ().get(TAG_VAR) == tag and p.status() != psutil.STATUS_ZOMBIE:
+            mine = session is not None and os.getsid(p.pid) == session
+            if (mine or p.environ().get(TAG_VAR) == tag) and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ProcessLookupError):
             pass
     return found
 
@@ -262,6 +266,10 @@ class Herder:
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         return self
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this herder, orphans and forked workers included."""
+        return tagged(self.tag, self.proc.pid if self.proc else None)
 
     @property
     def pid(self) -> int:
@@ -501,14 +509,14 @@ class Herder:
             leftovers.append(f"herder run {self.proc.pid}")
             self.proc.kill()
             self.proc.wait(10)
-        for p in tagged(self.tag):
+        for p in self.processes():
             try:
                 leftovers.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
         try:  # SIGKILL is not instant: wait for them to be gone before reaping
-            wait_for(lambda: not tagged(self.tag), 5, what="the killed leftovers to exit")
+            wait_for(lambda: not self.processes(), 5, what="the killed leftovers to exit")
         except AssertionError:
             leftovers.append("(some survived SIGKILL for 5 s)")
         reap_adopted()
@@ -517,7 +525,7 @@ class Herder:
 
     def assert_nothing_left(self, timeout: float = 10) -> None:
         """No process of this herder left running, none left a zombie."""
-        wait_for(lambda: not tagged(self.tag), timeout, what="every herder process to exit")
+        wait_for(lambda: not self.processes(), timeout, what="every herder process to exit")
         reap_adopted()
         assert not zombies_of(self.seen_pids), "zombie workers left behind"
 

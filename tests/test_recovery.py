@@ -181,3 +181,50 @@ def test_a_host_that_dies_whole_has_its_jobs_recovered_by_another(herder, conn: 
     # The bound docs/design.md gives: the lease (3 s) + a sweep (1 s), within 5 s.
     assert recovered_in < 5, recovered_in
     b.stop_and_check()
+
+
+@pytest.mark.parametrize("redis_first", [True, False], ids=["redis-then-master", "master-then-redis"])
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_a_dead_masters_workers_exit_while_redis_is_down(
+    herder, own_redis, redis_first: bool, threads: str
+) -> None:
+    """The master and Redis both gone, in either order: every worker, spare, fork server and
+    scheduler notices its parent changed and exits within a few heartbeats, even from inside
+    a wait for Redis (RQ's own retry sleeps up to a minute and never looks at the master)."""
+    proc, port = own_redis
+    h = herder(redis_url=f"redis://127.0.0.1:{port}/0", workers="3", threads=threads, health_grace="1")
+    h.wait_workers(3)
+    master = h.master()
+    assert master is not None
+    family = {p.pid for p in psutil.Process(master.pid).children(recursive=True)}
+    assert len(family) >= 3
+
+    def kill_master() -> None:
+        h.signal(signal.SIGKILL)  # the watchdog first, so no new master comes
+        h.wait_exit(5)
+        master.kill()
+
+    def stop_redis() -> None:
+        proc.kill()
+        proc.wait(5)
+
+    first, then = (stop_redis, kill_master) if redis_first else (kill_master, stop_redis)
+    first()
+    if redis_first:  # every worker is in its wait for Redis before its master dies
+        h.wait_status(lambda s: "redis unreachable" in s["health"], 10, what="herder to see Redis gone")
+        time.sleep(3)  # the fault's shape: every worker's retry has backed off past a heartbeat
+    then()
+    # The bound: the sentinel sees the new parent within a heartbeat (1 s); the wait for Redis
+    # it interrupts lasts at most a heartbeat more.
+    wait_for(lambda: not alive(family) and not h.processes(), 6, what="every orphan to exit")
+
+
+def alive(pids: set[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

@@ -63,6 +63,12 @@ def raise_in_thread(ident: int, exc: type[BaseException]) -> None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
 
 
+class RedisAway(Exception):  # noqa: N818 - a state, not a mistake
+    """Redis failed a call of RQ's dequeue loop: out to herder's own wait for Redis, which
+    watches the master. RQ's retry sleeps up to a minute between tries and never looks, so an
+    orphan waiting there would outlive its master for as long as Redis stays away."""
+
+
 class HerderMixin(BaseWorker):
     """herder's protocol on top of any RQ worker class: SimpleWorker (herder's default, the
     job in this process) or a user's class (`--worker-class`), forking ones included."""
@@ -273,11 +279,14 @@ class HerderMixin(BaseWorker):
             first = False
             self.run_endings()
             self.channel.progress()
+            self._dequeuing = True
             try:
                 result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
-            except (RedisConnectionError, RedisTimeoutError) as exc:  # RQ's state writes around it
+            except (RedisConnectionError, RedisTimeoutError, RedisAway) as exc:  # RQ's writes, its retry
                 self.redis_away(exc)
                 continue
+            finally:
+                self._dequeuing = False
             self.redis_back()
             if result is not None:
                 return self._took(result)
@@ -365,10 +374,20 @@ class HerderMixin(BaseWorker):
             return
         try:
             super().heartbeat(timeout, pipeline)
-        except (RedisConnectionError, RedisTimeoutError):
+        except (RedisConnectionError, RedisTimeoutError) as exc:
             self._rq_beat_at = float("-inf")  # missed: the next one goes out; RQ's key lives minutes
+            if self._dequeuing:  # RQ.s dequeue loop, no job taken: wait for Redis in herder's wait
+                raise RedisAway(exc) from exc
             return
         self.renew_lease()
+
+    _dequeuing = False  # in RQ's dequeue loop and no job taken yet (see RedisAway)
+
+    def reorder_queues(self, reference_queue: Queue) -> None:
+        """RQ calls it once its dequeue has taken a job: from here a failed heartbeat must not
+        leave the loop, or the job would wait in RQ's intermediate list."""
+        self._dequeuing = False
+        super().reorder_queues(reference_queue=reference_queue)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         self._job_ok: bool | None = None  # perform_job says, unless it ran in a forked horse
