@@ -55,7 +55,7 @@ def open_control(cfg: Config, started_at: float) -> ControlServer | None:
 
 
 def main() -> int:
-    cfg = Config.from_env()
+    cfg = Config.handed_over()
     logs.setup(cfg.log_level, cfg.log_format)
     # `kill -USR2 <master>` prints every thread's stack to the log: what a stuck loop waits on.
     faulthandler.register(signal.SIGUSR2, all_threads=True)

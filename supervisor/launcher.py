@@ -82,10 +82,13 @@ def worker_argv(cfg: Config) -> list[str]:
 
 
 def worker_env(cfg: Config, slot: int, pool: str = "default") -> dict[str, str]:
-    """The resolved Config (its pool's) for herder's worker, and the documented HERDER_*
-    variables for a --worker-command program (docs/protocol.md, "Environment")."""
+    """A worker's spec: the resolved Config (its pool's) for herder's worker, handed over at its
+    start and never left in its environment (herder.common.handover), and the documented
+    HERDER_* variables; the Redis URL among them only for a --worker-command program, which
+    has no other way to get it (docs/protocol.md, "Environment")."""
     env = dict(os.environ)
-    env[ENV_RESOLVED] = cfg.to_env()
+    if not cfg.worker_command:
+        env[ENV_RESOLVED] = cfg.to_json()
     env.update(
         {
             wp.ENV_SLOT: str(slot),
@@ -96,6 +99,6 @@ def worker_env(cfg: Config, slot: int, pool: str = "default") -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
-    if cfg.redis_url:
+    if cfg.redis_url and cfg.worker_command:
         env[wp.ENV_REDIS_URL] = cfg.redis_url
     return env

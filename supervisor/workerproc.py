@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
+from herder.common import handover
 from herder.common.worker_protocol import ENV_POOL, PAUSE, RESUME, STOP, end_request
 from herder.supervisor import logs, pipes
 from herder.supervisor.dispatchers import StderrReader, StdoutReader
@@ -100,20 +101,26 @@ class WorkerProcess:
         kind: str = "",
         pass_fds: tuple[int, ...] = (),
     ) -> WorkerProcess:
-        """Start it; `kind` names a process that is not the fleet's in its log lines (else "slot N")."""
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-            pass_fds=pass_fds,
-            # Its own process group: herder signals the worker and any children its job
-            # started together, and a Ctrl-C at the terminal reaches only the master,
-            # which drains the workers instead.
-            process_group=0,
-        )
+        """Start it; `kind` names a process that is not the fleet's in its log lines (else "slot N").
+        Its config, if its spec holds one, is handed over on a descriptor (herder.common.handover)."""
+        child_env, config_fd = handover.seal(env)
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=child_env,
+                close_fds=True,
+                pass_fds=pass_fds if config_fd is None else (*pass_fds, config_fd),
+                # Its own process group: herder signals the worker and any children its job
+                # started together, and a Ctrl-C at the terminal reaches only the master,
+                # which drains the workers instead.
+                process_group=0,
+            )
+        finally:
+            if config_fd is not None:
+                os.close(config_fd)
         return cls.watch(popen, slot, wake, kind, pool="" if kind else env.get(ENV_POOL, ""))
 
     @classmethod

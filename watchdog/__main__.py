@@ -1,8 +1,8 @@
 """Entry point: python -P -m herder.watchdog [-- MASTER_ARGV...]
 
-Settings come from the resolved Config that `herder run` puts in the environment (the
-schema in herder.common.config, standard library only); the master command defaults to
-herder's own.
+Settings come from the resolved Config that `herder run` hands over on a descriptor
+(herder.common.handover; the schema in herder.common.config, standard library only); the
+master command defaults to herder's own.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from herder.common import jsonlog, statelock
+from herder.common import handover, jsonlog, statelock
 from herder.common.config import Config, ConfigError
 from herder.common.exits import EX_CONFIG, EX_TEMPFAIL
 from herder.watchdog.core import Watchdog
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def main(argv: list[str]) -> int:
     try:
-        cfg = Config.from_env()
+        cfg = Config.handed_over()
     except ConfigError:
         print("herder watchdog: start herder with `herder run`", file=sys.stderr)
         return EX_CONFIG
@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
         ping_grace=3 * cfg.heartbeat_interval,
         redis=embedded_redis(cfg.state_dir) if cfg.embedded_redis else None,
         user=cfg.user,
+        config=handover.receive(),
     )
     return dog.run()
 

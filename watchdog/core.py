@@ -24,6 +24,7 @@ from collections import deque
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from herder.common import handover
 from herder.common.exits import EX_CONFIG, describe
 from herder.common.lines import LineSplitter
 from herder.common.prctl import become_subreaper
@@ -61,8 +62,10 @@ class Watchdog:
         ping_grace: float = 3.0,
         redis: EmbeddedRedis | None = None,
         user: str = "",
+        config: str | None = None,
     ) -> None:
         self.master_argv = master_argv
+        self.config = config  # the resolved config each master is handed (herder.common.handover)
         self.heartbeat_timeout = heartbeat_timeout
         self.max_restarts = max_restarts
         self.restart_window = restart_window
@@ -129,18 +132,26 @@ class Watchdog:
     def start_master(self) -> None:
         kwargs = self.run_as.popen_kwargs() if self.run_as else {}
         # How many times this watchdog restarted the master: the master reports it (metrics).
-        kwargs["env"] = dict(kwargs.get("env", os.environ), **{MASTER_RESTARTS_ENV: str(self.master_starts)})
+        env = dict(kwargs.get("env", os.environ), **{MASTER_RESTARTS_ENV: str(self.master_starts)})
+        if self.config is not None:
+            env[handover.ENV_RESOLVED] = self.config
+        kwargs["env"], config_fd = handover.seal(env)
         self.master_starts += 1
-        self.master = subprocess.Popen(
-            self.master_argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            # Own process group: a Ctrl-C at the terminal reaches only the watchdog,
-            # which forwards it once; the master must not see it twice.
-            process_group=0,
-            **kwargs,
-        )
+        try:
+            self.master = subprocess.Popen(
+                self.master_argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+                pass_fds=() if config_fd is None else (config_fd,),
+                # Own process group: a Ctrl-C at the terminal reaches only the watchdog,
+                # which forwards it once; the master must not see it twice.
+                process_group=0,
+                **kwargs,
+            )
+        finally:
+            if config_fd is not None:
+                os.close(config_fd)
         assert self.master.stdout
         os.set_blocking(self.master.stdout.fileno(), False)
         self.master_seen = time.monotonic()

@@ -1,8 +1,9 @@
 """Entry point: python -P -m herder.worker, started by the master.
 
-Everything comes from the environment the master sets (herder.supervisor.launcher): the
-resolved Config, as for the watchdog and the master, and the worker's slot. Nothing is on
-argv, so a Redis password cannot be read from the process list.
+Everything comes from the master (herder.supervisor.launcher): the resolved Config on a
+descriptor or in its fork request (herder.common.handover), as for the watchdog and the
+master, and the worker's slot in the environment. Neither argv nor the environment holds
+the Redis password: the process list and a job's code cannot read it there.
 """
 
 from __future__ import annotations
@@ -68,11 +69,11 @@ def prepare_ahead() -> None:
     connected for the config it inherited, which is its request's unless a pool's differs. A
     replacement then starts without a millisecond of setting them up, nor two handshakes.
     Anything amiss (Redis away, a config it cannot read) leaves it all to main()."""
-    from herder.common import rq_seam
-    from herder.common.config import ENV_RESOLVED, Config
+    from herder.common import handover, rq_seam
+    from herder.common.config import Config
 
     try:
-        cfg = Config.from_env()
+        cfg = Config.handed_over()
         if not cfg.redis_url:
             return
         connection, probe = connections(cfg)
@@ -81,14 +82,14 @@ def prepare_ahead() -> None:
         pool.release(rq_seam.pool_connection(pool))
     except Exception:
         return
-    _ahead[:] = [os.environ.get(ENV_RESOLVED), connection, probe]
+    _ahead[:] = [handover.receive(), connection, probe]
 
 
 def made_ahead() -> tuple[Redis, Redis] | None:
     """The connections prepare_ahead() made, if they were made for this worker's config."""
-    from herder.common.config import ENV_RESOLVED
+    from herder.common import handover
 
-    if not _ahead or _ahead[0] != os.environ.get(ENV_RESOLVED):
+    if not _ahead or _ahead[0] != handover.receive():
         return None
     return _ahead[1], _ahead[2]
 
@@ -98,7 +99,7 @@ def main() -> int:
     from herder.common.config import Config
     from herder.common.rq_names import rq_worker_name
 
-    cfg = Config.from_env()
+    cfg = Config.handed_over()
     # The channel goes first: from here on fd 1 is stderr and only the channel
     # writes protocol lines.
     from herder.worker.channel import Channel

@@ -189,7 +189,7 @@ def run(sched: HerderScheduler, channel: Channel) -> None:
 
 
 def main() -> int:
-    cfg = Config.from_env()
+    cfg = Config.handed_over()
     channel = Channel(heartbeat_interval=cfg.heartbeat_interval, orphan_log=cfg.orphan_log)
     channel.start()
     name = os.environ.get(ENV_SCHEDULER_NAME)

@@ -42,6 +42,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
+from herder.common import handover
 from herder.common import worker_protocol as wp
 from herder.common.prctl import set_process_name
 
@@ -146,7 +147,7 @@ def become_worker(
             close_inherited()
         default_signals()
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(handover.accept(request["env"]))  # its config in memory, not in its environment
         os.environ[wp.ENV_PARENT_PIDS] = f"{master_pid},{middle_pid}"
         sys.argv = list(request.get("argv") or ["herder-worker"])
         code = importlib.import_module(entry).main()
@@ -315,7 +316,7 @@ def main_forked(env: dict[str, str], fds: list[int], sock_fd: int) -> NoReturn:
         close_inherited(keep=sock_fd)
         forget_the_master()
         os.environ.clear()
-        os.environ.update(env)
+        os.environ.update(handover.accept(env))  # its config in memory, not in its environment
         sys.argv = [TEMPLATE_NAME]
         code = main()
     except SystemExit as exc:
@@ -339,7 +340,7 @@ def main() -> int:
     os.dup2(2, 1)  # a --preload module's prints go to the log, not to a pipe read as protocol
     from herder.common.config import Config
 
-    cfg = Config.from_env()
+    cfg = Config.handed_over()
     preload(cfg.paths, cfg.preload, cfg.fast_path)
     from herder.worker.hooks import setup_django
 

@@ -3,8 +3,9 @@ Each field is a setting with its default, the help its flag shows and what a rel
 it; the names a user writes for it (flag, HERDER_* variable, TOML key) are derived here too.
 Standard library only.
 
-The Config travels from `herder run` to the watchdog, master and workers as JSON in the
-environment (ENV_RESOLVED): never on argv, where a Redis password would show in `ps`.
+The Config travels from `herder run` to the watchdog, master and workers as JSON on an
+inherited descriptor or in a fork request (herder.common.handover): never on argv, where a
+Redis password would show in `ps`, nor in the environment, where a job's code would read it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from herder.common import handover
 from herder.common.config.limits import default_workers_limit
+from herder.common.handover import ENV_RESOLVED
 
-ENV_RESOLVED = "HERDER_RESOLVED_CONFIG"
 WORKER_NICE = 5  # docs/design.md, "The master's share of the CPU"
 
 
@@ -392,14 +394,16 @@ class Config:
             ]
         )
 
-    def to_env(self) -> str:
+    def to_json(self) -> str:
+        """The whole resolved Config, as a child is handed it (herder.common.handover)."""
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_env(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> Config:
-        raw = (environ or os.environ).get(ENV_RESOLVED)
+    def handed_over(cls) -> Config:
+        """The Config this process was handed at its start (herder.common.handover)."""
+        raw = handover.receive()
         if not raw:
-            raise ConfigError(ENV_RESOLVED, "not set: start herder with `herder run`", "environment")
+            raise ConfigError(ENV_RESOLVED, "not handed over: start herder with `herder run`", "its parent")
         # The fork server parses its config before it forks: a worker given the same one takes
         # a copy of that parse instead of a millisecond of its way to `ready`.
         if _last_parsed and _last_parsed[0] == raw:
@@ -411,7 +415,7 @@ class Config:
         return copy.copy(cfg)
 
 
-_last_parsed: list[Any] = []  # [the raw JSON, its Config] of the last from_env
+_last_parsed: list[Any] = []  # [the raw JSON, its Config] of the last handed_over
 
 
 # ---- the names a user writes: flag, HERDER_* variable, TOML key ------------------------

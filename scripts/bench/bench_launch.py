@@ -73,7 +73,7 @@ def chain_env(url: str, tmp: Path, workers: int, herder_src: Path) -> dict[str, 
     cfg = replace(Config(), redis_url=url, queues=[QUEUE], paths=[str(tmp / "jobs")], workers=workers)
     env = child_env()
     env["PYTHONPATH"] = str(herder_src)
-    env[ENV_RESOLVED] = cfg.to_env()
+    env[ENV_RESOLVED] = cfg.to_json()
     from_master = {
         k: v for k, v in worker_env(cfg, 0).items() if k.startswith("HERDER_") or k == "PYTHONUNBUFFERED"
     }

@@ -57,24 +57,31 @@ def fork_workers() -> None:
     time.sleep(3600)
 
 
+def config_from_env() -> None:
+    """The stand-ins carry the config in their environment (herder hands it over on a
+    descriptor: herder.common.handover); parsed as herder parses what it is handed."""
+    from herder.common import handover
+    from herder.common.config import Config
+
+    handover.accept(dict(os.environ))
+    Config.handed_over()
+
+
 def main(role: str) -> None:
     if role == "run":
         subprocess.Popen([*ROLE_ARGV, "master"])
         import herder.supervisor.ctl.cli  # noqa: F401  the CLI `herder run` loads
-        from herder.common.config import Config
-
-        Config.from_env()
-        watchdog = "import herder.watchdog.core, herder.common.config as c, time\n"
-        watchdog += "c.Config.from_env()\ntime.sleep(3600)"
+        config_from_env()
+        watchdog = "import herder.watchdog.core, herder.common.config as c, os, time\n"
+        watchdog += "import herder.common.handover as h\n"
+        watchdog += "h.accept(dict(os.environ))\nc.Config.handed_over()\ntime.sleep(3600)"
         os.execv(sys.executable, [sys.executable, "-P", "-c", watchdog])
     elif role == "master":
         from herder.common.prctl import become_subreaper
 
         become_subreaper()  # the workers the template double-forks become this process's children
         subprocess.Popen([*ROLE_ARGV, "template"], env=dict(os.environ, **{ENV_ROLE: "template"}))
-        from herder.common.config import Config
-
-        Config.from_env()
+        config_from_env()
         import herder.supervisor.events  # noqa: F401
         import herder.supervisor.fleet  # noqa: F401
         import herder.supervisor.liveness  # noqa: F401

@@ -16,8 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
-from herder.common import statelock
-from herder.common.config import ENV_RESOLVED, Config, ConfigError
+from herder.common import handover, statelock
+from herder.common.config import ENV_RESOLVED, SECRET_KEYS, Config, ConfigError, env_of
 
 MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
 
@@ -97,10 +97,15 @@ def lock_state_dir(state_dir: str, owner: pwd.struct_passwd | None) -> int:
 
 def exec_watchdog(cfg: Config, lock_fd: int) -> None:
     """Become the watchdog, handing it the resolved settings and the state dir's lock."""
-    env = dict(os.environ)
-    env[ENV_RESOLVED] = cfg.to_env()
+    # The settings that may carry a password are in the config now: they go no further down
+    # (a job's code can read its environment).
+    env = {k: v for k, v in os.environ.items() if k not in {env_of(key) for key in SECRET_KEYS}}
+    env[ENV_RESOLVED] = cfg.to_json()
+    env, config_fd = handover.seal(env)
+    assert config_fd is not None
     env[statelock.ENV_LOCK_FD] = str(lock_fd)
-    os.set_inheritable(lock_fd, True)  # through this exec only: the watchdog makes it close-on-exec again
+    for fd in (lock_fd, config_fd):  # through this exec only: the watchdog reads the config's and
+        os.set_inheritable(fd, True)  # closes it, and makes the lock's close-on-exec again
     sys.stderr.flush()
     # As PID 1 (a container) a signal with no handler is dropped: a SIGTERM while the watchdog
     # starts would be lost. Blocked, it stays pending through the exec until the watchdog's

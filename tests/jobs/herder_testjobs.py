@@ -150,3 +150,18 @@ def spin(tag: str, seconds: float) -> str:
         time.sleep(0.05)
     _mark("finished", tag)
     return tag
+
+
+def what_job_code_sees(tag: str) -> dict:
+    """What a job (or an error reporter in it) can read of its process: its environment, as
+    Python and /proc show it, and where each of its descriptors leads."""
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    with open("/proc/self/environ", "rb") as f:
+        proc_environ = f.read().decode(errors="replace")
+    _mark("finished", tag)
+    return {"environ": dict(os.environ), "proc_environ": proc_environ, "fds": fds}
