@@ -82,13 +82,12 @@ def worker_argv(cfg: Config) -> list[str]:
 
 
 def worker_env(cfg: Config, slot: int, pool: str = "default") -> dict[str, str]:
-    """A worker's spec: the resolved Config (its pool's) for herder's worker, handed over at its
-    start and never left in its environment (herder.common.handover), and the documented
-    HERDER_* variables; the Redis URL among them only for a --worker-command program, which
-    has no other way to get it (docs/protocol.md, "Environment")."""
+    """A worker's spec: the resolved Config (its pool's), handed over at its start and never
+    left in its environment (herder.common.handover), and the documented HERDER_* variables;
+    the Redis URL among them only for a --worker-command program, which may not read the
+    config (a command that runs herder's own worker does: docs/protocol.md, "Environment")."""
     env = dict(os.environ)
-    if not cfg.worker_command:
-        env[ENV_RESOLVED] = cfg.to_json()
+    env[ENV_RESOLVED] = cfg.to_json()
     env.update(
         {
             wp.ENV_SLOT: str(slot),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import psutil
 import pytest
 from redis import Redis
 from rq import Queue

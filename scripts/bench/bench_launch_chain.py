@@ -71,6 +71,7 @@ def main(role: str) -> None:
     if role == "run":
         subprocess.Popen([*ROLE_ARGV, "master"])
         import herder.supervisor.ctl.cli  # noqa: F401  the CLI `herder run` loads
+
         config_from_env()
         watchdog = "import herder.watchdog.core, herder.common.config as c, os, time\n"
         watchdog += "import herder.common.handover as h\n"
