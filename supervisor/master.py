@@ -38,7 +38,7 @@ from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.liveness import derived_state, judge, read_late
 from herder.supervisor.observations import Observations
 from herder.supervisor.pool import Pool, share_limit
-from herder.supervisor.pressure import MemoryWatch, OomWatch
+from herder.supervisor.pressure import KernelLog, MemoryWatch, OomWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.scaling import pick_idle_to_stop
@@ -117,7 +117,7 @@ class Master:
         self.jobstats: JobStats | None = None
         self.http: Publisher | None = None
         self.memory = memory or MemoryWatch()  # the cgroup near its memory limit: no scale-up
-        self.oom = OomWatch()  # a SIGKILL herder did not send: the kernel's OOM killer's?
+        self.oom = OomWatch(kernel_log=KernelLog())  # a SIGKILL herder did not send: the OOM killer's?
         self.hooks = EventHooks(cfg, self.host_id, counted=bool(cfg.http))  # --on-event, --on-event-url
         self.health_changes, self._health_read_at = HealthChanges(), float("-inf")
         if recovery is not None:  # a job given up is an event (called from the recovery thread)
@@ -375,7 +375,7 @@ class Master:
             del self.workers[slot_index]
             now = self.clock.monotonic()
             lived, how = now - w.spawned_at, describe(code)
-            oom = code == -signal.SIGKILL and not w.kill_reason and self.oom.killed()
+            oom = code == -signal.SIGKILL and not w.kill_reason and self.oom.killed(w.proc.pid)
             if oom:  # said as such in the exit line, the event, the requeue and herder_kills_total
                 how = "killed by the kernel's OOM killer (SIGKILL)"
                 self.counters.totals.killed_by["oom"] += 1

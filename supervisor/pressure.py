@@ -4,11 +4,17 @@ into its memory limit gets OOM-killed whole: better to hold the count and let th
 wait, which the queue-length metrics and the health reason show.
 
 Read at most every READ_EVERY seconds (a read parses /proc/self/mountinfo: ~0.4 ms).
+
+Also here: whether a worker that died by a SIGKILL nobody in herder sent was the OOM
+killer's (the cgroup's counter, the kernel's log).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+from collections import deque
 from collections.abc import Callable
 
 from herder.common.cgroup import memory_pressure, oom_kills
@@ -37,16 +43,69 @@ class MemoryWatch:
         return self.reason
 
 
-class OomWatch:
-    """Did the kernel's OOM killer kill since the last look? Read when a worker died by a
-    SIGKILL herder did not send: its cgroup's (or an ancestor's) OOM kill counter moved."""
+class KernelLog:
+    """The kernel's log (/dev/kmsg), where this process may read it (root or CAP_SYSLOG, and
+    in the host's pid namespace, where the pids it names are ours): the pids the OOM killer
+    killed since herder started. Read without blocking, only when a worker died by a SIGKILL
+    herder did not send; records lost to the ring's wrap are skipped."""
 
-    def __init__(self, read: Callable[[], tuple[int, ...] | None] = oom_kills) -> None:
+    KILLED = re.compile(rb"Killed process (\d+) ")
+    INIT_PID_NAMESPACE = "pid:[4026531836]"  # the kernel's fixed inode of the first pid namespace
+    MAX_RECORDS = 10_000  # per look: a flooding log never holds up the loop for long
+
+    def __init__(self, path: str = "/dev/kmsg", pid_namespace: Callable[[], str] | None = None) -> None:
+        self.named: deque[int] = deque(maxlen=256)
+        self.fd: int | None = None
+        try:
+            if (pid_namespace or (lambda: os.readlink("/proc/self/ns/pid")))() != self.INIT_PID_NAMESPACE:
+                return  # a container's own pid namespace: the log's pids are the host's
+            self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            os.lseek(self.fd, 0, os.SEEK_END)  # from now on: older kills are not this herder's
+        except OSError:
+            self.close()
+
+    def oom_killed(self, pid: int) -> bool:
+        self._read()
+        return pid in self.named
+
+    def _read(self) -> None:
+        for _ in range(self.MAX_RECORDS):
+            if self.fd is None:
+                return
+            try:
+                record = os.read(self.fd, 8192)  # one record per read from /dev/kmsg
+            except BlockingIOError:
+                return
+            except BrokenPipeError:  # the ring wrapped past us: on with what is left
+                continue
+            except OSError:
+                self.close()
+                return
+            if not record:
+                return
+            self.named.extend(int(m.group(1)) for m in self.KILLED.finditer(record))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class OomWatch:
+    """Did the kernel's OOM killer kill this worker? Asked when a worker died by a SIGKILL
+    herder did not send: yes when the kernel's log names its pid, or when its cgroup's (or an
+    ancestor's) OOM kill counter moved since the last look."""
+
+    def __init__(
+        self, read: Callable[[], tuple[int, ...] | None] = oom_kills, kernel_log: KernelLog | None = None
+    ) -> None:
         self.read = read
         self.seen = read()
+        self.kernel_log = kernel_log
 
-    def killed(self) -> bool:
+    def killed(self, pid: int) -> bool:
         now = self.read()
         moved = now is not None and self.seen is not None and now != self.seen
         self.seen = now if now is not None else self.seen
-        return moved
+        named = self.kernel_log is not None and self.kernel_log.oom_killed(pid)
+        return moved or named

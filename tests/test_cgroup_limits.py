@@ -24,6 +24,7 @@ import pytest
 from harness import HERDER
 from herder.common import cgroup
 from herder.common.config import limits
+from herder.supervisor.pressure import KernelLog, OomWatch
 
 MiB = 2**20
 V1_NONE = "9223372036854771712"  # what cgroup v1 says for "no memory limit" (4 KiB pages)
@@ -279,6 +280,23 @@ def test_the_oom_kill_counters_of_the_cgroup_and_its_ancestors(tmp_path: Path) -
                    {f"{mem}/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1"})  # fmt: skip
     assert cgroup.oom_kills(v1) == (1,)  # the ancestors here have no file: not counted
     assert cgroup.oom_kills(fake_root(tmp_path / "none", ["0::/"], V2_MOUNT, {})) is None
+
+
+def test_the_kernel_log_names_the_pids_its_oom_killer_killed_since_herder_started(tmp_path: Path) -> None:
+    """/dev/kmsg's records, read without blocking: a kill before the master started is not its
+    own; in a container's pid namespace the log's pids are the host's, so it is not read."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_bytes(b"3,1,1,-;Memory cgroup out of memory: Killed process 41 (herder-worker) total-vm:1kB\n")
+    log = KernelLog(str(kmsg), pid_namespace=lambda: KernelLog.INIT_PID_NAMESPACE)
+    with open(kmsg, "ab") as f:
+        f.write(b"6,2,2,-;oom-kill:constraint=CONSTRAINT_MEMCG,task=herder-worker,pid=42,uid=0\n")
+        f.write(b"3,3,3,-;Memory cgroup out of memory: Killed process 42 (herder-worker) total-vm:1kB\n")
+    assert log.oom_killed(42) and not log.oom_killed(41) and not log.oom_killed(43)
+    watch = OomWatch(read=lambda: (0,), kernel_log=log)  # the counter did not move: the log says
+    assert watch.killed(42) and not watch.killed(43)
+    assert OomWatch(read=iter([(0,), (1,)]).__next__).killed(43)  # no log: the counter says
+    assert KernelLog(str(kmsg), pid_namespace=lambda: "pid:[4026532999]").fd is None
+    assert not KernelLog(str(tmp_path / "absent")).oom_killed(42)
 
 
 # -- the default workers limit ------------------------------------------------------------------
