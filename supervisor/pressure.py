@@ -66,7 +66,10 @@ class KernelLog:
 
     def oom_killed(self, pid: int) -> bool:
         self._read()
-        return pid in self.named
+        if pid not in self.named:
+            return False
+        self.named.remove(pid)  # told once: a later process with this pid is another
+        return True
 
     def _read(self) -> None:
         for _ in range(self.MAX_RECORDS):
