@@ -183,8 +183,11 @@ def test_a_host_that_dies_whole_has_its_jobs_recovered_by_another(herder, conn: 
     b.stop_and_check()
 
 
-@pytest.mark.parametrize("redis_first", [True, False], ids=["redis-then-master", "master-then-redis"])
-@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize(
+    ("threads", "redis_first"),
+    [("1", True), ("3", False)],
+    ids=["redis-then-master", "master-then-redis-threads"],
+)
 def test_a_dead_masters_workers_exit_while_redis_is_down(
     herder, own_redis, redis_first: bool, threads: str
 ) -> None:
