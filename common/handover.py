@@ -18,7 +18,9 @@ Standard library only: the watchdog imports it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 ENV_RESOLVED = "HERDER_RESOLVED_CONFIG"  # in a child's spec inside herder; never in a real environment
 ENV_CONFIG_FD = "HERDER_CONFIG_FD"  # the descriptor a new interpreter reads its config from
@@ -55,6 +57,20 @@ def seal(env: dict[str, str]) -> tuple[dict[str, str], int | None]:
     fd = sealed(text)
     env[ENV_CONFIG_FD] = str(fd)
     return env, fd
+
+
+@contextlib.contextmanager
+def handed(
+    env: dict[str, str], pass_fds: tuple[int, ...] = ()
+) -> Iterator[tuple[dict[str, str], tuple[int, ...]]]:
+    """A child's spec ready for Popen (`seal`): its environment and the descriptors to pass,
+    the config's among them; that one is closed here once the child has started."""
+    env, fd = seal(env)
+    try:
+        yield env, pass_fds if fd is None else (*pass_fds, fd)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def accept(env: dict[str, str]) -> dict[str, str]:

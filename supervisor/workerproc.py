@@ -103,8 +103,7 @@ class WorkerProcess:
     ) -> WorkerProcess:
         """Start it; `kind` names a process that is not the fleet's in its log lines (else "slot N").
         Its config, if its spec holds one, is handed over on a descriptor (herder.common.handover)."""
-        child_env, config_fd = handover.seal(env)
-        try:
+        with handover.handed(env, pass_fds) as (child_env, fds):
             popen = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
@@ -112,15 +111,12 @@ class WorkerProcess:
                 stderr=subprocess.PIPE,
                 env=child_env,
                 close_fds=True,
-                pass_fds=pass_fds if config_fd is None else (*pass_fds, config_fd),
+                pass_fds=fds,
                 # Its own process group: herder signals the worker and any children its job
                 # started together, and a Ctrl-C at the terminal reaches only the master,
                 # which drains the workers instead.
                 process_group=0,
             )
-        finally:
-            if config_fd is not None:
-                os.close(config_fd)
         return cls.watch(popen, slot, wake, kind, pool="" if kind else env.get(ENV_POOL, ""))
 
     @classmethod

@@ -25,15 +25,22 @@ def worker_pids_of(conn: Redis, job_ids: list[str]) -> set[int]:
     return {int(name.split(".")[3]) for name in names if name}
 
 
+def busy_threaded_worker(herder, jobs: JobsHelper, threads: int, seconds: float):  # noqa: ANN201
+    """One worker of `threads` threads, each running a `record` job of `seconds`: (the herder,
+    the worker's process, the jobs' tag, their ids), once every job has started."""
+    h = herder(workers="1", threads=str(threads))
+    (proc,) = h.wait_workers(1)
+    tag = uuid.uuid4().hex
+    ids = [jobs.enqueue("record", tag, seconds).id for _ in range(threads)]
+    wait_for(lambda: len(jobs.started(tag)) == threads, 10, what=f"the {threads} jobs to start together")
+    return h, proc, tag, ids
+
+
 def test_a_threaded_worker_runs_its_jobs_at_once_each_thread_an_rq_worker(
     herder, jobs: JobsHelper, conn
 ) -> None:
-    h = herder(workers="1", threads="4")
-    (proc,) = h.wait_workers(1)
-    tag = uuid.uuid4().hex
-    ids = [jobs.enqueue("record", tag, 1.5).id for _ in range(4)]
     # All four run at once in the one process: each started before any finished.
-    wait_for(lambda: len(jobs.started(tag)) == 4, 10, what="the four jobs to start together")
+    h, proc, tag, ids = busy_threaded_worker(herder, jobs, threads=4, seconds=1.5)
     assert jobs.finished(tag) == []
     st = h.snapshot()
     (w,) = st["workers"]
@@ -58,11 +65,7 @@ def test_a_threaded_worker_runs_its_jobs_at_once_each_thread_an_rq_worker(
 
 
 def test_a_killed_threaded_worker_loses_none_of_its_jobs(herder, jobs: JobsHelper, conn) -> None:
-    h = herder(workers="1", threads="3")
-    (proc,) = h.wait_workers(1)
-    tag = uuid.uuid4().hex
-    ids = [jobs.enqueue("record", tag, 2).id for _ in range(3)]
-    wait_for(lambda: len(jobs.started(tag)) == 3, 10, what="the three jobs to start")
+    h, proc, tag, ids = busy_threaded_worker(herder, jobs, threads=3, seconds=2)
     os.kill(proc.pid, signal.SIGKILL)  # every job it held goes back on the queue
     for job_id in ids:
         jobs.wait_finished(job_id, 30, what=f"job {job_id} requeued and finished")
@@ -74,11 +77,7 @@ def test_a_killed_threaded_worker_loses_none_of_its_jobs(herder, jobs: JobsHelpe
 
 
 def test_a_graceful_stop_finishes_every_threads_job(herder, jobs: JobsHelper) -> None:
-    h = herder(workers="1", threads="3")
-    h.wait_workers(1)
-    tag = uuid.uuid4().hex
-    ids = [jobs.enqueue("record", tag, 1.5).id for _ in range(3)]
-    wait_for(lambda: len(jobs.started(tag)) == 3, 10, what="the three jobs to start")
+    h, _, tag, ids = busy_threaded_worker(herder, jobs, threads=3, seconds=1.5)
     h.stop_and_check()  # exit 0, nothing left
     assert sorted(jobs.finished(tag)) == sorted(ids)
     assert all(jobs.status(j) == "finished" for j in ids)

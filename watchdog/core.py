@@ -135,23 +135,19 @@ class Watchdog:
         env = dict(kwargs.get("env", os.environ), **{MASTER_RESTARTS_ENV: str(self.master_starts)})
         if self.config is not None:
             env[handover.ENV_RESOLVED] = self.config
-        kwargs["env"], config_fd = handover.seal(env)
         self.master_starts += 1
-        try:
+        with handover.handed(env) as (kwargs["env"], fds):
             self.master = subprocess.Popen(
                 self.master_argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 close_fds=True,
-                pass_fds=() if config_fd is None else (config_fd,),
+                pass_fds=fds,
                 # Own process group: a Ctrl-C at the terminal reaches only the watchdog,
                 # which forwards it once; the master must not see it twice.
                 process_group=0,
                 **kwargs,
             )
-        finally:
-            if config_fd is not None:
-                os.close(config_fd)
         assert self.master.stdout
         os.set_blocking(self.master.stdout.fileno(), False)
         self.master_seen = time.monotonic()
