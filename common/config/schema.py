@@ -176,7 +176,8 @@ class Config:
     )
     state_dir: str = setting(
         "",
-        "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID).",
+        "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID; "
+        "a service from install-service: /var/lib/herder, or /usr/local/var/herder on macOS).",
     )
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR.", reload=WORKERS)
     log_format: str = setting("text", 'text, or json: one JSON object per line (README, "Logs").')

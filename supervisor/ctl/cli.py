@@ -171,12 +171,16 @@ def install_service(ctx: click.Context, kind: str, output: str | None, label: st
     Point it at a config file (--config): the unit runs `herder run --config FILE`. Keep
     the Redis URL out of the unit (units are world-readable): put it in the config file
     (mode 0600) or, for systemd, HERDER_REDIS_URL=... in /etc/herder/environment.
+
+    The service's state dir is /var/lib/herder (systemd) or /usr/local/var/herder (launchd)
+    unless --state-dir names another; a bare `herder status`, `stop`, `scale`, ... looks there
+    after `herder run`'s own default, so it finds the service without flags.
     """
     config_file = opts.get("config_file")
     try:
         cfg, _ = resolve_settings(ctx, opts)
-        if not cfg.state_dir:
-            cfg.state_dir = "/var/lib/herder" if kind == "systemd" else "/usr/local/var/herder"
+        if not cfg.state_dir:  # where a bare `herder status` looks too (startup.state_dirs_to_try)
+            cfg.state_dir = startup.SERVICE_STATE_DIRS[kind]
         user = cfg.user or pwd.getpwuid(os.geteuid()).pw_name
         entry = startup.check_user(user) if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
     except ConfigError as exc:
@@ -240,15 +244,28 @@ def state_dir_option(f):
         "--state-dir",
         envvar="HERDER_STATE_DIR",
         show_envvar=True,
-        help="The state dir of the herder to talk to (as given to `herder run`).",
+        help="The state dir of the herder to talk to (as given to `herder run`). Default: the first "
+        "where a herder answers of `herder run`'s default and an installed service's "
+        f"({startup.service_state_dir()}).",
     )(f)
+
+
+def find_herder(state_dir: str | None) -> str:
+    """The state dir named, else where a herder answers (client.locate); exit 4 if none does."""
+    if state_dir:
+        return state_dir
+    try:
+        return client.locate(startup.state_dirs_to_try())
+    except client.Unreachable as exc:
+        click.echo(f"herder: {exc}", err=True)
+        sys.exit(render.EXIT_UNREACHABLE)
 
 
 def ask(state_dir: str | None, body: dict) -> dict:
     """One request to the running herder (client.request); exit 4 (like supervisorctl) if it
     cannot be reached, 1 if it refuses."""
     try:
-        reply = client.request(state_dir or startup.default_state_dir(), body)
+        reply = client.request(find_herder(state_dir), body)
     except client.Unreachable as exc:
         click.echo(f"herder: {exc}", err=True)
         sys.exit(render.EXIT_UNREACHABLE)
@@ -329,7 +346,7 @@ def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
     body: dict = {"cmd": "stop"}
     if timeout is not None:
         body["timeout"] = timeout
-    path = state_dir or startup.default_state_dir()
+    path = find_herder(state_dir)
     reply = ask(path, body)
     click.echo(f"stopping {reply['stopping']} workers")
     if no_wait:

@@ -1,5 +1,6 @@
 """The client end of the control socket: one request, one reply (herder.common.control_protocol);
-a herder still starting is waited for (`request`)."""
+a herder still starting is waited for (`request`); with no state dir named, the herder is found
+where `herder run` and an installed service keep theirs (`locate`)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,35 @@ def starting(state_dir: str) -> bool:
     except PermissionError:
         return True  # alive, another user's
     return True
+
+
+PING_TIMEOUT = 2.0  # seconds a herder found by `locate` has to answer, when several are there
+
+
+def locate(state_dirs: list[str]) -> str:
+    """The first of these state dirs where a herder answers (one socket: that one, unasked),
+    else one where a herder is starting. Raises Unreachable naming every place looked at."""
+    sockets = [d for d in state_dirs if os.path.exists(socket_path(d))]
+    if len(sockets) == 1:
+        return sockets[0]
+    for d in sockets:  # a stale socket beside a live one: the one that answers
+        try:
+            call(d, {"cmd": "ping"}, timeout=PING_TIMEOUT)
+            return d
+        except (OSError, ValueError):
+            continue
+    for d in state_dirs:
+        if starting(d):
+            return d
+    if sockets:
+        return sockets[0]  # nobody answers: `request` says why, at the first
+    closed = [d for d in state_dirs if os.path.isdir(d) and not os.access(d, os.X_OK)]
+    hint = (
+        f"; {' and '.join(closed)} cannot be read by this user (try sudo, or the service's user)"
+        if closed
+        else "; name another with --state-dir or HERDER_STATE_DIR"
+    )
+    raise Unreachable(f"no herder answering at {' or '.join(state_dirs)} (not running){hint}")
 
 
 def request(state_dir: str, body: dict) -> dict:

@@ -24,11 +24,28 @@ MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
+# Where a service installed by `herder install-service` keeps its state (its unit's --state-dir):
+# systemd's StateDirectory=herder, and launchd's usual place for a daemon's state on macOS.
+SERVICE_STATE_DIRS = {"systemd": "/var/lib/herder", "launchd": "/usr/local/var/herder"}
+
+
 def default_state_dir() -> str:
+    """`herder run`'s state dir when none is given: runtime state of this user."""
     if os.geteuid() == 0:
         return "/run/herder"
     base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
     return os.path.join(base, f"herder-{os.getuid()}")
+
+
+def service_state_dir() -> str:
+    """The state dir of the service `install-service` writes for this platform."""
+    return SERVICE_STATE_DIRS["launchd" if sys.platform == "darwin" else "systemd"]
+
+
+def state_dirs_to_try() -> list[str]:
+    """Where a bare `herder status|stop|scale|...` looks for a herder, in order: one started by
+    hand with the default (`herder run`), then the installed service's."""
+    return list(dict.fromkeys([default_state_dir(), service_state_dir()]))
 
 
 def check_user(name: str) -> pwd.struct_passwd | None:
