@@ -34,6 +34,7 @@ class Totals:
     busy_seconds: float = 0.0
     killed_by: Counter[str] = field(default_factory=Counter)  # by the kill reason's class
     killed_by_pool: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, pool)
+    died_by_pool: Counter[str] = field(default_factory=Counter)  # exits herder did not ask for
 
 
 @dataclass

@@ -182,6 +182,7 @@ def pool_counts(m: Observed, pool: Pool) -> dict[str, Any]:
         "requeued_by": dict(requeued),
         "recycled_by": dict(pool.retirement.recycled),
         "failed_by_herder": sum(n for q, n in counts.failed_by_queue.items() if q in queues),
+        "died": m.counters.totals.died_by_pool[pool.name],
     }
 
 

@@ -411,6 +411,7 @@ class Master:
                             "of its start); next spawn in %.2f s", w.slot, slot.young_deaths,
                             pool.cfg.min_uptime, delay)  # fmt: skip
             if not graceful and not w.kill_reason:  # an exit herder did not ask for
+                self.counters.totals.died_by_pool[w.pool] += 1  # herder_workers_died_total
                 self.report_death(w, code, obs, slot.young_deaths if young and slot else 1, oom)
         for launcher in self.launchers.values():
             launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits

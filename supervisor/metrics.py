@@ -54,6 +54,8 @@ class Vitals:
     # Said beside health, never degrading it: memory pressure holds scale-up, but a probe that
     # restarted the pod for it would lose the work in flight (pressure.py).
     memory_pressure: str = ""
+    # Queue -> some RQ scheduler (on any host) holds its lock; empty until Redis was read.
+    scheduler_locks: dict[str, bool] = field(default_factory=dict)
 
     def problems(self, now: float) -> list[tuple[str, str]]:
         """Health as of `now`: the loop's reasons, and the loop itself if it stopped publishing."""
@@ -93,7 +95,12 @@ def vitals_of(v: FleetView) -> Vitals:
             "requeued_by": dict.fromkeys(REQUEUE_REASONS, 0) | pv.get("requeued_by", v.requeued_by),
             "recycled_by": dict.fromkeys(RECYCLE_REASONS, 0) | pv.get("recycled_by", v.totals["recycled"]),
             "failed_by_herder": pv.get("failed_by_herder", v.totals["failed_by_herder"]),
+            "died": pv.get("died", 0),
+            "max": pv.get("max", pv["desired"]),
+            "queues": pv.get("queues", list(v.queues)),
         }
+    sched = v.scheduler or {}
+    locks = {q["name"]: q["holder"] is not None for q in sched.get("queues", [])}
     return Vitals(
         taken_at=v.now,
         health=tuple(v.health),
@@ -115,6 +122,7 @@ def vitals_of(v: FleetView) -> Vitals:
         job_rate=v.job_rate,
         pools=pools,
         memory_pressure=v.memory_pressure,
+        scheduler_locks=locks if sched.get("read_age") is not None else {},
     )
 
 
@@ -149,6 +157,9 @@ class VitalsCollector:
                 "requeued_by": v.requeued_by,
                 "recycled_by": v.recycled_by,
                 "failed_by_herder": v.failed_by_herder,
+                "died": 0,
+                "max": v.desired,
+                "queues": list(v.queues),
             }
         }
         g = GaugeMetricFamily("herder_workers", "Worker processes by state.", labels=["state", "pool"])
@@ -162,6 +173,11 @@ class VitalsCollector:
                 "herder_workers_wanted",
                 "wanted",
                 "Workers the pool's queues call for across the cluster, before this host's bounds.",
+            ),
+            (
+                "herder_workers_max",
+                "max",
+                "The most workers this host runs for the pool (max_workers or its size).",
             ),
             ("herder_workers_running", "running", "Workers counting towards the target."),
             ("herder_workers_ready", "ready", "Workers idle or busy (taking jobs)."),
@@ -186,6 +202,14 @@ class VitalsCollector:
             c.add_metric([name], pv["failed_by_herder"])
         yield c
         yield _by_pool(pools, "killed_by", "herder_kills", "Workers herder killed, by why.")
+        c = CounterMetricFamily(
+            "herder_workers_died",
+            "Worker exits herder did not ask for: crashes, os._exit, kills from outside, OOM kills.",
+            labels=["pool"],
+        )
+        for name, pv in pools.items():
+            c.add_metric([name], pv["died"])
+        yield c
         yield _by_pool(pools, "recycled_by", "herder_recycles", "Planned recycles and culls, by why.")
         yield _counter(
             "herder_master_restarts", "Times the watchdog restarted the master.", v.master_restarts
@@ -216,6 +240,21 @@ class VitalsCollector:
             growth.add_metric([name], q.growth)
             oldest.add_metric([name], q.oldest_age)
         yield from (length, running, growth, oldest)
+        g = GaugeMetricFamily(
+            "herder_queue_info", "1 for each queue, naming the pool that serves it.", labels=["queue", "pool"]
+        )
+        for name, pv in pools.items():
+            for queue in pv["queues"]:
+                g.add_metric([queue, name], 1)
+        yield g
+        g = GaugeMetricFamily(
+            "herder_scheduler_lock_held",
+            "1 while some RQ scheduler (on any host) holds the queue's scheduler lock, else 0.",
+            labels=["queue"],
+        )
+        for queue, held in sorted(v.scheduler_locks.items()):
+            g.add_metric([queue], 1 if held else 0)
+        yield g
         yield _gauge(
             "herder_master_loop_lag_seconds", "How late the master loop's last pass came.", v.loop_lag
         )
