@@ -25,6 +25,10 @@ STALE_AFTER = 5.0  # seconds without new Vitals: the loop is stalled (it passes 
 KILL_REASONS = ("silent", "no_ready", "no_progress", "stdout_closed", "stop_timeout", "job_timeout",
                 "memory_hard", "hurried_stop", "oom")  # fmt: skip  # oom: the kernel's, not herder's
 REQUEUE_REASONS = ("killed", "died", "swept")
+# Every kind of health problem (health.py, and the endpoint's loop_stalled): each shown, 0 while
+# it does not hold, so an alert on one kind has a series to watch.
+HEALTH_KINDS = ("kill_budget_spent", "cull_budget_spent", "starting", "stopping", "below_minimum",
+                "redis_unreachable", "loop_lagging", "loop_stalled")  # fmt: skip
 RECYCLE_REASONS = ("culled", "recycled after max jobs", "recycled after max age", "recycled after max memory",
                    "killed over hard memory limit")  # fmt: skip
 
@@ -140,10 +144,13 @@ class VitalsCollector:
         problems = v.problems(self.clock())
         yield _gauge("herder_healthy", "1 when /healthz answers 200, else 0.", 0 if problems else 1)
         g = GaugeMetricFamily(
-            "herder_health_problem", "1 for each reason health is degraded.", labels=["kind"]
+            "herder_health_problem",
+            "1 for each reason health is degraded, 0 for the others.",
+            labels=["kind"],
         )
-        for kind, _ in problems:
-            g.add_metric([kind], 1)
+        held = {kind for kind, _ in problems}
+        for kind in (*HEALTH_KINDS, *sorted(held - set(HEALTH_KINDS))):  # a new kind shows too
+            g.add_metric([kind], 1 if kind in held else 0)
         yield g
         pools = v.pools or {
             "default": {

@@ -11,7 +11,14 @@ from dataclasses import replace
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import FakeClock, all_ready, live, make
-from herder.supervisor.metrics import Vitals, VitalsCollector, exposition, registry_for, vitals_of
+from herder.supervisor.metrics import (
+    HEALTH_KINDS,
+    Vitals,
+    VitalsCollector,
+    exposition,
+    registry_for,
+    vitals_of,
+)
 from herder.supervisor.snapshot import FleetView
 
 
@@ -72,3 +79,19 @@ def test_scheduler_locks_show_once_read_held_or_not(clock: FakeClock) -> None:
     got = samples(replace(view, scheduler=read), clock)
     assert got[("herder_scheduler_lock_held", (("queue", "a"),))] == 1
     assert got[("herder_scheduler_lock_held", (("queue", "b"),))] == 0
+
+
+def test_every_health_kind_has_a_series_one_while_it_holds(clock: FakeClock) -> None:
+    m, _, _ = make(clock, workers=1)
+    m.step()
+    view = m.commands.view()
+    kinds = {
+        dict(k[1])["kind"]: v for k, v in samples(view, clock).items() if k[0] == "herder_health_problem"
+    }
+    assert set(kinds) == set(HEALTH_KINDS) and kinds["starting"] == 1  # no worker ready yet
+    assert sum(kinds.values()) == 1
+    down = replace(view, health=[("redis_unreachable", "redis unreachable for 12 s")])
+    kinds = {
+        dict(k[1])["kind"]: v for k, v in samples(down, clock).items() if k[0] == "herder_health_problem"
+    }
+    assert kinds["redis_unreachable"] == 1 and kinds["starting"] == 0
