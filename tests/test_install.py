@@ -236,7 +236,7 @@ def test_supervisord_and_the_file_watcher_work_beside_herder(venv: Venv, tmp_pat
 
 
 def test_herder_run_from_the_wheel(venv: Venv, herder, jobs) -> None:
-    assert venv.run(venv.bin / "herder", "--version").stdout.split() == ["herder,", "version", __version__]
+    assert venv.run(venv.bin / "herder", "--version").stdout.startswith(f"herder {__version__} (rq ")
     h = herder(workers="2", executable=str(venv.bin / "herder"))
     workers = h.wait_workers(2)
     master = h.master()

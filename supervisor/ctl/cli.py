@@ -24,8 +24,7 @@ from herder.common import config as settings
 from herder.common import statelock
 from herder.common.config import EX_CONFIG, Config, ConfigError, OverLimit
 from herder.common.exits import EX_TEMPFAIL
-from herder.supervisor import __version__
-from herder.supervisor.ctl import client, render, startup
+from herder.supervisor.ctl import client, render, startup, version
 
 
 class LenientBool(click.types.BoolParamType):
@@ -130,7 +129,14 @@ def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, 
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="herder")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=version.print_version,
+    help="Show herder's version, and the rq, redis-py and Python it runs on, and exit.",
+)
 def cli() -> None:
     """herder: keeps a fleet of RQ workers alive, right-sized and honest."""
 
