@@ -1,0 +1,341 @@
+"""Every input surface a stranger controls, fuzzed with hypothesis: a worker's stdout, the
+control socket, config files and flags, and queue and function names on the wire.
+
+Each property has a fixed budget (EXAMPLES below) so CI's run is bounded; HERDER_FUZZ_SCALE=N
+multiplies every budget for a long run (docs/fuzzing.md gives the command and the figures).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import string
+import threading
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import wait_for
+from herder.common import config as cfg_module
+from herder.common.control_protocol import MAX_REQUEST, socket_path
+from herder.common.worker_protocol import (
+    MAX_LINE_BYTES,
+    ProtocolError,
+    busy_line,
+    done_line,
+    for_thread,
+    idle_line,
+    parse_line,
+    ready_line,
+    stop_line,
+)
+from herder.supervisor.ctl.cli import cli
+from herder.supervisor.dispatchers import StdoutReader
+from herder.supervisor.observations import Observations
+
+SCALE = max(1, int(os.environ.get("HERDER_FUZZ_SCALE", "1")))
+
+
+def budget(examples: int) -> settings:
+    return settings(
+        max_examples=examples * SCALE,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+
+
+# ---- the worker protocol: any bytes on a worker's stdout -----------------------------------
+
+
+class FakeWorker:
+    """What the stdout reader writes to (dispatchers.Piped), without a process."""
+
+    label = "fuzz"
+
+    def __init__(self) -> None:
+        self.obs = Observations(last_seen=0.0)
+        self.lock = threading.Lock()
+        self.finished: deque = deque(maxlen=1000)
+        self.stdout_done = threading.Event()
+
+    stdout = stderr = None
+
+    def json_fields(self) -> dict[str, Any]:
+        return {}
+
+
+def state_of(obs: Observations) -> dict[str, Any]:
+    """What a line may change, less the receipt times (each run reads its own clock) and the
+    error counters a malformed line is meant to move."""
+    state = asdict(obs)
+    for key in ("last_seen", "eof_at", "busy_seconds", "malformed", "oversized", "last_error", "throttled"):
+        state.pop(key)
+    state["jobs"] = {t: (h["job_id"], h["timeout"], h["queue"], h["func"]) for t, h in state["jobs"].items()}
+    return state
+
+
+job_ids = st.text(alphabet=string.ascii_letters + string.digits + "-_:", min_size=1, max_size=40)
+stamps = st.floats(min_value=0, max_value=2e9, allow_nan=False)
+names = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=60)
+valid_lines = st.one_of(
+    st.builds(ready_line, st.integers(1, 2**22), stamps),
+    st.builds(idle_line, stamps, st.sampled_from([None, "paused", "suspended"])),
+    st.builds(busy_line, job_ids, stamps, st.one_of(st.none(), st.integers(1, 3600)), names, names),
+    st.builds(done_line, job_ids, stamps, st.sampled_from([True, False, None])),
+    st.builds(stop_line, stamps),
+).map(lambda line: line.rstrip(b"\n"))
+threaded_lines = st.builds(
+    for_thread,
+    st.one_of(
+        st.builds(busy_line, job_ids, stamps, st.none()),
+        st.builds(done_line, job_ids, stamps, st.booleans()),
+    ),
+    st.integers(1, 8),
+).map(lambda line: line.rstrip(b"\n"))
+# Garbage a worker (or a job that wrote to the wrong descriptor) may send, one line each.
+garbage_lines = st.one_of(
+    st.binary(max_size=300),
+    st.text(max_size=200).map(lambda s: s.encode("utf-8", "surrogatepass")),
+    st.builds(
+        lambda v, rest: f"{v} {rest}".encode(),
+        st.sampled_from(["ready", "busy", "done", "idle", "stop", "beat", "t1", "t999"]),
+        st.text(max_size=80),
+    ),  # fmt: skip
+).map(lambda b: b.replace(b"\n", b" ").replace(b"\r", b" "))
+
+
+def is_malformed(line: bytes) -> bool:
+    try:
+        parse_line(line)
+    except ProtocolError:
+        return True
+    return False
+
+
+@budget(300)
+@given(
+    st.lists(st.one_of(valid_lines, threaded_lines), max_size=30),
+    st.lists(garbage_lines, max_size=30),
+    st.randoms(),
+    st.integers(1, 64),
+)
+def test_any_bytes_on_a_workers_stdout_are_parsed_or_counted(valid, garbage, rng, chunk) -> None:
+    """Garbage interleaved with a worker's valid lines, in chunks of any size: the reader never
+    raises, counts every malformed line, and ends in the same state as from the valid lines
+    alone: a malformed line changes nothing."""
+    garbage = [g for g in garbage if is_malformed(g)]  # a random line may happen to be valid
+    mixed = [*valid, *garbage]
+    rng.shuffle(mixed)
+    # The valid lines keep their order among themselves: only garbage is slotted in between.
+    order = iter(valid)
+    mixed = [m if m in garbage else next(order) for m in mixed]
+
+    def feed(lines: list[bytes]) -> FakeWorker:
+        worker = FakeWorker()
+        reader = StdoutReader(worker, lambda: None)
+        data = b"".join(line + b"\n" for line in lines)
+        for i in range(0, len(data), chunk):
+            reader.feed(data[i : i + chunk], now=0.0)
+        return worker
+
+    clean, noisy = feed(valid), feed(mixed)
+    assert state_of(noisy.obs) == state_of(clean.obs)
+    long_ones = sum(len(g) > MAX_LINE_BYTES for g in garbage)
+    assert noisy.obs.malformed + noisy.obs.oversized == len(garbage) + clean.obs.malformed, (long_ones,)
+
+
+@budget(500)
+@given(names, names)
+def test_queue_and_function_names_survive_the_wire(queue: str, func: str) -> None:
+    """Any printable name RQ accepts (up to the protocol's 200 characters) comes out of a busy
+    line exactly as it went in; any other is `?`, never an error."""
+    msg = parse_line(busy_line("job-1", 1.0, None, queue, func).rstrip(b"\n"))
+    for sent, got in ((queue, msg.queue), (func, msg.func)):
+        if sent.isprintable():
+            assert got == sent
+        else:
+            assert got == "?"
+
+
+# ---- config files and flags ---------------------------------------------------------------
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return (
+            "nan"
+            if math.isnan(value)
+            else ("inf" if value > 0 else "-inf")
+            if math.isinf(value)
+            else repr(value)
+        )
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON's escapes are TOML's basic-string escapes
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(value)
+
+
+scalars = st.one_of(
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(),
+    st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
+)
+toml_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    max_leaves=8,
+)
+setting_keys = st.one_of(st.sampled_from(sorted(cfg_module.KEYS)), st.text(max_size=20))
+plausible = st.one_of(  # values near what a key takes, so validation, not only typing, is reached
+    st.integers(-5, 10**9), st.sampled_from(["0", "1", "-1", "1e9", "abc", "", "default", "redis://x"])
+)
+
+
+@st.composite
+def config_files(draw: st.DrawFn) -> str:
+    table = draw(st.dictionaries(setting_keys, st.one_of(toml_values, plausible), max_size=6))
+    lines = ["[herder]", *(f"{json.dumps(k)} = {toml_value(v)}" for k, v in table.items())]
+    if draw(st.booleans()):  # pools: a table of tables, any names, any settings
+        tables = st.dictionaries(setting_keys, toml_values, max_size=3)
+        pools = draw(st.dictionaries(st.text(max_size=12), tables, max_size=3))
+        for name, settings_ in pools.items():
+            lines.append(f"[pools.{json.dumps(name)}]")
+            lines += [f"{json.dumps(k)} = {toml_value(v)}" for k, v in settings_.items()]
+    if draw(st.integers(0, 9)) == 0:  # sometimes not TOML at all
+        lines.append(draw(st.text(max_size=40)))
+    return "\n".join(lines) + "\n"
+
+
+def assert_valid_or_78(result: Any) -> None:
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    assert "Traceback" not in result.output
+    assert result.exit_code in (0, 78), result.output
+    if result.exit_code == 78:
+        assert "config key '" in result.output, result.output
+
+
+@budget(300)
+@given(text=config_files())
+def test_any_config_file_is_a_config_or_exit_78_naming_the_key(tmp_path_factory, text: str) -> None:
+    path = tmp_path_factory.mktemp("conf") / "herder.toml"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    result = CliRunner().invoke(cli, ["config", "--config", str(path)], env={"HERDER_CONFIG": None})
+    assert_valid_or_78(result)
+
+
+flag_keys = sorted(k for k in cfg_module.KEYS if k not in ("pools",))
+BOOLEAN_KEYS = {k for k in flag_keys if isinstance(getattr(cfg_module.Config(), k), bool)}
+
+
+@budget(300)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(flag_keys), st.text(max_size=30), st.booleans()), min_size=1, max_size=4
+    )
+)
+def test_any_flag_or_variable_is_a_config_or_exit_78_naming_the_key(
+    given_: list[tuple[str, str, bool]],
+) -> None:
+    """Any value for any setting, as a flag or as its HERDER_* variable (a boolean's flag takes
+    no value: its variable does)."""
+    argv, env = ["config"], {"HERDER_CONFIG": None}
+    for key, value, as_flag in given_:
+        value = value.replace("\x00", "")
+        if as_flag and key not in BOOLEAN_KEYS:
+            argv.append(f"{cfg_module.flag_of(key)}={value}")
+        else:
+            env[cfg_module.env_of(key)] = value
+    result = CliRunner().invoke(cli, argv, env=env)
+    if result.exit_code == 2:  # click's own, for --workers: a value that is no count (UsageError)
+        assert "Invalid value for '--workers'" in result.output, result.output
+        return
+    assert_valid_or_78(result)
+
+
+# ---- the control socket: any bytes from a client ------------------------------------------
+
+COMMANDS = ["status", "scale", "restart", "pause", "resume", "reload", "enqueue", "ping", "nope"]
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**12), 10**12)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+requests = st.one_of(
+    st.binary(max_size=400),
+    json_values.map(lambda v: json.dumps(v).encode() + b"\n"),
+    st.builds(
+        lambda cmd, rest: json.dumps({**rest, "cmd": cmd}).encode() + b"\n",
+        st.one_of(st.sampled_from(COMMANDS), st.text(max_size=12)),
+        st.dictionaries(
+            st.sampled_from(["pool", "workers", "min", "max", "func", "args", "queue", "timeout"]),
+            json_values,
+            max_size=4,
+        ),  # fmt: skip
+    ),
+    st.just(b"x" * (MAX_REQUEST + 10)),
+)
+
+
+def exchange(state_dir: str, data: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(socket_path(state_dir))
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the master hung up on an oversized request: that is an answer too
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+        return reply
+
+
+@pytest.mark.slow
+def test_the_control_socket_survives_any_client(herder, tmp_path: Path) -> None:
+    """Whatever a client sends, it gets a JSON answer (or, past the size cap, a closed
+    connection), and the master stays up and serves the next request."""
+    h = herder(workers="1", workers_limit="3", queue=["fuzz-only"])
+    h.wait_workers(1)
+    master = h.master()
+    tried = {"n": 0}
+
+    @budget(150)
+    @given(requests)
+    def survive(data: bytes) -> None:
+        tried["n"] += 1
+        if b'"stop"' in data:
+            return  # the one request that may end the master: its own tests cover it
+        reply = exchange(h.state_dir, data)
+        if reply or len(data) <= MAX_REQUEST:  # past the cap the master may hang up mid-send
+            answer = json.loads(reply)
+            assert isinstance(answer, dict) and "ok" in answer, answer
+            if not answer["ok"]:
+                assert isinstance(answer.get("error"), str) and answer["error"]
+        assert json.loads(exchange(h.state_dir, b'{"cmd": "ping"}\n'))["ok"]
+
+    survive()
+    assert tried["n"] >= 150 * SCALE
+    assert h.master().pid == master.pid, "the master was replaced"
+    wait_for(lambda: h.status().get("ok"), 10, what="status after the fuzz")
+    h.stop_and_check()
