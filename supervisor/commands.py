@@ -23,6 +23,7 @@ from herder.supervisor.fleetview import Observed, fleet_view
 from herder.supervisor.pool import Pool, PoolState
 from herder.supervisor.reload import Reloadable
 from herder.supervisor.snapshot import FleetView, build_status
+from herder.supervisor.views.journal import Journal
 
 if TYPE_CHECKING:
     from herder.supervisor.launcher import Launcher
@@ -37,6 +38,7 @@ class Fleet(Observed, Reloadable, Protocol):
     cfg: Config
     workers: dict[int, Worker]
     control: ControlServer | None
+    journal: Journal
 
     def launcher_for(self, pool: Pool) -> Launcher: ...
 
@@ -150,6 +152,11 @@ class Commands:
                 what = "finish their jobs and take no new ones" if paused else "take jobs again"
                 where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
                 log.info("herder %s%s: workers %s", "pause" if paused else "resume", where, what)
+                m.journal.record(
+                    "paused" if paused else "resumed",
+                    pool.name,
+                    f"pool {pool.name} {pool.state}: workers {what}",
+                )
         told = [w for w in m.workers.values() if w.pool in names]
         for w in told:
             w.proc.send_pause(paused)
@@ -170,6 +177,12 @@ class Commands:
         )
         generation = max(p.generation for p in pools) if pools else 0
         log.info("%s: rolling restart of %d workers%s (generation %d)", why, n, where, generation)
+        for pool in pools:
+            m.journal.record(
+                "restart",
+                pool.name,
+                f"{why}: rolling restart of pool {pool.name} (generation {pool.generation})",
+            )
         return {"ok": True, "replacing": n, "generation": generation}
 
     def rescale(self, body: dict[str, Any]) -> dict:
@@ -210,12 +223,23 @@ class Commands:
         if new.ceiling > new.limit or new.floor + others > new.limit:
             log.warning("scale to %d refused: above %s", new.ceiling, new.describe_limit())
             return {"ok": False, "error": f"{new.ceiling} workers is above {new.describe_limit()}"}
+        before = f"min {pool.cfg.floor}, max {pool.cfg.ceiling}" if cfg.autoscale else str(pool.target)
         pool.scale(bounds)
         shown = f"min {new.floor}, max {new.ceiling}" if new.autoscale else "fixed"
         where = "" if pool.name == DEFAULT_POOL else f"pool {pool.name}: "
         log.info("scale: %starget now %d workers (%s)", where, pool.target, shown)
+        after = f"min {new.floor}, max {new.ceiling}" if new.autoscale else str(pool.target)
+        m.journal.record(
+            "scale", pool.name, f"operator: pool {pool.name} scaled from {before} to {after} workers"
+        )
         return {"ok": True, "pool": pool.name, "desired": pool.target, "min": new.floor, "max": new.ceiling}
 
     def reload(self, why: str) -> dict:
         """`herder reload` and SIGHUP (reload.py); keys only new workers take roll every pool."""
-        return reload.reload(self.m, why, lambda reason: self.restart(reason)["replacing"])
+        reply = reload.reload(self.m, why, lambda reason: self.restart(reason)["replacing"])
+        if reply.get("ok"):
+            changed = ", ".join(sorted(reply.get("changed", []) or [])) or "nothing changed"
+            self.m.journal.record("reload", DEFAULT_POOL, f"{why}: configuration re-read ({changed})")
+        else:
+            self.m.journal.record("reload", DEFAULT_POOL, f"{why} refused: {reply.get('error', 'invalid')}")
+        return reply

@@ -73,6 +73,7 @@ class Worker:
     spared: bool = False  # judged hung, but the kill budget was spent
     # Retirement (herder.supervisor.retirement): replaced first, then sent `stop`.
     retire_reason: str = ""  # why: a planned recycle, or a cull
+    stop_reason: str = ""  # why herder sent it `stop` (its exit's event says so)
     jobs_limit: int | None = None  # max_jobs plus this worker's jitter
     age_limit: float | None = None  # max_age plus this worker's jitter
     failed_seen: int = 0  # its failed jobs already timed into `failures`

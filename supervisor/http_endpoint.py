@@ -1,24 +1,29 @@
-"""/healthz and /metrics over HTTP (`--http [ADDR:]PORT`, loopback unless the user names
-another address), for load balancers, Kubernetes probes and Prometheus.
+"""/healthz, /metrics and the dashboard over HTTP (`--http [ADDR:]PORT`, loopback unless the
+user names another address), for load balancers, Kubernetes probes, Prometheus and people.
 
-Served from the newest Vitals the reconcile loop published (herder.supervisor.metrics):
-a request never touches the fleet or waits for the loop. A hostile or slow client cannot
-hurt the master: at most MAX_CONNECTIONS are served at once (more are closed at once and
-counted), each may be silent for IO_TIMEOUT seconds and lasts REQUEST_DEADLINE at most
-(a slow-loris is cut off), one request per connection, request lines capped by
-http.server (414), and nothing a client sends reaches the log above DEBUG.
+Served from the newest Vitals and HostSnapshot the reconcile loop published
+(herder.supervisor.metrics, herder.supervisor.views), with the history and events rings
+(views/history.py, views/journal.py): a request never touches the fleet or waits for the
+loop; a control command (POST /api/command) is queued to the loop like the control socket's.
+A hostile or slow client cannot hurt the master: at most MAX_CONNECTIONS are served at
+once (more are closed at once and counted), each may be silent for IO_TIMEOUT seconds and
+lasts REQUEST_DEADLINE at most (a slow-loris is cut off), one request per connection,
+request lines capped by http.server (414), bodies by MAX_BODY, and nothing a client sends
+reaches the log above DEBUG.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -32,6 +37,12 @@ from herder.supervisor.metrics import (
     vitals_of,
 )
 from herder.supervisor.snapshot import FleetView
+from herder.supervisor.views import api, static
+from herder.supervisor.views.build import Snapshots
+from herder.supervisor.views.history import History
+from herder.supervisor.views.journal import Journal
+from herder.supervisor.views.model import HostSnapshot
+from herder.supervisor.views.usage import Usage
 
 log = logging.getLogger("herder")
 
@@ -39,17 +50,50 @@ MAX_CONNECTIONS = 16
 IO_TIMEOUT = 2.0  # seconds a client may be silent mid-request
 REQUEST_DEADLINE = 5.0  # seconds a connection may last, however it trickles
 RETRY_BIND = 2.0  # seconds between tries to bind the port while it is taken (a bind costs nothing)
+MAX_BODY = 4096  # bytes a POST may carry
+SECURITY_HEADERS = (
+    (
+        "Content-Security-Policy",
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'none'",
+    ),
+    ("X-Content-Type-Options", "nosniff"),
+)
+JSON = "application/json"
+# path -> the methods it takes (any other path: 404; another method: 405)
+ROUTES = {
+    "/healthz": ("GET",),
+    "/metrics": ("GET",),
+    "/": ("GET",),
+    "/api/snapshot": ("GET",),
+    "/api/history": ("GET",),
+    "/api/hosts": ("GET",),
+    "/api/login": ("POST",),
+    "/api/command": ("POST",),
+}
 
 
 class Publisher:
     """The loop's side: starts the endpoint (again every RETRY_BIND seconds while the port is
     taken, say by a master still draining) and hands it new Vitals every PUBLISH_EVERY."""
 
-    def __init__(self, address: str, clock: Callable[[], float], collectors: tuple[Any, ...] = ()) -> None:
+    def __init__(
+        self,
+        address: str,
+        clock: Callable[[], float],
+        collectors: tuple[Any, ...] = (),
+        journal: Journal | None = None,
+        hostname: str = "",
+        wall: Callable[[], float] = time.time,
+        hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, []),
+    ) -> None:
+        """`journal`: the master's events; `hosts`: the host records the load reader last read."""
         self.address = address
-        self.endpoint = HttpEndpoint(http_address(address), clock)
+        self.journal = journal or Journal(wall)
+        self.endpoint = HttpEndpoint(http_address(address), clock, self.journal, wall, hosts)
         for collector in collectors:  # served beside the Vitals (the job metrics)
             self.endpoint.registry.register(collector)
+        self.snapshots = Snapshots(hostname or socket.gethostname(), wall, Usage(clock), self.journal)
         self._bind_at = 0.0
         self._published_at = float("-inf")
 
@@ -67,17 +111,36 @@ class Publisher:
                 return
         if now - self._published_at >= PUBLISH_EVERY:
             self._published_at = now
-            self.endpoint.publish(vitals_of(view()))
+            v = view()
+            snap = self.snapshots.build(v, controls=False)
+            self.endpoint.history.append(snap)
+            self.endpoint.publish(vitals_of(v), snap)
+
+    @property
+    def snapshot(self) -> HostSnapshot | None:
+        return self.endpoint.snapshot
 
     def close(self) -> None:
         self.endpoint.close()
 
 
 class HttpEndpoint:
-    def __init__(self, address: tuple[str, int], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        clock: Callable[[], float],
+        journal: Journal | None = None,
+        wall: Callable[[], float] = time.time,
+        hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, []),
+    ) -> None:
         self.address = address
-        self.clock = clock
+        self.clock, self.wall = clock, wall
         self.vitals: Vitals | None = None  # replaced whole by the loop; read by request threads
+        self.snapshot: HostSnapshot | None = None  # likewise
+        self._snapshot_body: tuple[HostSnapshot | None, bytes] = (None, b"")  # encoded once, on demand
+        self.history = History()
+        self.journal = journal or Journal(wall)
+        self.hosts = hosts
         self.registry = registry_for(VitalsCollector(lambda: self.vitals, clock))
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.refused = 0  # connections closed unserved: MAX_CONNECTIONS were busy
@@ -93,8 +156,10 @@ class HttpEndpoint:
         host, port = self._server.server_address[:2] if self._server else self.address
         return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
 
-    def publish(self, vitals: Vitals) -> None:
+    def publish(self, vitals: Vitals, snapshot: HostSnapshot | None = None) -> None:
         self.vitals = vitals
+        if snapshot is not None:
+            self.snapshot = snapshot
 
     def start(self) -> None:
         """Bind and serve on a thread of its own; OSError (the port is taken) to the caller."""
@@ -103,7 +168,8 @@ class HttpEndpoint:
             target=self._server.serve_forever, kwargs={"poll_interval": 0.5}, name="http", daemon=True
         )
         self._thread.start()
-        log.info("health and metrics on %s/healthz and %s/metrics", self.url, self.url)
+        log.info("health and metrics on %s/healthz and %s/metrics, the dashboard on %s/", self.url, self.url,
+                 self.url)  # fmt: skip
 
     def close(self) -> None:
         if self._server is not None:
@@ -129,6 +195,31 @@ class HttpEndpoint:
 
     def metrics(self) -> bytes:
         return exposition(self.registry)
+
+    def snapshot_body(self) -> tuple[int, bytes]:
+        snap = self.snapshot
+        if snap is None:
+            return 503, api.encode({"error": "starting: the master has not published yet"})
+        cached, body = self._snapshot_body
+        if cached is not snap:  # one encoding per published snapshot, however many pages poll
+            body = api.encode(api.snapshot_json(snap))
+            self._snapshot_body = (snap, body)
+        return 200, body
+
+    def history_body(self, query: str) -> tuple[int, bytes]:
+        values = parse_qs(query).get("since")
+        since = None
+        if values:
+            try:
+                since = float(values[0])
+            except ValueError:
+                return 400, api.encode({"error": "since must be a number (Unix seconds)"})
+            if not math.isfinite(since):
+                return 400, api.encode({"error": "since must be a finite number"})
+        return 200, api.encode(api.history_json(self.history, self.journal, self.wall(), since))
+
+    def hosts_body(self) -> tuple[int, bytes]:
+        return 200, api.encode(api.hosts_json(self.snapshot, self.hosts(), self.wall()))
 
 
 class _Server(ThreadingHTTPServer):
@@ -193,23 +284,87 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._route("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._route("POST")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._route("HEAD")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._route("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._route("DELETE")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._route("PATCH")
+
+    def do_OPTIONS(self) -> None:  # noqa: N802
+        self._route("OPTIONS")
+
+    def _route(self, method: str) -> None:
+        try:
+            self._answer(method)
+        except Exception:  # never a 500 with a trace: logged (DEBUG: a client's doing), answered 400
+            log.debug("http: %s %s failed", method, self.path, exc_info=True)
+            self._json(400, {"error": "bad request"})
+
+    def _answer(self, method: str) -> None:
         endpoint = self.server.endpoint
-        path = urlsplit(self.path).path
-        if path == "/healthz":
-            code, body = endpoint.healthz()
-            self._send(code, "application/json", json.dumps(body).encode() + b"\n")
+        url = urlsplit(self.path)
+        path = url.path
+        static_name = path.removeprefix("/static/") if path.startswith("/static/") else None
+        allowed = ("GET",) if static_name is not None else ROUTES.get(path)
+        if allowed is None:
+            self._json(404, {"error": "not found"})
+            return
+        if method not in allowed:
+            self._json(405, {"error": f"{path} takes {', '.join(allowed)}"}, (("Allow", ", ".join(allowed)),))
+            return
+        if static_name is not None:
+            found = static.read(static_name) if "/" not in static_name else None
+            if found is None:
+                self._json(404, {"error": "not found"})
+            else:
+                self._send(200, found[1], found[0])
+        elif path == "/":
+            code, body, content_type = static.page()
+            self._send(code, content_type, body)
+        elif path == "/healthz":
+            code, health = endpoint.healthz()
+            self._send(code, JSON, json.dumps(health).encode() + b"\n")
         elif path == "/metrics":
             self._send(200, CONTENT_TYPE_LATEST, endpoint.metrics())
+        elif path == "/api/snapshot":
+            self._send(*_json_answer(endpoint.snapshot_body()))
+        elif path == "/api/history":
+            self._send(*_json_answer(endpoint.history_body(url.query)))
+        elif path == "/api/hosts":
+            self._send(*_json_answer(endpoint.hosts_body()))
         else:
-            self._send(404, "text/plain; charset=utf-8", b"herder serves /healthz and /metrics\n")
+            self._json(403, {"error": "read-only: no token configured"})
 
-    def _send(self, code: int, content_type: str, body: bytes) -> None:
+    def _json(self, code: int, body: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) -> None:
+        self._send(code, JSON, api.encode(body), extra)
+
+    def _send(
+        self, code: int, content_type: str, body: bytes, extra: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        for name, value in SECURITY_HEADERS + extra:
+            self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
         log.debug("http: %s %s", self.address_string(), format % args)
+
+
+def _json_answer(answer: tuple[int, bytes]) -> tuple[int, str, bytes]:
+    return answer[0], JSON, answer[1]

@@ -53,6 +53,7 @@ from herder.supervisor.states import (
     change_state,
 )
 from herder.supervisor.uplink import Uplink
+from herder.supervisor.views.journal import Journal
 
 if TYPE_CHECKING:  # imported with --http only (Master.__init__)
     from herder.supervisor.http_endpoint import Publisher
@@ -62,6 +63,7 @@ log = logging.getLogger("herder")
 
 TICK = 0.25  # the loop looks at deadlines at least this often
 HEALTH_EVENTS_EVERY = 1.0  # seconds between two looks at health for the event hooks
+HOST_RECORD_EVERY = 1.0  # seconds between two records of this host for the host list (hosts.py)
 
 
 class Master:
@@ -112,6 +114,9 @@ class Master:
         self.restarts = restarts  # times the watchdog restarted the master before this one
         self.lagging_reads, self._lag_said_at = 0, float("-inf")  # silences the reader's lag explained
         self.health = HealthWatch()
+        # What happened, as sentences (views/journal.py): recorded once, where the loop decides it.
+        self.journal = Journal(clock.wall)
+        self._host_told_at = float("-inf")
         # /metrics, and the job metrics only it serves, with --http alone: only then does the
         # master import prometheus-client and http.server (a master without is 1 MB smaller).
         self.jobstats: JobStats | None = None
@@ -129,7 +134,15 @@ class Master:
             from herder.supervisor.jobstats import JobStats
 
             self.jobstats = JobStats()  # herder_job_duration_seconds
-            self.http = Publisher(cfg.http, clock.monotonic, (self.jobstats.histogram, self.hooks.counts))
+            self.http = Publisher(
+                cfg.http,
+                clock.monotonic,
+                (self.jobstats.histogram, self.hooks.counts),
+                journal=self.journal,
+                hostname=self.hostname,
+                wall=clock.wall,
+                hosts=reader.host_records if reader is not None else lambda: (0.0, []),
+            )
         self._last_alive = float("-inf")
         self.events = Events(clock)
         self.commands = Commands(self)
@@ -297,6 +310,12 @@ class Master:
             self.fold_finished(w)
         if self.http:
             self.http.step(now, self.commands.view)
+            snap = self.http.snapshot
+            if self.reader and snap is not None and now - self._host_told_at >= HOST_RECORD_EVERY:
+                from herder.supervisor.views.api import host_record
+
+                self._host_told_at = now
+                self.reader.tell_host(host_record(snap))
         if self.hooks.enabled and now - self._health_read_at >= HEALTH_EVENTS_EVERY:
             self._health_read_at = now
             for event, fields in self.health_changes.observe(self.commands.view().health):
@@ -413,9 +432,26 @@ class Master:
             if not graceful and not w.kill_reason:  # an exit herder did not ask for
                 self.counters.totals.died_by_pool[w.pool] += 1  # herder_workers_died_total
                 self.report_death(w, code, obs, slot.young_deaths if young and slot else 1, oom)
+            self.record_exit(w, how, graceful, oom, obs)
         for launcher in self.launchers.values():
             launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
         self.forget_drained_pools()
+
+    def record_exit(self, w: Worker, how: str, graceful: bool, oom: bool, obs: Observations) -> None:
+        """The exit as an event: stopped as asked, or a death and its cause (a kill by herder
+        was told when herder decided it: `kill`)."""
+        held = [h.job_id for h in obs.jobs.values()]
+        fate = "requeued" if self.recovery is not None else "not requeued (no Redis)"
+        jobs = f", job{'s' if len(held) > 1 else ''} {', '.join(held)} {fate}" if held else ""
+        who, record = f"slot {w.slot} pid {w.pid}", self.journal.record
+        if graceful:
+            record("stopped", w.pool, f"{who} stopped ({w.stop_reason or 'as asked'})", w.slot, w.pid)
+        elif oom:
+            record("oom", w.pool, f"{who} killed by the kernel's OOM killer{jobs}", w.slot, w.pid)
+        elif w.kill_reason:
+            record("killed", w.pool, f"{who} exited ({how}) after herder's kill{jobs}", w.slot, w.pid)
+        else:
+            record("died", w.pool, f"{who} died ({how}){jobs}", w.slot, w.pid)
 
     def report_death(self, w: Worker, code: int, obs: Observations, in_a_row: int, oom: bool = False) -> None:
         """`worker_died`: an exit herder did not ask for (a crash, os._exit, a segfault, a kill
@@ -508,6 +544,7 @@ class Master:
         self.counters.totals.killed_by[kind] += 1
         self.counters.totals.killed_by_pool[kind, w.pool] += 1
         self.hooks.emit("worker_killed", pool=w.pool, slot=w.slot, pid=w.pid, kind=kind, reason=reason)
+        self.journal.record("killed", w.pool, f"{w.label} killed by herder: {reason}", w.slot, w.pid)
 
     # ---- scale: the load decides the target ------------------------------------------------
 
@@ -524,6 +561,10 @@ class Master:
             pool_reading = reading.for_pool(pool.name, pool.cfg.queues) if self.cfg.pools else reading
             # Under memory pressure the target may fall, never rise (pressure.py).
             target = pool.scaler.fold(pool_reading, jobs, busy, pool.target, paused or bool(pressure))
+            if target != pool.target:
+                queued = f"{pool_reading.load.backlog} jobs queued" if pool_reading.load else "queues unread"
+                self.journal.record("scale", pool.name, f"autoscaler: pool {pool.name} from {pool.target} to "
+                                    f"{target} workers ({queued})")  # fmt: skip
             pool.target = target
             if pool.cfg.cluster_max_workers is not None:
                 self.reader.tell(wanted=pool.target, running=len(mine), pool=pool.name)
@@ -541,6 +582,7 @@ class Master:
         for w in self.live_workers():
             if w.culled:  # every job it takes fails: no capacity to keep. Its replacement starts below
                 self.hooks.emit("worker_culled", pool=w.pool, slot=w.slot, pid=w.pid, reason=w.retire_reason)
+                self.journal.record("culled", w.pool, f"{w.label} {w.retire_reason}", w.slot, w.pid)
                 self.stop_worker(w, w.retire_reason)
             elif self.pool_of(w).draining:  # a reload removed its pool: finish the job, then go
                 self.stop_worker(w, f"pool {w.pool} removed by a reload")
@@ -582,6 +624,10 @@ class Master:
         ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
         surplus = len(old) + len(ready_new) - target
         for w in sorted(old, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]:
+            if w.retire_reason and not w.culled:
+                self.journal.record(
+                    "recycled", w.pool, f"{w.label} {w.retire_reason}; replaced", w.slot, w.pid
+                )
             self.stop_worker(w, w.retire_reason or "rolling restart: replaced")
         batch = max(1, target // 4)
         room = min(target - len(new), target + batch - len(mine))
@@ -627,8 +673,10 @@ class Master:
         self.counters.totals.spawned += 1
         where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
         log.info("slot %d pid %d: spawned -> %s%s", slot.index, w.pid, w.state, where)
+        self.journal.record("spawned", pool.name, f"{w.label} spawned{where}", slot.index, w.pid)
 
     def stop_worker(self, w: Worker, why: str) -> None:
+        w.stop_reason = w.stop_reason or why
         w.proc.send_stop()
         w.stop_sent_at = self.clock.monotonic()
         change_state(w, WorkerState.STOPPING, why)

@@ -14,12 +14,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from redis import Redis
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
 from herder.common.config import DEFAULT_POOL
+from herder.supervisor.redis_side import hosts
 from herder.supervisor.redis_side.budget import cluster_keys
 from herder.supervisor.redis_side.cluster import HOSTS_KEY, RESERVE, RESERVED_KEY, Grant, parse_grant
 from herder.supervisor.scaling import Load
@@ -82,6 +84,8 @@ class LoadReader:
         self._reading: Reading | None = None
         self._told: dict[str, tuple[int, int]] = {}  # pool -> (wanted, running)
         self._outage_since: float | None = None
+        self._host: dict[str, Any] | None = None  # this host's record for the host list (hosts.py)
+        self._hosts: tuple[float, list[dict[str, Any]]] = (0.0, [])  # (read at, wall; records)
         self._reserve = connection.register_script(RESERVE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-reader", daemon=True)
@@ -133,6 +137,16 @@ class LoadReader:
         with self._lock:
             self._told[pool] = (wanted, running)
 
+    def tell_host(self, record: dict[str, Any]) -> None:
+        """This host's record (hosts.py), written with the next reading."""
+        with self._lock:
+            self._host = record
+
+    def host_records(self) -> tuple[float, list[dict[str, Any]]]:
+        """(when read, wall clock; every host's record read then), newest first, at most
+        hosts.MAX_HOSTS: read by the HTTP threads, never blocking on Redis."""
+        return self._hosts
+
     @property
     def outage_since(self) -> float | None:
         """Since when (monotonic) Redis has not answered a reading, or None while it answers."""
@@ -152,6 +166,13 @@ class LoadReader:
                 self._reading = reading
             self._wake()
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def _read_hosts(self, ids: list[bytes]) -> None:
+        """Every host's record named in the index (one more round trip)."""
+        if not ids:
+            return
+        values = self.connection.mget(hosts.record_keys(ids))
+        self._hosts = (time.time(), hosts.parse(values))
 
     def _ages(self, heads: list[bytes | None]) -> list[float]:
         """Seconds each queue's oldest waiting job has waited (RQ's `enqueued_at`), 0 for an
@@ -179,7 +200,7 @@ class LoadReader:
     def _read(self) -> Reading:
         now_redis = time.time()  # for ZCOUNT of unexpired started entries; skew only blurs abandoned ones
         with self._lock:
-            told, keys, clusters = dict(self._told), self._keys, dict(self.clusters)
+            told, keys, clusters, host = dict(self._told), self._keys, dict(self.clusters), self._host
         cluster = next(iter(clusters.values()), None)  # the kill budget's window: the host's
         try:
             pipe = self.connection.pipeline(transaction=False)
@@ -197,7 +218,12 @@ class LoadReader:
                     args=[c.host_id, wanted, running, c.ttl, c.cap],
                     client=pipe,
                 )
+            if host is not None:
+                hosts.publish(pipe, host, read_at)
             replies = pipe.execute()
+            if host is not None:
+                self._read_hosts(replies.pop())
+                del replies[-4:]  # the record's set and the index's upkeep
         except Exception as exc:
             if self._outage_since is None:
                 self._outage_since = time.monotonic()

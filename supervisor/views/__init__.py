@@ -1,0 +1,4 @@
+"""What the master shows: one frozen snapshot of the host, published by the loop
+(`model.HostSnapshot`, built by `build.py`), its history (`history.py`: 15 minutes at 1 s)
+and its events (`journal.py`), and every renderer of them: the dashboard's JSON (`api.py`)
+and its files (`static.py`, the page in `static/`)."""
