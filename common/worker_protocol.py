@@ -1,4 +1,4 @@
-"""The worker <-> master channel, version 7 (docs/protocol.md): both ends import this.
+"""The worker <-> master channel, at version VERSION below (docs/protocol.md): both ends import this.
 
 worker -> master, on the worker's private stdout: one line per message, built by the
 `*_line` functions, read by `parse_line`. master -> worker, on the worker's stdin:

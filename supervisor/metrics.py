@@ -4,7 +4,7 @@ built with prometheus-client's metric families (never by hand).
 
 The HTTP threads (herder.supervisor.http_endpoint) read only the newest Vitals: a scrape
 never touches the fleet, never waits for the loop, and a stalled loop shows as stale
-Vitals (health: "master loop stalled"). docs/operations.md lists every metric.
+Vitals (health: "master loop stalled"). docs/monitoring.md lists every metric.
 """
 
 from __future__ import annotations

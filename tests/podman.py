@@ -2,7 +2,7 @@
 Debian's own packages (no image registry is needed), and herder's image built offline from a
 directory of wheels.
 
-Why each adjustment (docs/operations.md, "Building the image without a registry"):
+Why each adjustment (docs/deploy/containers.md, "Building the image without a registry"):
 - `--runtime runc` where runc is installed: crun refuses a host whose cgroups are in hybrid
   mode, runc sets cgroup v1 and v2 limits alike.
 - `--ulimit` at this process's own limits: podman's defaults can exceed the host's hard

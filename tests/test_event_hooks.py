@@ -1,4 +1,4 @@
-"""Event hooks end to end (docs/operations.md, "Event hooks"): each event reaches a hook
+"""Event hooks end to end (docs/monitoring.md, "Event hooks"): each event reaches a hook
 command (JSON on its stdin) and a local HTTP endpoint; a hook that hangs is killed at its
 timeout and counted; one that cannot start is logged once; no secret reaches a hook."""
 

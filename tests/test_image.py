@@ -122,8 +122,8 @@ def test_the_image_runs_herder_within_its_cgroup_limits_and_drains_on_stop(
                    tag, "config", "--config", "/etc/herder/herder.toml")  # fmt: skip
     assert re.search(r"^state_dir\s+/var/lib/herder/state\s", r.stdout, re.M), r.stdout
 
-    # Run as the README runs it: the image's own herder.toml, the Redis URL from the environment,
-    # JSON logs; the test's jobs as the job code (a user's image has its own at /srv/app).
+    # Run as docs/deploy/containers.md runs it: the image's own herder.toml, the Redis URL from the
+    # environment, JSON logs; the test's jobs as the job code (a user's image has its own at /srv/app).
     url = urlsplit(redis_url)
     in_container = urlunsplit(url._replace(netloc=f"{HOST_LOOPBACK}:{url.port}"))
     port = free_port()
@@ -195,8 +195,8 @@ COMPOSE_FILE = REPO / "deploy" / "container" / "compose.yaml"
 
 
 def test_compose_starts_herder_and_redis_and_runs_the_example_jobs(image: tuple[Podman, str]) -> None:
-    """deploy/container/compose.yaml under podman-compose, as README's laptop commands run it:
-    up, the example jobs enqueued from inside, /healthz, then a stop that drains (exit 0)."""
+    """deploy/container/compose.yaml under podman-compose, as docs/deploy/containers.md's laptop
+    commands run it: up, the example jobs enqueued from inside, /healthz, then a stop that drains (exit 0)."""
     podman, tag = image
     compose = shutil.which("podman-compose")
     if compose is None:

@@ -1,4 +1,4 @@
-"""`--log-format json` (README, "Logs"): every line herder writes is one JSON object, the
+"""`--log-format json` (docs/monitoring.md, "Logs"): every line herder writes is one JSON object, the
 watchdog's and the master's and every relayed line of a worker or the scheduler; an app's own
 JSON line keeps its fields, herder's sit beside them; whatever else a job prints comes through
 as text, cut at the line limit, never a crash."""

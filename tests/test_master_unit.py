@@ -495,7 +495,7 @@ def test_each_event_of_a_worker_is_logged_once_with_its_reason(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """spawned, ready, killed (with why), SIGKILL, exited (with how, why and its life): one line
-    each, in the transition form the demo and docs/operations.md quote; nothing said twice."""
+    each, in the transition form the demo and docs/monitoring.md quote; nothing said twice."""
     caplog.set_level(logging.INFO, logger="herder")
     m, _, _ = make(clock, workers=1)
     m.step()

@@ -37,6 +37,14 @@ class ReloadPlan:
     restart_workers: list[str]  # changed keys only new workers pick up: a rolling restart
 
 
+# The limits reload_plan puts on keys it otherwise applies in place (docs/settings.md shows them).
+RELOAD_LIMITS = {
+    "cluster_max_workers": "a new value applies; turning the cap on or off is refused (restart herder)",
+    "stop_timeout": "only while stop_timeout + kill_timeout stays within what herder started with",
+    "kill_timeout": "only while stop_timeout + kill_timeout stays within what herder started with",
+}
+
+
 def reload_policy(key: str) -> str:
     return next(f.metadata["reload"] for f in fields(Config) if f.name == key)
 

@@ -88,8 +88,9 @@ class Config:
     # The hard ceiling on this host's worker processes (docs/operations.md, "Workers limit").
     workers_limit: int | None = setting(
         None,
+        # The host's own figure is for --help alone (cli.py): docs/settings.md is the same everywhere.
         "The most worker processes this host runs, whatever is asked "
-        f"(default min(16 x CPUs, memory / 64 MiB): {default_workers_limit()[0]} here).",
+        "(default min(16 x CPUs, memory / 64 MiB)).",
         reload=APPLY,
     )
     scale_interval: float = setting(
@@ -180,7 +181,7 @@ class Config:
         "a service from install-service: /var/lib/herder, or /usr/local/var/herder on macOS).",
     )
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR.", reload=WORKERS)
-    log_format: str = setting("text", 'text, or json: one JSON object per line (README, "Logs").')
+    log_format: str = setting("text", 'text, or json: one JSON object per line (docs/monitoring.md, "Logs").')
     user: str = setting("", "Started as root: run the master, workers and embedded Redis as this user.")
     # Self-defense: cull a worker whose jobs keep failing (within a shared budget), and recycle
     # workers by jobs, age and memory, a replacement first (docs/design.md, "Self-defense").
@@ -280,7 +281,7 @@ class Config:
         "RQ's settings module (rq worker -c): REDIS_URL (or REDIS_HOST, _PORT, _DB, _PASSWORD, _SSL) "
         "and QUEUES, below the file, the environment and the flags.",
     )
-    # Health and metrics for load balancers, probes and Prometheus (docs/operations.md).
+    # Health and metrics for load balancers, probes and Prometheus (docs/monitoring.md).
     http: str = setting(
         "",
         "Serve /healthz and /metrics on [ADDR:]PORT (off by default; a bare PORT binds 127.0.0.1).",
@@ -291,7 +292,7 @@ class Config:
         "before health says degraded.",
         reload=APPLY,
     )
-    # Event hooks: a push when something happens (docs/operations.md, "Event hooks").
+    # Event hooks: a push when something happens (docs/monitoring.md, "Event hooks").
     on_event: str = setting(
         "",
         "Run this command (no shell) with each event as JSON on its stdin: a worker killed or culled, "

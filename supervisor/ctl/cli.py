@@ -46,6 +46,8 @@ def run_options(f):
     for key in reversed(settings.KEYS):
         default = getattr(defaults, key)
         shown = f"  [default: {default}]" if default not in (None, "", []) and key != "state_dir" else ""
+        if key == "workers_limit":
+            shown = f"  [{settings.default_workers_limit()[0]} on this host]"
         flag = settings.flag_of(key)
         # A boolean is --name/--no-name; unset, it stays None like the others.
         boolean = {"type": LenientBool(), "default": None} if isinstance(default, bool) else {}
@@ -241,6 +243,14 @@ def pool_option(f):  # noqa: ANN001, ANN201 - a click decorator
     )(f)
 
 
+def one_pool_option(f):  # noqa: ANN001, ANN201 - a click decorator
+    # `scale` sizes one pool: with several, the master refuses a scale that names none.
+    return click.option(
+        "--pool",
+        help='The pool to scale (docs/operations.md, "Pools"); required when there are several.',
+    )(f)
+
+
 def with_pool(body: dict, pool: str | None) -> dict:
     return body | ({"pool": pool} if pool else {})
 
@@ -317,7 +327,7 @@ def status_loop(state_dir: str | None, as_json: bool, watch: bool) -> None:
 @click.argument("workers", type=click.IntRange(min=1), required=False)
 @click.option("--min", "min_workers", type=click.IntRange(min=0), help="Autoscaling: new minimum.")
 @click.option("--max", "max_workers", type=click.IntRange(min=1), help="Autoscaling: new maximum.")
-@pool_option
+@one_pool_option
 def scale(
     state_dir: str | None,
     workers: int | None,
