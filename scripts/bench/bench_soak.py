@@ -1,0 +1,299 @@
+"""The long run: many no-op jobs through one pool with recycling off, and what herder holds
+afterwards. Sampled once a second: jobs done, the master's RSS, every worker's RSS, open
+descriptors and threads (master and workers), and herder's keys in Redis. The baseline is taken
+when the checkpoint's share of the jobs is done (50,000 of 500,000 by default); at the end, each
+figure is compared with it against the bounds below, scaled to the run's length.
+
+    scripts/bench/run soak                          # 500,000 jobs, 8 one-job workers
+    scripts/bench/run soak --jobs 100000 --threads 4
+    scripts/bench/run soak --jobs 50000 --json out.json   # what tests/test_soak.py runs
+
+Exit 0 when every bound held, 1 when one did not (the report says which), 2 on a set-up error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+from redis import Redis
+from rq import Queue
+
+from bench_base import BenchError, say, wait_for
+
+QUEUE = "soak"
+JOB_MODULE = "herder_soak_jobs"
+BATCH = 5000  # jobs enqueued at once, in one pipeline
+BACKLOG = 20_000  # enqueue more while fewer than this wait: the queue never holds the whole run
+# The bounds for the full run (500,000 jobs, baseline after 50,000), scaled by the jobs between
+# the baseline and the end: a leak is bytes per job, so a tenth of the run gets a tenth of the room.
+FULL_RUN_JOBS = 450_000
+MASTER_RSS_BOUND = 5 * 2**20
+WORKER_RSS_BOUND = 2 * 2**20
+RSS_FLOOR = 2 * 2**20  # the least room a bound gets: allocator arenas move by this much, leak or not
+
+
+@dataclass
+class Sample:
+    t: float  # seconds since the first job was enqueued
+    done: int
+    master_rss: int
+    worker_rss: dict[int, int]  # pid: bytes
+    fds: int  # master and workers together
+    threads: int  # likewise
+    herder_keys: int
+
+
+@dataclass
+class Verdict:
+    held: bool = True
+    lines: list[str] = field(default_factory=list)
+
+    def check(self, ok: bool, text: str) -> None:
+        self.held &= ok
+        self.lines.append(f"{'ok  ' if ok else 'FAIL'} {text}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], Redis]:
+    server = shutil.which("redis-server")
+    if server is None:
+        raise BenchError("redis-server is not on PATH")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    conn = Redis(port=port)
+    wait_for("redis-server to answer", lambda: _pings(conn), 10)
+    return proc, conn
+
+
+def _pings(conn: Redis) -> bool:
+    try:
+        return bool(conn.ping())
+    except Exception:
+        return False
+
+
+def herder_keys(conn: Redis) -> int:
+    return sum(1 for _ in conn.scan_iter(match="herder:*", count=1000))
+
+
+class Fleet:
+    """The herder under test and what psutil sees of it."""
+
+    def __init__(self, workdir: Path, redis_port: int, workers: int, threads: int, extra: list[str]) -> None:
+        herder = Path(sys.executable).with_name("herder")
+        self.state_dir = workdir / "state"
+        self.log = open(workdir / "herder.log", "ab")  # noqa: SIM115 - closed in stop()
+        argv = [str(herder), "run", "--redis-url", f"redis://127.0.0.1:{redis_port}/0", "--queue", QUEUE,
+                "--workers", str(workers), "--threads", str(threads), "--path", str(workdir),
+                "--state-dir", str(self.state_dir), *extra]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.workers = workers
+
+    def status(self) -> dict:
+        from herder.supervisor.ctl import client
+
+        return client.call(str(self.state_dir), {"cmd": "status"})
+
+    def master(self) -> psutil.Process:
+        for kid in psutil.Process(self.proc.pid).children():
+            if kid.cmdline()[-2:] == ["-m", "herder.supervisor"]:
+                return kid
+        raise BenchError("no master under the watchdog")
+
+    def sample(self, status: dict) -> tuple[int, dict[int, int], int, int]:
+        master = self.master()
+        procs = [master]
+        for row in status["workers"]:
+            try:
+                procs.append(psutil.Process(row["pid"]))
+            except psutil.NoSuchProcess:
+                pass
+        fds = threads = 0
+        rss: dict[int, int] = {}
+        for p in procs:
+            with p.oneshot():
+                fds += p.num_fds()
+                threads += p.num_threads()
+                if p.pid != master.pid:
+                    rss[p.pid] = p.memory_info().rss
+        return master.memory_info().rss, rss, fds, threads
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Sample], Sample, Verdict]:
+    (workdir / f"{JOB_MODULE}.py").write_text("def noop():\n    return None\n")
+    sys.path.insert(0, str(workdir))
+    redis_proc, conn = start_redis(workdir)
+    fleet = None
+    try:
+        fleet = Fleet(workdir, conn.connection_pool.connection_kwargs["port"], args.workers, args.threads,
+                      args.herder_args)  # fmt: skip
+        wait_for("every worker ready", lambda: _all_ready(fleet), 60)
+        queue = Queue(QUEUE, connection=conn)
+        enqueued, samples, baseline = 0, [], None
+        checkpoint = int(args.jobs * args.checkpoint)
+        t0 = last_sample = time.monotonic()
+        while True:
+            if enqueued < args.jobs and queue.count < BACKLOG:
+                n = min(BATCH, args.jobs - enqueued)
+                queue.enqueue_many([Queue.prepare_data(f"{JOB_MODULE}.noop", result_ttl=0) for _ in range(n)])
+                enqueued += n
+                continue
+            now = time.monotonic()
+            if now - last_sample < args.interval:
+                time.sleep(min(0.1, args.interval - (now - last_sample)))
+                continue
+            last_sample = now
+            status = fleet.status()
+            done = status["jobs"]["ok"] + status["jobs"]["failed"]
+            master_rss, worker_rss, fds, threads = fleet.sample(status)
+            sample = Sample(round(now - t0, 1), done, master_rss, worker_rss, fds, threads, herder_keys(conn))
+            samples.append(sample)
+            if baseline is None and done >= checkpoint:
+                baseline = sample
+            if args.progress:
+                say(f"{sample.t:7.1f}s {done:>8} jobs  master {master_rss / 2**20:6.1f} MiB  fds {fds}  "
+                    f"threads {threads}  herder keys {sample.herder_keys}")  # fmt: skip
+            if done >= args.jobs:
+                break
+            if status["jobs"]["failed"]:
+                raise BenchError(f"{status['jobs']['failed']} no-op jobs failed: see {workdir}/herder.log")
+        if baseline is None:
+            raise BenchError("the run ended before its checkpoint")
+        # The last sample, taken once the pool is idle again (no job in flight to count against it).
+        wait_for("the pool idle", lambda: _all_ready(fleet), 30)
+        status = fleet.status()
+        master_rss, worker_rss, fds, threads = fleet.sample(status)
+        t = round(time.monotonic() - t0, 1)
+        end = Sample(t, status["jobs"]["ok"], master_rss, worker_rss, fds, threads, herder_keys(conn))
+        samples.append(end)
+        return samples, baseline, judge(args, baseline, end)
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        redis_proc.terminate()
+        redis_proc.wait(10)
+
+
+def _all_ready(fleet: Fleet) -> bool:
+    try:
+        status = fleet.status()
+    except (OSError, ValueError):
+        return False
+    return status.get("actual") == fleet.workers and all(w["state"] == "idle" for w in status["workers"])
+
+
+def judge(args: argparse.Namespace, base: Sample, end: Sample) -> Verdict:
+    share = (end.done - base.done) / FULL_RUN_JOBS
+    master_bound = max(RSS_FLOOR, MASTER_RSS_BOUND * share)
+    worker_bound = max(RSS_FLOOR, WORKER_RSS_BOUND * share)
+    v = Verdict()
+    grew = end.master_rss - base.master_rss
+    v.check(grew < master_bound, f"master RSS {grew / 2**20:+.2f} MiB (bound {master_bound / 2**20:.2f})")
+    same = set(base.worker_rss) & set(end.worker_rss)
+    v.check(
+        len(same) == args.workers,
+        f"the same {len(same)} of {args.workers} workers throughout (recycling off)",
+    )
+    worst = max((end.worker_rss[p] - base.worker_rss[p] for p in same), default=0)
+    v.check(
+        worst < worker_bound, f"worst worker RSS {worst / 2**20:+.2f} MiB (bound {worker_bound / 2**20:.2f})"
+    )
+    v.check(end.fds <= base.fds, f"open descriptors {base.fds} -> {end.fds}")
+    v.check(end.threads <= base.threads, f"threads {base.threads} -> {end.threads}")
+    v.check(
+        end.herder_keys <= base.herder_keys, f"herder keys in Redis {base.herder_keys} -> {end.herder_keys}"
+    )
+    return v
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/bench/run soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=500_000)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1, help="job threads per worker")
+    p.add_argument("--checkpoint", type=float, default=0.1, help="share of the jobs done at the baseline")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    p.add_argument("--json", help="write the samples, the baseline and the verdict here")
+    p.add_argument("--progress", action="store_true", help="print each sample")
+    p.add_argument("--herder-args", type=str, default="", help="more flags for herder run")
+    args = p.parse_args(argv)
+    args.herder_args = args.herder_args.split()
+    workdir = Path(tempfile.mkdtemp(prefix="herder-soak-"))
+    try:
+        samples, baseline, verdict = run(args, workdir)
+    except BenchError as exc:
+        say(f"soak: {exc}")
+        return 2
+    took = samples[-1].t
+    print(f"soak: {args.jobs} jobs, {args.workers} workers x {args.threads} threads, {took:.0f} s "
+          f"({args.jobs / took:.0f} jobs/s); baseline at {baseline.done} jobs")  # fmt: skip
+    print(f"{'t (s)':>7} {'jobs':>8} {'master MiB':>10} {'workers MiB (max)':>17} {'fds':>5} {'threads':>7} "
+          f"{'herder keys':>11}")  # fmt: skip
+    step = max(1, len(samples) // 20)
+    for s in [*samples[::step], samples[-1]]:
+        worst = max(s.worker_rss.values(), default=0)
+        print(f"{s.t:7.1f} {s.done:8d} {s.master_rss / 2**20:10.2f} {worst / 2**20:17.2f} {s.fds:5d} "
+              f"{s.threads:7d} {s.herder_keys:11d}")  # fmt: skip
+    for line in verdict.lines:
+        print(line)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "samples": [asdict(s) for s in samples],
+                    "baseline": asdict(baseline),
+                    "held": verdict.held,
+                    "verdict": verdict.lines,
+                },
+                indent=1,
+            )  # fmt: skip
+        )
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if verdict.held else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
