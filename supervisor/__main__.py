@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from herder.common.config import Config
@@ -56,6 +57,9 @@ def open_control(cfg: Config, started_at: float) -> ControlServer | None:
 
 def main() -> int:
     cfg = Config.handed_over()
+    # The dashboard's token (HERDER_HTTP_TOKEN, which `herder run` moved into the config): out of
+    # the config before any child (the fork server first) is handed it (herder.supervisor.http_auth).
+    http_token, cfg = cfg.http_token, replace(cfg, http_token="")
     logs.setup(cfg.log_level, cfg.log_format)
     # `kill -USR2 <master>` prints every thread's stack to the log: what a stuck loop waits on.
     faulthandler.register(signal.SIGUSR2, all_threads=True)
@@ -120,6 +124,7 @@ def main() -> int:
         control=control,
         started_at=started_at,
         new_launcher=ForkServerLauncher,  # a pool whose imports differ gets a fork server of its own
+        http_token=http_token,
     )
     return master.run()
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import os
 import queue
+from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from herder.common.config import DEFAULT_POOL, Config
+from herder.common.control_protocol import LOOP_TIMEOUT
 from herder.supervisor import reload
-from herder.supervisor.control import ControlServer
+from herder.supervisor.control import ControlServer, Request
 from herder.supervisor.fleet import Worker
 from herder.supervisor.fleetview import Observed, fleet_view
 from herder.supervisor.pool import Pool, PoolState
@@ -44,10 +47,13 @@ class Fleet(Observed, Reloadable, Protocol):
 
     def begin_stop(self, hurry: bool, why: str) -> None: ...
 
+    def stop_worker(self, w: Worker, why: str) -> None: ...
+
 
 class Commands:
     def __init__(self, m: Fleet) -> None:
         self.m = m
+        self.http_requests: queue.SimpleQueue[Request] = queue.SimpleQueue()  # the dashboard's controls
 
     # ---- on the control thread ---------------------------------------------------------
 
@@ -79,15 +85,29 @@ class Commands:
             return {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
         return {"ok": True, "job_id": job.id, "queue": name}
 
+    def submit(self, body: dict, wake: Callable[[], None]) -> dict:
+        """A command from the dashboard (an HTTP thread): queued to the loop as the control
+        socket queues its own, answered from there."""
+        request = Request(body)
+        self.http_requests.put(request)
+        wake()
+        try:
+            return request.reply.result(timeout=LOOP_TIMEOUT)
+        except FutureTimeout:
+            return {"ok": False, "error": "the master did not answer in time (is its loop hung?)"}
+
     # ---- in the reconcile loop -----------------------------------------------------------
 
     def handle_requests(self) -> None:
         control = self.m.control
-        if control is None:
-            return
+        for requests in (control.requests if control else None, self.http_requests):
+            if requests is not None:
+                self._answer_all(requests)
+
+    def _answer_all(self, requests: queue.SimpleQueue[Request]) -> None:
         while True:
             try:
-                request = control.requests.get_nowait()
+                request = requests.get_nowait()
             except queue.Empty:
                 return
             try:
@@ -112,6 +132,8 @@ class Commands:
                 return self.pause(cmd == "pause", pools)
             case "reload":
                 return self.reload("herder reload")
+            case "stop_worker":
+                return self.stop_one(body.get("pid"))
             case "enqueue":  # asked while the master was starting: the control thread queued it
                 return self.enqueue(body)
             case "stop":
@@ -124,6 +146,16 @@ class Commands:
                 return {"ok": True, "stopping": len(self.m.workers)}
             case cmd:
                 return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def stop_one(self, pid: object) -> dict:
+        """One worker finishes its job and stops; its slot starts a new one (the target stays)."""
+        found = [w for w in self.m.live_workers() if w.pid == pid]
+        if not found:
+            return {"ok": False, "error": f"no live worker with pid {pid}"}
+        w = found[0]
+        self.m.stop_worker(w, "stopped by an operator")
+        log.info("%s: stopped by an operator (its slot starts a new one)", w.label)
+        return {"ok": True, "pid": w.pid, "slot": w.slot, "pool": w.pool}
 
     def named_pools(self, name: object) -> list[Pool] | dict:
         """The pool a request names, or every pool when it names none; an error reply for a

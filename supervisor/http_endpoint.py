@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from herder.common.config import http_address
+from herder.supervisor.http_auth import Controls, cookie, is_loopback
 from herder.supervisor.metrics import (
     PUBLISH_EVERY,
     Vitals,
@@ -60,6 +61,8 @@ SECURITY_HEADERS = (
     ("X-Content-Type-Options", "nosniff"),
 )
 JSON = "application/json"
+READ_ONLY = "read-only: no token configured"
+COMMANDS = ("scale", "pause", "resume", "restart", "stop_worker")
 # path -> the methods it takes (any other path: 404; another method: 405)
 ROUTES = {
     "/healthz": ("GET",),
@@ -86,11 +89,31 @@ class Publisher:
         hostname: str = "",
         wall: Callable[[], float] = time.time,
         hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, []),
+        controls: Controls | None = None,
+        submit: Callable[[dict], dict] | None = None,
     ) -> None:
-        """`journal`: the master's events; `hosts`: the host records the load reader last read."""
+        """`journal`: the master's events; `hosts`: the host records the load reader last read;
+        `controls`: who may send commands, `submit` hands one to the loop and returns its reply."""
         self.address = address
         self.journal = journal or Journal(wall)
-        self.endpoint = HttpEndpoint(http_address(address), clock, self.journal, wall, hosts)
+        self.controls = controls or Controls("")
+        self.endpoint = HttpEndpoint(
+            http_address(address), clock, self.journal, wall, hosts, self.controls, submit
+        )
+        host = self.endpoint.address[0]
+        if not is_loopback(host) and not self.controls.enabled:
+            log.warning(
+                "http: serving on %s, which is not loopback, and no token is configured: anyone "
+                "who reaches it reads this host's workers, jobs and queues (the controls stay "
+                "off); bind 127.0.0.1 or put it behind a proxy that authenticates",
+                address,
+            )
+        elif not is_loopback(host):
+            log.warning(
+                "http: serving on %s, which is not loopback: the dashboard's controls are behind "
+                "the token, but plain HTTP carries it in clear; put TLS in front",
+                address,
+            )
         for collector in collectors:  # served beside the Vitals (the job metrics)
             self.endpoint.registry.register(collector)
         self.snapshots = Snapshots(hostname or socket.gethostname(), wall, Usage(clock), self.journal)
@@ -112,7 +135,7 @@ class Publisher:
         if now - self._published_at >= PUBLISH_EVERY:
             self._published_at = now
             v = view()
-            snap = self.snapshots.build(v, controls=False)
+            snap = self.snapshots.build(v, controls=self.controls.enabled)
             self.endpoint.history.append(snap)
             self.endpoint.publish(vitals_of(v), snap)
 
@@ -132,8 +155,12 @@ class HttpEndpoint:
         journal: Journal | None = None,
         wall: Callable[[], float] = time.time,
         hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, []),
+        controls: Controls | None = None,
+        submit: Callable[[dict], dict] | None = None,
     ) -> None:
         self.address = address
+        self.controls = controls or Controls("")
+        self.submit = submit
         self.clock, self.wall = clock, wall
         self.vitals: Vitals | None = None  # replaced whole by the loop; read by request threads
         self.snapshot: HostSnapshot | None = None  # likewise
@@ -220,6 +247,28 @@ class HttpEndpoint:
 
     def hosts_body(self) -> tuple[int, bytes]:
         return 200, api.encode(api.hosts_json(self.snapshot, self.hosts(), self.wall()))
+
+    def login(self, body: object) -> tuple[int, dict[str, Any], str | None]:
+        """(code, answer, the session cookie to set or None)."""
+        if not self.controls.enabled:
+            return 403, {"error": READ_ONLY}, None
+        token = body.get("token") if isinstance(body, dict) else None
+        found = self.controls.login(token)
+        if found is None:
+            log.warning("http: a login with a wrong token was refused")
+            return 403, {"error": "wrong token"}, None
+        session, csrf = found
+        return 200, {"csrf": csrf}, cookie(session)
+
+    def command(self, body: object) -> tuple[int, dict[str, Any]]:
+        """A control command, checked, then answered by the loop as the control socket's is."""
+        request = command_of(body)
+        if isinstance(request, str):
+            return 400, {"error": request}
+        if self.submit is None:
+            return 403, {"error": READ_ONLY}
+        log.info("http: dashboard command %s", request)
+        return 200, self.submit(request)
 
 
 class _Server(ThreadingHTTPServer):
@@ -343,8 +392,35 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(*_json_answer(endpoint.history_body(url.query)))
         elif path == "/api/hosts":
             self._send(*_json_answer(endpoint.hosts_body()))
-        else:
-            self._json(403, {"error": "read-only: no token configured"})
+        elif path == "/api/login":
+            body = self._body()
+            if body is not _BAD:
+                code, answer, session = endpoint.login(body)
+                self._json(code, answer, (("Set-Cookie", session),) if session else ())
+        elif path == "/api/command":
+            if not endpoint.controls.enabled:
+                self._json(403, {"error": READ_ONLY})
+            elif not endpoint.controls.allowed(self.headers.get("Cookie"), self.headers.get("X-CSRF-Token")):
+                self._json(403, {"error": "log in first (POST /api/login), and send its X-CSRF-Token"})
+            else:
+                body = self._body()
+                if body is not _BAD:
+                    self._json(*endpoint.command(body))
+
+    def _body(self) -> object:
+        """The request's JSON body, or _BAD once a 400 has been answered (none, too big, not JSON)."""
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self._json(400, {"error": f"a JSON body of at most {MAX_BODY} bytes, with its Content-Length"})
+            return _BAD
+        try:
+            return json.loads(self.rfile.read(length))
+        except (ValueError, UnicodeDecodeError):
+            self._json(400, {"error": "the body is not JSON"})
+            return _BAD
 
     def _json(self, code: int, body: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) -> None:
         self._send(code, JSON, api.encode(body), extra)
@@ -368,3 +444,27 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _json_answer(answer: tuple[int, bytes]) -> tuple[int, str, bytes]:
     return answer[0], JSON, answer[1]
+
+
+_BAD = object()  # a body already answered with 400
+
+
+def command_of(body: object) -> dict[str, Any] | str:
+    """The control command a dashboard's body asks for, with only its own fields; or why not."""
+    if not isinstance(body, dict) or body.get("cmd") not in COMMANDS:
+        return f"a JSON object whose cmd is one of {', '.join(COMMANDS)}"
+    cmd = body["cmd"]
+    if cmd == "stop_worker":
+        pid = body.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return "stop_worker needs pid (a positive integer)"
+        return {"cmd": cmd, "pid": pid}
+    pool = body.get("pool")
+    if not isinstance(pool, str) or not pool or len(pool) > 200:
+        return f"{cmd} needs pool (a pool's name)"
+    if cmd != "scale":
+        return {"cmd": cmd, "pool": pool}
+    workers = body.get("workers")
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 0 < workers <= 100_000:
+        return "scale needs workers (a positive integer)"
+    return {"cmd": cmd, "pool": pool, "workers": workers}

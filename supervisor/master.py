@@ -82,11 +82,13 @@ class Master:
         started_at: float | None = None,
         new_launcher: Callable[[Config], Launcher] | None = None,
         memory: MemoryWatch | None = None,
+        http_token: str = "",
     ) -> None:
         """`control`: the control socket, already answering `starting` (__main__ opens it
         first thing); the loop takes it over. Without one, the master opens its own.
         `new_launcher`: makes the fork server of a pool whose imports differ from the first
-        pool's (without it, every pool shares `launcher`)."""
+        pool's (without it, every pool shares `launcher`). `http_token`: HERDER_HTTP_TOKEN, which
+        __main__ took out of the environment (http_auth.py)."""
         self.cfg = self.started_cfg = cfg  # started_cfg: the watchdog's, which it never re-reads
         self.clock = clock
         self.recovery, self.reader, self.uplink = recovery, reader, uplink
@@ -130,8 +132,15 @@ class Master:
                 "job_given_up", job_id=job_id, queue=queue, pool=self.pool_of_queue(queue), reason=why
             )
         if cfg.http:
+            from herder.supervisor.http_auth import Controls, read_token
             from herder.supervisor.http_endpoint import Publisher
             from herder.supervisor.jobstats import JobStats
+
+            try:
+                token = read_token(cfg.http_token_file, http_token)
+            except (OSError, ValueError) as exc:  # says which file, never what it holds
+                log.error("http: cannot read http_token_file (%s): the dashboard stays read-only", exc)
+                token = ""
 
             self.jobstats = JobStats()  # herder_job_duration_seconds
             self.http = Publisher(
@@ -142,6 +151,8 @@ class Master:
                 hostname=self.hostname,
                 wall=clock.wall,
                 hosts=reader.host_records if reader is not None else lambda: (0.0, []),
+                controls=Controls(token),
+                submit=lambda body: self.commands.submit(body, self.events.wake),
             )
         self._last_alive = float("-inf")
         self.events = Events(clock)

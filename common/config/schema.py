@@ -284,7 +284,14 @@ class Config:
     # Health and metrics for load balancers, probes and Prometheus (docs/monitoring.md).
     http: str = setting(
         "",
-        "Serve /healthz and /metrics on [ADDR:]PORT (off by default; a bare PORT binds 127.0.0.1).",
+        "Serve /healthz, /metrics and the dashboard on [ADDR:]PORT (off by default; a bare PORT binds "
+        "127.0.0.1).",
+    )
+    http_token_file: str = setting(
+        "",
+        "A file holding the token that unlocks the --http dashboard's controls (scale, pause, resume, "
+        "restart, stop a worker); or give the token itself in HERDER_HTTP_TOKEN. Without one the "
+        "dashboard is read-only.",
     )
     health_grace: float = setting(
         10.0,
@@ -324,6 +331,9 @@ class Config:
     embedded_redis: bool = internal(False)  # no redis_url given: the watchdog runs a private redis-server
     pinned: list[str] = internal(factory=list)  # keys set by environment or flags: reload keeps them
     defaulted: list[str] = internal(factory=list)  # keys `herder run` filled in itself (state_dir)
+    # The dashboard's token from HERDER_HTTP_TOKEN: `herder run` moves it here, out of the environment
+    # it hands on; the master takes it out of its Config before anything is started from it.
+    http_token: str = internal("")
 
     @property
     def autoscale(self) -> bool:

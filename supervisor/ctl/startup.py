@@ -14,10 +14,12 @@ import pwd
 import shutil
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from herder.common import handover, statelock
 from herder.common.config import ENV_RESOLVED, SECRET_KEYS, Config, ConfigError, env_of
+from herder.supervisor.http_auth import ENV_TOKEN
 
 MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
 
@@ -116,8 +118,9 @@ def exec_watchdog(cfg: Config, lock_fd: int) -> None:
     """Become the watchdog, handing it the resolved settings and the state dir's lock."""
     # The settings that may carry a password are in the config now: they go no further down
     # (a job's code can read its environment).
-    env = {k: v for k, v in os.environ.items() if k not in {env_of(key) for key in SECRET_KEYS}}
-    env[ENV_RESOLVED] = cfg.to_json()
+    # So is the dashboard's token (herder.supervisor.http_auth): the master takes it from the config.
+    env = {k: v for k, v in os.environ.items() if k not in {env_of(key) for key in SECRET_KEYS} | {ENV_TOKEN}}
+    env[ENV_RESOLVED] = replace(cfg, http_token=os.environ.get(ENV_TOKEN, "")).to_json()
     env, config_fd = handover.seal(env)
     assert config_fd is not None
     env[statelock.ENV_LOCK_FD] = str(lock_fd)
