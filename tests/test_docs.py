@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from herder.common import worker_protocol
 from herder.common.config import reference
@@ -183,3 +184,24 @@ def test_the_docs_give_the_worker_channel_version_the_code_speaks() -> None:
     ]
     wrong = [(page, v) for page, v in stated if v != worker_protocol.VERSION]
     assert not wrong, f"the worker channel is at version {worker_protocol.VERSION}, the docs say: {wrong}"
+
+
+def toml_examples() -> list[tuple[str, str]]:
+    """Every ```toml block of the docs: (file:line, its text)."""
+    found = []
+    for path in DOCS:
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() == "```toml":
+                end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+                found.append((f"{rel(path)}:{i + 1}", "\n".join(lines[i + 1 : end]) + "\n"))
+    return found
+
+
+@pytest.mark.parametrize(("where", "text"), toml_examples(), ids=[w for w, _ in toml_examples()])
+def test_config_examples_are_valid_configs(where: str, text: str, tmp_path: Path) -> None:
+    """A config file a page shows is one herder takes: `herder config --config` accepts it."""
+    path = tmp_path / "herder.toml"
+    path.write_text(text)
+    result = CliRunner().invoke(cli, ["config", "--config", str(path)], env={"HERDER_CONFIG": None})
+    assert result.exit_code == 0, f"{where}: {result.output}"
