@@ -243,6 +243,7 @@ def test_file_then_environment_then_flags_later_wins_with_sources(tmp_path: Path
         ("[herder]\nstop_timeout = -1\n", "stop_timeout", "must not be negative"),
         ("[herder]\nmax_workers = 2\nmin_workers = 5\n", "min_workers", "between 0 and max_workers"),
         ("not toml = = =\n", "config", "not valid TOML"),
+        ("workers = 3\n[herder]\nqueues = ['a']\n", "workers", "belongs in the [herder] table"),
     ],
 )
 def test_bad_config_file_exits_78_naming_key_and_file(
