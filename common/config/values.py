@@ -91,7 +91,10 @@ def coerce(key: str, value: Any, source: str) -> Any:
     origin = typing.get_origin(base)
     if key == "worker_command":
         if isinstance(value, str):
-            return parse_worker_command(value)
+            try:
+                return parse_worker_command(value)
+            except ValueError as exc:  # shlex: an unclosed quote, a trailing escape
+                raise ConfigError(key, f"cannot be split as a shell would: {exc}", source) from None
         if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
             return list(value)
         raise ConfigError(key, "must be a command line string or a list of strings", source)
