@@ -41,7 +41,7 @@ def open_control(cfg: Config, started_at: float) -> ControlServer | None:
         if body["cmd"] == "ping":
             return {"ok": True, "pid": os.getpid()}
         if body["cmd"] == "status":
-            from herder.supervisor.snapshot import starting_status
+            from herder.supervisor.views.status import starting_status
 
             return starting_status(cfg, started_at)
         return None  # queued for the loop

@@ -25,8 +25,9 @@ from herder.supervisor.fleet import Worker
 from herder.supervisor.fleetview import Observed, fleet_view
 from herder.supervisor.pool import Pool, PoolState
 from herder.supervisor.reload import Reloadable
-from herder.supervisor.snapshot import FleetView, build_status
+from herder.supervisor.snapshot import FleetView
 from herder.supervisor.views.journal import Journal
+from herder.supervisor.views.status import build_status
 
 if TYPE_CHECKING:
     from herder.supervisor.launcher import Launcher

@@ -29,21 +29,16 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from herder.common.config import http_address
 from herder.supervisor.http_auth import Controls, cookie, is_loopback
-from herder.supervisor.metrics import (
-    PUBLISH_EVERY,
-    Vitals,
-    VitalsCollector,
-    exposition,
-    registry_for,
-    vitals_of,
-)
+from herder.supervisor.metrics import PUBLISH_EVERY, Vitals, vitals_of
 from herder.supervisor.snapshot import FleetView
 from herder.supervisor.views import api, static
 from herder.supervisor.views.build import Snapshots
+from herder.supervisor.views.healthz import healthz
 from herder.supervisor.views.history import History
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
-from herder.supervisor.views.usage import Usage
+from herder.supervisor.views.prometheus import VitalsCollector, exposition, registry_for
+from herder.supervisor.views.usage import SHARED
 
 log = logging.getLogger("herder")
 
@@ -116,7 +111,7 @@ class Publisher:
             )
         for collector in collectors:  # served beside the Vitals (the job metrics)
             self.endpoint.registry.register(collector)
-        self.snapshots = Snapshots(hostname or socket.gethostname(), wall, Usage(clock), self.journal)
+        self.snapshots = Snapshots(hostname or socket.gethostname(), wall, SHARED, self.journal)
         self._bind_at = 0.0
         self._published_at = float("-inf")
 
@@ -207,18 +202,7 @@ class HttpEndpoint:
     # ---- the answers --------------------------------------------------------------------
 
     def healthz(self) -> tuple[int, dict[str, Any]]:
-        v = self.vitals
-        if v is None:
-            return 503, {"status": "degraded", "reasons": ["starting: the master has not published yet"]}
-        problems = v.problems(self.clock())
-        body: dict[str, Any] = {
-            "status": "degraded" if problems else "ok",
-            "reasons": [text for _, text in problems],
-            "workers": {"ready": v.ready, "desired": v.desired},
-        }
-        if v.memory_pressure:  # said, not a problem: scale-up waits, the pod keeps its work
-            body["memory_pressure"] = f"{v.memory_pressure}; no scale-up"
-        return (503 if problems else 200), body
+        return healthz(self.vitals, self.clock())
 
     def metrics(self) -> bytes:
         return exposition(self.registry)

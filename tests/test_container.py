@@ -43,7 +43,7 @@ CONTAINER = REPO / "deploy" / "container"
 DOCKERFILE = CONTAINER / "Dockerfile"
 DOCKERIGNORE = CONTAINER / "Dockerfile.dockerignore"
 KUBERNETES = REPO / "deploy" / "kubernetes"
-METRICS_SOURCE = REPO / "supervisor" / "metrics.py"
+METRICS_SOURCE = REPO / "supervisor" / "views" / "prometheus.py"  # /metrics' renderer
 
 # The gauge KEDA scales on: "the workers this pool's queues call for across the cluster,
 # before this host's caps" (every pod reports the same figure, read from Redis).
@@ -316,9 +316,7 @@ def test_the_wanted_gauge_is_one_herder_serves() -> None:
     _, metric, _ = keda_trigger()
     assert metric == WANTED_METRIC
     if f'"{WANTED_METRIC}"' not in METRICS_SOURCE.read_text():
-        pytest.skip(
-            f"{WANTED_METRIC} is not in supervisor/metrics.py yet (being added): checked by name only"
-        )
+        pytest.skip(f"{WANTED_METRIC} is not in supervisor/views/prometheus.py yet: checked by name only")
 
 
 def test_resources_leave_room_for_every_pools_workers(tmp_path: Path) -> None:

@@ -74,6 +74,8 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
     def settled() -> dict | None:
         m = metrics(base)
         done = sample(m, "herder_jobs_total", outcome="ok", pool="default") == 12
+        # The queues are read once a scale interval (1 s): a reading may predate the last jobs.
+        done = done and sample(m, "herder_queue_length", queue="default") == 0
         respawned = (
             sample(m, "herder_workers_spawned_total") == 3
             and sample(m, "herder_workers_ready", pool="default") == 2

@@ -11,15 +11,9 @@ from dataclasses import replace
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import FakeClock, all_ready, live, make
-from herder.supervisor.metrics import (
-    HEALTH_KINDS,
-    Vitals,
-    VitalsCollector,
-    exposition,
-    registry_for,
-    vitals_of,
-)
+from herder.supervisor.metrics import HEALTH_KINDS, Vitals, vitals_of
 from herder.supervisor.snapshot import FleetView
+from herder.supervisor.views.prometheus import VitalsCollector, exposition, registry_for
 
 
 def samples(view: FleetView, clock: FakeClock) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -75,7 +75,7 @@ def test_status_answers_starting_before_the_first_worker_and_running_once_ready(
 
 def test_the_starting_answer_has_the_shape_of_the_full_status(herder, tmp_path):
     from herder.common.config import Config
-    from herder.supervisor.snapshot import starting_status
+    from herder.supervisor.views.status import starting_status
 
     early = starting_status(Config(queues=["high", "default"]), started_at=0.0)
     assert [q["name"] for q in early["queues"]] == ["high", "default"]  # in force, in priority order

@@ -4,6 +4,7 @@ sampling a second, not one a request. CPU percent is over the time since the las
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 import psutil
@@ -39,3 +40,6 @@ class Usage:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             self._processes.pop(pid, None)
             return None, None
+
+
+SHARED = Usage(time.monotonic)  # the master's one sampler: status and the dashboard's snapshot
