@@ -88,6 +88,13 @@
     return new Date(t * 1000).toLocaleTimeString([], { hour12: false });
   }
 
+  // A time axis tick: the minute on a whole minute, else its seconds (":30").
+  function timeTick(t) {
+    const d = new Date(t * 1000);
+    const two = (n) => String(n).padStart(2, "0");
+    return d.getSeconds() ? `:${two(d.getSeconds())}` : `${two(d.getHours())}:${two(d.getMinutes())}`;
+  }
+
   function signed(v, digits = 1) {
     if (v === null || v === undefined) return dash;
     return (v > 0 ? "+" : "") + v.toFixed(digits);
@@ -341,7 +348,8 @@
       parts.push(el("span", { class: "func", text: w.func || "(unknown function)" }));
       parts.push(el("span", { class: "muted job-id", text: ` ${w.job}` }));
     }
-    const threads = w.threads || [];
+    const all = w.threads || [];
+    const threads = all.length > 1 || !w.job ? all : []; // one thread running the worker's job: said already
     if (threads.length) {
       parts.push(el("ul", { class: "threads" },
         ...threads.map((th) => el("li", { text: `thread ${th.thread}: ${th.func || "(unknown function)"} ${th.job} · ${duration(th.elapsed)}` }))));
@@ -532,7 +540,7 @@
         value: (u, v) => (v === null || v === undefined ? dash : Number.isInteger(v) ? String(v) : v.toFixed(2)),
       }))],
       axes: [
-        Object.assign({}, axis),
+        Object.assign({ values: (u, ticks) => ticks.map(timeTick), space: 50 }, axis),
         Object.assign({ scale: "workers", label: "workers", size: 44 }, axis),
         Object.assign({ scale: "queue", label: "queue", side: 1, size: 56 }, axis, { grid: { show: false } }),
         Object.assign({ scale: "rate", label: "per s", side: 1, size: 48 }, axis, { grid: { show: false } }),

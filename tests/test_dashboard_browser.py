@@ -1,0 +1,275 @@
+"""The dashboard page in a real headless Chromium (Debian's chromium and chromium-driver, driven
+by selenium) against a real herder and Redis: the workers' rows with their real pids, a chart
+that grows as jobs run, a `kill -9` marked on it within 2 s, a scale that needs the operator's
+token, the other hosts on the same Redis, and hostile names shown as text.
+
+The tests wait for what the page shows (WebDriverWait), never for a fixed time. Without
+chromium, chromedriver or selenium they skip, and fail where CI is set (scripts/setup installs
+them with the test extra)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import Herder, free_port, http_status, wait_for
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROME_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1400,1300",
+)
+HOSTILE = "<img src=x onerror=alert(1)>"
+TOKEN = "dashboard-test-token-8f3a"
+PAGE_FILES = ("/", "/static/app.js", "/static/app.css", "/static/uplot.iife.min.js", "/static/uplot.min.css")
+PAGE_BUDGET = 300 * 1024  # bytes of the page's first load
+KILL_SHOWN_WITHIN = 2.0  # seconds from a kill -9 to its event on the page
+
+# What the page shows, read in one script (rows are updated in place between two reads).
+READ_TABLE = """
+const rows = document.querySelectorAll(arguments[0] + ' tbody tr');
+return [...rows].map((r) => [...r.cells].map((c) => c.textContent));
+"""
+READ_CHART = """
+const c = window.herderDashboard && window.herderDashboard.charts.get(arguments[0]);
+if (!c) return null;
+const d = c.plot.data;  // [t, queue, growth, wanted, running, busy, jobs/s, failed/s]
+const max = (a) => Math.max(0, ...a.filter((v) => v !== null));
+return {samples: d[0].length, running: max(d[4]), busy: max(d[5]), jobs: max(d[6])};
+"""
+READ_DEATH = """
+const pid = String(arguments[0]);
+const died = (e) => e.dataset.pid === pid && e.dataset.kind === 'died';
+const li = [...document.querySelectorAll('#events li')].find(died);
+const m = [...document.querySelectorAll('#charts .marker')].find(died);
+return li && m ? [li.textContent, m.title] : null;
+"""
+POST_COMMAND_WITHOUT_SESSION = """
+const done = arguments[arguments.length - 1];
+fetch('/api/command', {method: 'POST', headers: {'Content-Type': 'application/json'},
+                       body: JSON.stringify({cmd: 'scale', pool: arguments[0], workers: 3})})
+  .then((r) => done(r.status), (e) => done(String(e)));
+"""
+
+
+def missing_tools() -> list[str]:
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium (the test extra)")
+    return missing
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    missing = missing_tools()
+    if missing:
+        why = f"the browser tests need {', '.join(missing)}: scripts/setup installs them with the test extra"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROME_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")  # fresh: no cookie, no cache
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    options.unhandled_prompt_behavior = "ignore"  # an alert() stays open, for the test to find
+    service = Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def until(driver: Any, timeout: float, check: Callable[[Any], object], what: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(check, f"waiting {timeout} s for {what}")
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)
+
+
+def start_with_http(herder: Callable[..., Herder], workers: int, **flags: Any) -> tuple[Herder, str]:
+    port = free_port()
+    h = herder(workers=str(workers), http=f"127.0.0.1:{port}", **flags)
+    base = f"http://127.0.0.1:{port}"
+    h.wait_workers(workers)
+    wait_for(lambda: http_status(base + "/api/snapshot") == 200, 20, what="/api/snapshot to answer")
+    return h, base
+
+
+def open_page(driver: Any, base: str) -> None:
+    driver.get(base + "/")
+    until(driver, 15, lambda d: d.find_element("id", "conn").text == "live", "the page to say it is live")
+
+
+def worker_pids(driver: Any) -> set[int]:
+    return {int(row[2]) for row in driver.execute_script(READ_TABLE, "#workers")}
+
+
+def pool_row(driver: Any, pool: str) -> list[str] | None:
+    return next((row for row in driver.execute_script(READ_TABLE, "#pools") if row[0] == pool), None)
+
+
+def button_texts(driver: Any) -> list[str]:
+    return [b.text for b in driver.find_elements("tag name", "button")]
+
+
+def browser_errors(driver: Any, refused: tuple[str, ...] = ()) -> list[str]:
+    """The page's console errors: a script error, a CSP violation, a failed load (but for the
+    403s the test asked for, at the paths in `refused`)."""
+    return [
+        e["message"]
+        for e in driver.get_log("browser")
+        if e["level"] == "SEVERE" and not any(f"{path} - Failed to load resource" in e["message"]
+                                              and " 403 " in e["message"] for path in refused)
+    ]  # fmt: skip
+
+
+def no_alert(driver: Any) -> bool:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        driver.switch_to.alert  # noqa: B018 - raises while no alert is open
+    except NoAlertPresentException:
+        return True
+    return False
+
+
+# ---- the tests -------------------------------------------------------------------------
+
+
+def test_workers_chart_and_a_kill_9_marked_within_2_s(herder, jobs, browser, tmp_path: Path) -> None:
+    h, base = start_with_http(herder, 2)
+    weight = sum(len(urllib.request.urlopen(base + path, timeout=5).read()) for path in PAGE_FILES)
+    assert weight < PAGE_BUDGET, f"the page's first load is {weight} bytes"
+    pool = get_json(base + "/api/snapshot")["pools"][0]["name"]
+    open_page(browser, base)
+    pids = {p.pid for p in h.workers()}
+    until(browser, 10, lambda d: worker_pids(d) == pids, f"a row for each of the workers {sorted(pids)}")
+    # no token configured: read-only, not a button on the page
+    assert button_texts(browser) == [] and not browser.find_elements("id", "unlock")
+
+    before = browser.execute_script(READ_CHART, pool)
+    ids = [jobs.enqueue("record", "dash", 0.3).id for _ in range(16)]
+    until(
+        browser,
+        30,
+        lambda d: (c := d.execute_script(READ_CHART, pool))["busy"] > 0 and c["jobs"] > 0
+        and c["samples"] > before["samples"] and c["running"] == 2,
+        "the chart to show busy workers and jobs done",
+    )  # fmt: skip
+    for job_id in ids:
+        jobs.wait_finished(job_id, 20, "the chart's jobs to finish")
+
+    victim = min(pids)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    event, marker = until(browser, KILL_SHOWN_WITHIN, lambda d: d.execute_script(READ_DEATH, victim),
+                          f"the kill of {victim} as an event and a chart marker")  # fmt: skip
+    took = time.monotonic() - killed
+    assert str(victim) in event and str(victim) in marker, (event, marker)
+    replacement = h.wait_workers(2, without={victim})
+    until(browser, 10, lambda d: worker_pids(d) == {p.pid for p in replacement}, "the replacement's row")
+    shot = tmp_path / "dashboard.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 20_000
+    print(f"kill -9 shown after {took:.2f} s; screenshot {shot}")
+    assert browser_errors(browser) == []
+    h.stop_and_check()
+
+
+def test_a_scale_from_the_page_works_with_the_token_and_is_refused_without(herder, browser) -> None:
+    h, base = start_with_http(herder, 1, env={"HERDER_HTTP_TOKEN": TOKEN})
+    pool = get_json(base + "/api/snapshot")["pools"][0]["name"]
+    open_page(browser, base)
+    until(browser, 10, lambda d: d.find_elements("id", "unlock"), "the unlock form")
+    assert button_texts(browser) == ["unlock"]  # no control before the token
+    status = browser.execute_async_script(POST_COMMAND_WITHOUT_SESSION, pool)
+    assert status == 403, status  # the page's own origin, without session and CSRF token
+
+    token = browser.find_element("id", "token")
+    token.send_keys("not-the-token")
+    browser.find_element("id", "unlock-button").click()
+    until(browser, 10, lambda d: "bad" in d.find_element("id", "notice").get_attribute("class"), "a refusal")
+    assert button_texts(browser) == ["unlock"] and not browser.find_elements("css selector", "button.scale")
+
+    browser.find_element("id", "token").send_keys(TOKEN)
+    browser.find_element("id", "unlock-button").click()
+    scale_n = until(browser, 10, lambda d: d.find_element("css selector", "#pools input.scale-n"), "controls")
+    scale_n.send_keys("3")
+    browser.find_element("css selector", "#pools button.scale").click()
+    until(browser, 10, lambda d: "done" in d.find_element("id", "notice").text, "the scale's reply")
+    h.wait_workers(3)
+    until(browser, 10, lambda d: (row := pool_row(d, pool)) and row[3] == "3" and row[4] == "3",
+          "the pool's row to show 3 wanted and running")  # fmt: skip
+    until(browser, 10, lambda d: d.find_elements("css selector", "#events li[data-kind=scale]"), "its event")
+    assert TOKEN not in browser.page_source and TOKEN not in json.dumps(browser.get_cookies())
+    assert browser_errors(browser, refused=("/api/command", "/api/login")) == []
+    h.stop_and_check()
+
+
+def test_other_hosts_are_listed_and_a_hostile_queue_name_is_text(herder, browser) -> None:
+    a, base_a = start_with_http(herder, 1)
+    b, base_b = start_with_http(herder, 1, queue=["default", HOSTILE])
+    id_a = get_json(base_a + "/api/snapshot")["host_id"]
+    id_b = get_json(base_b + "/api/snapshot")["host_id"]
+    assert id_a != id_b
+    open_page(browser, base_a)
+
+    def both_listed(d: Any) -> list[list[str]] | None:
+        rows = d.execute_script(READ_TABLE, "#hosts")
+        return rows if {r[1] for r in rows} >= {id_a, id_b} else None
+
+    from selenium.common.exceptions import TimeoutException
+
+    try:
+        hosts = until(browser, 20, both_listed, "both hosts listed")
+    except TimeoutException:
+        shown = browser.execute_script(READ_TABLE, "#hosts")
+        raise AssertionError(f"hosts shown: {shown}; /api/hosts: {get_json(base_a + '/api/hosts')}") from None
+    this = [r for r in hosts if r[0].endswith("(this host)")]
+    assert [r[1] for r in this] == [id_a], hosts
+
+    open_page(browser, base_b)
+    until(browser, 10, lambda d: any(HOSTILE in row[12] for row in d.execute_script(READ_TABLE, "#pools")),
+          "the hostile queue name in the pools table")  # fmt: skip
+    shown = browser.find_element("css selector", "#pools tbody").get_attribute("innerHTML")
+    assert "&lt;img src=x onerror=alert(1)&gt;" in shown
+    seen = browser.execute_script("return window.herderDashboard.state.snapshot.time")
+    until(browser, 10, lambda d: d.execute_script("return window.herderDashboard.state.snapshot.time") > seen,
+          "another poll drawn")  # fmt: skip
+    assert browser.find_elements("tag name", "img") == []
+    assert no_alert(browser)
+    assert browser_errors(browser) == []
+    a.stop_and_check()
+    b.stop_and_check()
