@@ -354,7 +354,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not found"})
             return
         if method not in allowed:
-            self._json(405, {"error": f"{path} takes {', '.join(allowed)}"}, (("Allow", ", ".join(allowed)),))
+            route = "/static/*" if static_name is not None else path  # a known route, not the client's bytes
+            methods = ", ".join(allowed)
+            self._json(405, {"error": f"{route} takes {methods}"}, (("Allow", methods),))
             return
         if static_name is not None:
             found = static.read(static_name) if "/" not in static_name else None

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from harness import wait_for
+from harness import free_port, wait_for
 from herder.common import config as cfg_module
 from herder.common.control_protocol import MAX_REQUEST, socket_path
 from herder.common.worker_protocol import (
@@ -341,4 +341,74 @@ def test_the_control_socket_survives_any_client(herder, tmp_path: Path) -> None:
     assert tried["n"] >= 150 * SCALE
     assert h.master().pid == master.pid, "the master was replaced"
     wait_for(lambda: h.status().get("ok"), 10, what="status after the fuzz")
+    h.stop_and_check()
+
+
+# ---- the HTTP endpoint: any method, path, header and body ---------------------------------
+
+MARK = "<x-fuzz-mark"  # in every path: an answer that carries it raw echoed input unescaped
+ALLOWED_CODES = {200, 400, 403, 404, 405, 414, 431, 501}  # 501: a method HTTP does not define
+methods = st.one_of(
+    st.sampled_from(["GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS"]),
+    st.text(string.ascii_uppercase, min_size=1, max_size=10),
+)
+paths = st.one_of(
+    st.sampled_from(["/", "/healthz", "/metrics", "/api/snapshot", "/api/history", "/api/hosts", "/api/login",
+                     "/api/command", "/static/app.js", "/static/../../etc/passwd", "/static/%2e%2e/x"]),
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=60).map(lambda p: "/" + p),
+).flatmap(lambda p: st.sampled_from([p, f"{p}?since={MARK}>", f"{p}{MARK}>"]))  # fmt: skip
+headers = st.dictionaries(
+    st.sampled_from(["Content-Length", "Cookie", "X-CSRF-Token", "Content-Type", "Host", "X-Any"]),
+    st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40),
+    max_size=4,
+)
+bodies = st.one_of(st.binary(max_size=300), json_values.map(lambda v: json.dumps(v).encode()))
+
+
+def http_exchange(port: int, raw: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=8) as s:
+        try:
+            s.sendall(raw)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+        return reply
+
+
+@pytest.mark.slow
+def test_the_http_endpoint_answers_any_request_without_a_500_or_an_echo(herder, tmp_path: Path) -> None:
+    """With controls on (a token), any request line, headers and body get one of the expected
+    codes within the endpoint's deadline, never a 5xx but 501, never input echoed raw; the
+    endpoint and the master serve on afterwards."""
+    token_file = tmp_path / "token"
+    token_file.write_text("fuzz-token-0123456789\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    h = herder(workers="1", http=str(port), http_token_file=str(token_file), queue=["fuzz-only"])
+    h.wait_workers(1)
+    master = h.master()
+    wait_for(lambda: b" 200 " in http_exchange(port, b"GET /api/snapshot HTTP/1.0\r\n\r\n")[:20], 10,
+             what="a published snapshot")  # fmt: skip
+    codes: dict[int, int] = {}
+
+    @budget(200)
+    @given(methods, paths, headers, bodies)
+    def answer(method: str, path: str, hdrs: dict[str, str], body: bytes) -> None:
+        lines = [f"{method} {path} HTTP/1.0", *(f"{k}: {v}" for k, v in hdrs.items())]
+        if "Content-Length" not in hdrs and body:
+            lines.append(f"Content-Length: {len(body)}")
+        reply = http_exchange(port, "\r\n".join(lines).encode() + b"\r\n\r\n" + body)
+        assert reply.startswith(b"HTTP/1."), reply[:200]
+        code = int(reply.split(b" ", 2)[1])
+        codes[code] = codes.get(code, 0) + 1
+        assert code in ALLOWED_CODES, reply[:500]
+        assert MARK.encode() not in reply, reply[:500]
+
+    answer()
+    assert sum(codes.values()) >= 200 * SCALE, codes
+    assert b" 200 " in http_exchange(port, b"GET /api/snapshot HTTP/1.0\r\n\r\n")[:20]
+    assert h.master().pid == master.pid, "the master was replaced"
     h.stop_and_check()

@@ -14,9 +14,14 @@ from herder.supervisor.views.model import HostSnapshot, event_json
 MAX_HOSTS = 200
 
 
+# <, > and & as JSON escapes (as Go's encoding/json writes them): the same strings once parsed, but
+# no answer holds markup even for a client that ignores its Content-Type.
+_HTML_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
 def encode(body: Any) -> bytes:
-    """Compact JSON; a string stays a string whatever it holds (the page escapes it)."""
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    """Compact JSON; a string stays a string whatever it holds (the page escapes it too)."""
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).translate(_HTML_SAFE).encode()
 
 
 def snapshot_json(snap: HostSnapshot) -> dict[str, Any]:
