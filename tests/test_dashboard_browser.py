@@ -273,3 +273,21 @@ def test_other_hosts_are_listed_and_a_hostile_queue_name_is_text(herder, browser
     assert browser_errors(browser) == []
     a.stop_and_check()
     b.stop_and_check()
+
+
+def test_the_page_rides_out_a_master_restart(herder, browser) -> None:
+    h, base = start_with_http(herder, 1)
+    open_page(browser, base)
+    old = h.master()
+    assert old is not None
+    os.kill(old.pid, signal.SIGKILL)  # the watchdog starts another master, which serves the page again
+    until(browser, 10, lambda d: d.find_element("id", "conn").text == "reconnecting", "'reconnecting'")
+    wait_for(lambda: (m := h.master()) and m.pid != old.pid, 20, what="a new master")
+    pids = {p.pid for p in h.wait_workers(1)}
+    until(
+        browser,
+        30,
+        lambda d: d.find_element("id", "conn").text == "live" and worker_pids(d) == pids,
+        "the page live again, with the new master's worker",
+    )
+    h.stop_and_check()
