@@ -412,3 +412,55 @@ def test_the_http_endpoint_answers_any_request_without_a_500_or_an_echo(herder, 
     assert b" 200 " in http_exchange(port, b"GET /api/snapshot HTTP/1.0\r\n\r\n")[:20]
     assert h.master().pid == master.pid, "the master was replaced"
     h.stop_and_check()
+
+
+# ---- names end to end: a queue named as RQ allows keeps its name everywhere -----------------
+
+RECORD = "herder_testjobs.record"  # tests/jobs: records its run in Redis
+queue_names = st.text(
+    st.characters(exclude_categories=["Cs", "Cc", "Zl", "Zp"], exclude_characters=","),
+    min_size=1,
+    max_size=40,
+).filter(lambda s: s.strip() == s and s.isprintable())
+
+
+def queue_labels(port: int) -> set[str]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = http_exchange(port, b"GET /metrics HTTP/1.0\r\n\r\n").split(b"\r\n\r\n", 1)[1].decode()
+    return {
+        s.labels["queue"]
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "herder_job_duration_seconds_count" and "queue" in s.labels
+    }
+
+
+@pytest.mark.slow
+def test_any_queue_name_survives_status_metrics_and_the_dashboard(herder, conn) -> None:
+    """A job on a queue of any printable name (but a comma, herder's list separator) runs, and
+    status, the per-function metrics and the dashboard's snapshot name the queue exactly."""
+    from rq import Queue
+
+    tried = []
+
+    @budget(4)
+    @given(queue_names)
+    @example('<img src=x onerror=alert(1)> "q" \\ é 名')
+    def survives(name: str) -> None:
+        tried.append(name)
+        port = free_port()
+        h = herder(workers="1", http=str(port), queue=name, no_scheduler=True)
+        h.wait_workers(1)
+        job = Queue(name, connection=conn).enqueue(RECORD, f"named{len(tried)}", 0.0)
+        wait_for(lambda: job.get_status(refresh=True) == "finished", 30, what=f"the job on {name!r}")
+        h.wait_status(lambda s: [q["name"] for q in s["queues"]] == [name] and s["jobs"]["ok"] == 1, 10)
+        wait_for(lambda: name in queue_labels(port), 10, what=f"{name!r} as a metrics label")
+        snapshot = json.loads(
+            http_exchange(port, b"GET /api/snapshot HTTP/1.0\r\n\r\n").split(b"\r\n\r\n", 1)[1]
+        )
+        assert snapshot["pools"][0]["queues"] == [name]
+        h.stop_and_check()
+
+    survives()
+    assert len(tried) >= 4
