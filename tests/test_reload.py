@@ -81,7 +81,7 @@ POLICY = {
     | {"dequeue_strategy", "fork_server", "preload", "worker_nice", "fast_path", "threads"}
     | {"worker_init", "django_settings"},
     RESTART: {"redis_url", "host_id", "master_heartbeat_timeout", "max_restarts", "restart_window"}
-    | {"state_dir", "user", "http", "rq_config", "log_format"},
+    | {"state_dir", "user", "http", "http_token_file", "rq_config", "log_format"},
 }
 # harness's SHORT_TIMEOUT_FLAGS, written into the config file instead (flags pin a setting).
 SHORT_TIMEOUTS_IN_FILE = {flag[2:].replace("-", "_"): float(v) for flag, v in SHORT_TIMEOUT_FLAGS.items()}
