@@ -4,7 +4,7 @@
 The control thread hands each request to the reconcile loop, which answers it here
 (`handle_requests`), so a reply always matches what the loop decides; `ping` and `enqueue`
 touch no fleet state and are answered on the control thread (`answer_directly`). A reload is
-reload.py's; the fleet as data for `status` is fleetview.py's.
+reload.py's; `status` renders a snapshot the loop takes for it (views/status.py).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from herder.common.control_protocol import LOOP_TIMEOUT
 from herder.supervisor import reload
 from herder.supervisor.control import ControlServer, Request
 from herder.supervisor.fleet import Worker
-from herder.supervisor.fleetview import Observed, fleet_view
+from herder.supervisor.fleetview import Observed
 from herder.supervisor.pool import Pool, PoolState
 from herder.supervisor.reload import Reloadable
-from herder.supervisor.snapshot import FleetView
 from herder.supervisor.views.journal import Journal
+from herder.supervisor.views.model import HostSnapshot
 from herder.supervisor.views.status import build_status
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ log = logging.getLogger("herder")
 
 class Fleet(Observed, Reloadable, Protocol):
     """What commands read and change of the master (herder.supervisor.master.Master): their
-    own needs below, and what they hand to the view (Observed) and to a reload (Reloadable)."""
+    own needs below, what a snapshot's builder reads (Observed) and what a reload changes (Reloadable)."""
 
     cfg: Config
     workers: dict[int, Worker]
@@ -49,6 +49,8 @@ class Fleet(Observed, Reloadable, Protocol):
     def begin_stop(self, hurry: bool, why: str) -> None: ...
 
     def stop_worker(self, w: Worker, why: str) -> None: ...
+
+    def take_snapshot(self) -> HostSnapshot: ...
 
 
 class Commands:
@@ -121,7 +123,7 @@ class Commands:
     def answer(self, body: dict) -> dict:
         match body["cmd"]:
             case "status":
-                return build_status(self.view())
+                return build_status(self.m.take_snapshot())
             case "scale":
                 return self.rescale(body)
             case "restart" | "pause" | "resume" as cmd:
@@ -171,9 +173,6 @@ class Commands:
                 "error": f"no pool {name!r}; the pools are {', '.join(p.name for p in pools)}",
             }
         return found
-
-    def view(self) -> FleetView:
-        return fleet_view(self.m)
 
     def pause(self, paused: bool, pools: list[Pool]) -> dict:
         """`herder pause` / `resume` [--pool]: the workers finish their jobs and take no new

@@ -1,10 +1,9 @@
-"""The fleet as plain data: what `herder status`, /healthz and /metrics show (snapshot.FleetView),
-read from the master by the loop, each pool and each setting as it is in force."""
+"""What the snapshot's builder (views/build.py) reads of the master, and the readings that are
+not a pool's or a worker's row: health's reasons, and each setting as it is in force."""
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from herder.common.config import KEYS, SECRET_KEYS, Config, redact_setting, redact_url
@@ -14,8 +13,7 @@ from herder.supervisor.health import HealthWatch
 from herder.supervisor.pool import Pool
 from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
-from herder.supervisor.redis_side.recovery import Counts, Recovery
-from herder.supervisor.snapshot import FleetView
+from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.states import WORKING
 
 if TYPE_CHECKING:
@@ -25,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class Observed(Protocol):
-    """What the view reads of the master (herder.supervisor.master.Master); it changes nothing."""
+    """What the builder reads of the master (herder.supervisor.master.Master); it changes nothing."""
 
     cfg: Config
     clock: Clock
@@ -57,27 +55,10 @@ class Observed(Protocol):
     def pool_workers(self, pool: Pool) -> list[Worker]: ...
 
 
-def fleet_view(m: Observed) -> FleetView:
-    """What status, /healthz and /metrics show, as plain data (snapshot.FleetView)."""
-    now, wall = m.clock.monotonic(), m.clock.wall()
-    counts = m.recovery.counts if m.recovery else Counts()
-    live = m.live_workers()
-    fleet = max(m.target, len(live))
-    backoff = [s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now)]
-    pools = m.pool_list()
-    grants = [p.scaler.grant for p in pools if p.scaler.grant is not None]
-    queue_stats = {q: p.scaler.queues.get(q) for p in pools for q in p.cfg.queues}
-    rates = [p.scaler.state.per_worker for p in pools if p.scaler.state.per_worker is not None]
-    return FleetView(
-        cfg=m.cfg if m.cfg.pools else pools[0].cfg,  # one pool: its bounds are the host's (scale)
-        host_id=m.host_id,
-        started_at=m.started_at,
-        now=now,
-        target=m.target,
-        grant=sum(grants) if grants else None,
-        live=len(live),
-        stopping=m.stopping,
-        health=m.health.reasons(
+def health_of(m: Observed, now: float, pools: list[Pool], live: list[Worker]) -> tuple[tuple[str, str], ...]:
+    """Health's (kind, reason) pairs as the loop sees them now (herder.supervisor.health)."""
+    return tuple(
+        m.health.reasons(
             now,
             ready=sum(w.state in WORKING for w in live),
             floor=m.floor,
@@ -93,34 +74,7 @@ def fleet_view(m: Observed) -> FleetView:
                     next((named(p, pools) for p in pools if p.retirement.degraded), ""),
                 ),
             ],
-        ),
-        workers=[(w, w.proc.snapshot()) for w in m.workers.values()],
-        backoff=sorted(backoff),
-        queues=queue_stats,  # in force, read or not
-        settings=settings(m),
-        totals={
-            "spawned": m.counters.totals.spawned,
-            "killed": m.counters.totals.killed,
-            "requeued": counts.requeued,
-            "recovered_by_sweep": counts.swept,
-            "failed_by_herder": counts.failed,
-            "recycled": dict(sum((p.retirement.recycled for p in pools), Counter())),
-        },
-        scheduler=m.sched.status(m.sched_cfg),
-        jobs=m.counters.jobs(list(m.workers.values())),
-        killed_by=dict(m.counters.totals.killed_by),
-        requeued_by=dict(counts.requeued_by),
-        master_restarts=m.restarts,
-        budgets_left={
-            "kill": max(0.0, m.guard.budget.limit(fleet) - m.guard.budget.local_count(wall)),
-            "cull": max(0.0, m.cfg.cull_budget - sum(p.retirement.local.count(wall) for p in pools)),
-        },
-        loop_lag=m.health.last_lag,
-        job_rate=rates[0] if len(rates) == 1 else (sum(rates) / len(rates) if rates else None),
-        paused=m.paused,
-        ever_ready=m.ever_ready,
-        pools={p.name: pool_view(m, p) for p in pools},
-        memory_pressure=m.memory.reason,
+        )
     )
 
 
@@ -139,56 +93,6 @@ def short_pools(m: Observed) -> str:
     return "; ".join(
         f"pool {p.name}: {ready[p.name]} of {p.cfg.floor}" for p in pools if ready[p.name] < p.cfg.floor
     )
-
-
-def pool_view(m: Observed, pool: Pool) -> dict[str, Any]:
-    """One pool in `herder status`: its queues, sizing and counts."""
-    cfg, live = pool.cfg, m.pool_workers(pool)
-    return {
-        "queues": list(cfg.queues),
-        "autoscale": cfg.autoscale,
-        "min": cfg.floor,
-        "max": cfg.ceiling,
-        "scaled": dict(pool.scaled),  # `herder scale`'s bounds over the file's, {}: none
-        "threads": cfg.threads,  # jobs each of its workers runs at once
-        "desired": pool.target,
-        # What the pool's queues call for across the cluster before this host's bounds (the
-        # figure a KEDA ScaledObject scales hosts by); a fixed-size pool wants its size.
-        "wanted": pool.scaler.wanted if cfg.autoscale and pool.scaler.wanted is not None else pool.target,
-        "actual": len(live),
-        "ready": sum(w.state in WORKING for w in live),
-        "cluster_max": cfg.cluster_max_workers,
-        "cluster_grant": pool.scaler.grant,
-        "paused": pool.paused,
-        "draining": pool.draining,
-        "generation": pool.generation,
-        "jobs": dict(zip(("ok", "failed"), m.counters.jobs(live_all(m, pool), pool.name), strict=True)),
-        **pool_counts(m, pool),
-    }
-
-
-def pool_counts(m: Observed, pool: Pool) -> dict[str, Any]:
-    """A pool's kills, requeues, recycles and given-up jobs (requeues by the pool that owns the
-    job's queue: a queue belongs to one pool)."""
-    counts = m.recovery.counts if m.recovery else Counts()
-    queues = set(pool.cfg.queues)
-    requeued: Counter[str] = Counter()
-    for (why, queue), n in counts.requeued_by_queue.items():
-        if queue in queues:
-            requeued[why] += n
-    killed = {kind: n for (kind, name), n in m.counters.totals.killed_by_pool.items() if name == pool.name}
-    return {
-        "killed_by": killed,
-        "requeued_by": dict(requeued),
-        "recycled_by": dict(pool.retirement.recycled),
-        "failed_by_herder": sum(n for q, n in counts.failed_by_queue.items() if q in queues),
-        "died": m.counters.totals.died_by_pool[pool.name],
-    }
-
-
-def live_all(m: Observed, pool: Pool) -> list[Worker]:
-    """Every worker process of a pool, stopping ones too (their jobs count until reaped)."""
-    return [w for w in m.workers.values() if w.pool == pool.name]
 
 
 def settings(m: Observed) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """/healthz, /metrics and the dashboard over HTTP (`--http [ADDR:]PORT`, loopback unless the
 user names another address), for load balancers, Kubernetes probes, Prometheus and people.
 
-Served from the newest Vitals and HostSnapshot the reconcile loop published
-(herder.supervisor.metrics, herder.supervisor.views), with the history and events rings
-(views/history.py, views/journal.py): a request never touches the fleet or waits for the
-loop; a control command (POST /api/command) is queued to the loop like the control socket's.
+Served from the newest HostSnapshot the reconcile loop published (herder.supervisor.views:
+every answer is a renderer of it), with the history and events rings (views/history.py,
+views/journal.py): a request never touches the fleet or waits for the loop; a control
+command (POST /api/command) is queued to the loop like the control socket's.
 A hostile or slow client cannot hurt the master: at most MAX_CONNECTIONS are served at
 once (more are closed at once and counted), each may be silent for IO_TIMEOUT seconds and
 lasts REQUEST_DEADLINE at most (a slow-loris is cut off), one request per connection,
@@ -29,16 +29,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from herder.common.config import http_address
 from herder.supervisor.http_auth import Controls, cookie, is_loopback
-from herder.supervisor.metrics import PUBLISH_EVERY, Vitals, vitals_of
-from herder.supervisor.snapshot import FleetView
 from herder.supervisor.views import api, static
-from herder.supervisor.views.build import Snapshots
 from herder.supervisor.views.healthz import healthz
 from herder.supervisor.views.history import History
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
-from herder.supervisor.views.prometheus import VitalsCollector, exposition, registry_for
-from herder.supervisor.views.usage import SHARED
+from herder.supervisor.views.prometheus import SnapshotCollector, exposition, registry_for
 
 log = logging.getLogger("herder")
 
@@ -73,7 +69,7 @@ ROUTES = {
 
 class Publisher:
     """The loop's side: starts the endpoint (again every RETRY_BIND seconds while the port is
-    taken, say by a master still draining) and hands it new Vitals every PUBLISH_EVERY."""
+    taken, say by a master still draining) and hands it each snapshot the loop publishes."""
 
     def __init__(
         self,
@@ -81,7 +77,6 @@ class Publisher:
         clock: Callable[[], float],
         collectors: tuple[Any, ...] = (),
         journal: Journal | None = None,
-        hostname: str = "",
         wall: Callable[[], float] = time.time,
         hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, []),
         controls: Controls | None = None,
@@ -109,13 +104,12 @@ class Publisher:
                 "the token, but plain HTTP carries it in clear; put TLS in front",
                 address,
             )
-        for collector in collectors:  # served beside the Vitals (the job metrics)
+        for collector in collectors:  # served beside the snapshot's series (the job metrics)
             self.endpoint.registry.register(collector)
-        self.snapshots = Snapshots(hostname or socket.gethostname(), wall, SHARED, self.journal)
         self._bind_at = 0.0
-        self._published_at = float("-inf")
 
-    def step(self, now: float, view: Callable[[], FleetView]) -> None:
+    def step(self, now: float) -> None:
+        """Each pass of the loop: serve, once the port is free."""
         if not self.endpoint.serving:
             if now < self._bind_at:
                 return
@@ -127,12 +121,11 @@ class Publisher:
                 log.log(level, "cannot serve http on %s (%s); trying again every %g s", self.address, exc,
                         RETRY_BIND)  # fmt: skip
                 return
-        if now - self._published_at >= PUBLISH_EVERY:
-            self._published_at = now
-            v = view()
-            snap = self.snapshots.build(v, controls=self.controls.enabled)
-            self.endpoint.history.append(snap)
-            self.endpoint.publish(vitals_of(v), snap)
+
+    def publish(self, snap: HostSnapshot) -> None:
+        """A new snapshot for every answer, and a sample for the history."""
+        self.endpoint.history.append(snap)
+        self.endpoint.publish(snap)
 
     @property
     def snapshot(self) -> HostSnapshot | None:
@@ -157,13 +150,12 @@ class HttpEndpoint:
         self.controls = controls or Controls("")
         self.submit = submit
         self.clock, self.wall = clock, wall
-        self.vitals: Vitals | None = None  # replaced whole by the loop; read by request threads
-        self.snapshot: HostSnapshot | None = None  # likewise
+        self.snapshot: HostSnapshot | None = None  # replaced whole by the loop; read by request threads
         self._snapshot_body: tuple[HostSnapshot | None, bytes] = (None, b"")  # encoded once, on demand
         self.history = History()
         self.journal = journal or Journal(wall)
         self.hosts = hosts
-        self.registry = registry_for(VitalsCollector(lambda: self.vitals, clock))
+        self.registry = registry_for(SnapshotCollector(lambda: self.snapshot, clock))
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.refused = 0  # connections closed unserved: MAX_CONNECTIONS were busy
         self._server: _Server | None = None
@@ -178,10 +170,8 @@ class HttpEndpoint:
         host, port = self._server.server_address[:2] if self._server else self.address
         return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
 
-    def publish(self, vitals: Vitals, snapshot: HostSnapshot | None = None) -> None:
-        self.vitals = vitals
-        if snapshot is not None:
-            self.snapshot = snapshot
+    def publish(self, snapshot: HostSnapshot) -> None:
+        self.snapshot = snapshot
 
     def start(self) -> None:
         """Bind and serve on a thread of its own; OSError (the port is taken) to the caller."""
@@ -202,7 +192,7 @@ class HttpEndpoint:
     # ---- the answers --------------------------------------------------------------------
 
     def healthz(self) -> tuple[int, dict[str, Any]]:
-        return healthz(self.vitals, self.clock())
+        return healthz(self.snapshot, self.clock())
 
     def metrics(self) -> bytes:
         return exposition(self.registry)

@@ -53,7 +53,10 @@ from herder.supervisor.states import (
     change_state,
 )
 from herder.supervisor.uplink import Uplink
+from herder.supervisor.views.build import PUBLISH_EVERY, Snapshots
 from herder.supervisor.views.journal import Journal
+from herder.supervisor.views.model import HostSnapshot
+from herder.supervisor.views.usage import SHARED
 
 if TYPE_CHECKING:  # imported with --http only (Master.__init__)
     from herder.supervisor.http_endpoint import Publisher
@@ -118,6 +121,11 @@ class Master:
         self.health = HealthWatch()
         # What happened, as sentences (views/journal.py): recorded once, where the loop decides it.
         self.journal = Journal(clock.wall)
+        # The host as every view shows it (views/): built by the one builder, published each
+        # pass at most every PUBLISH_EVERY, and for each `herder status`.
+        self.snapshots = Snapshots(self.hostname, clock.wall, SHARED, self.journal)
+        self.snapshot: HostSnapshot | None = None
+        self._published_at = float("-inf")
         self._host_told_at = float("-inf")
         # /metrics, and the job metrics only it serves, with --http alone: only then does the
         # master import prometheus-client and http.server (a master without is 1 MB smaller).
@@ -148,7 +156,6 @@ class Master:
                 clock.monotonic,
                 (self.jobstats.histogram, self.hooks.counts),
                 journal=self.journal,
-                hostname=self.hostname,
                 wall=clock.wall,
                 hosts=reader.host_records if reader is not None else lambda: (0.0, []),
                 controls=Controls(token),
@@ -312,7 +319,7 @@ class Master:
         return max(0.0, min([TICK, *soon, *[d for d in due if d > 0]]))
 
     def publish(self) -> None:
-        """Health bookkeeping each pass; the Vitals /healthz and /metrics serve, now and then."""
+        """Health bookkeeping each pass; the host's snapshot every view renders, now and then."""
         now = self.clock.monotonic()
         ready = sum(w.state in WORKING for w in self.workers.values())
         down = self.reader is not None and self.reader.outage_since is not None
@@ -320,17 +327,28 @@ class Master:
         for w in self.workers.values():
             self.fold_finished(w)
         if self.http:
-            self.http.step(now, self.commands.view)
-            snap = self.http.snapshot
-            if self.reader and snap is not None and now - self._host_told_at >= HOST_RECORD_EVERY:
-                from herder.supervisor.views.api import host_record
+            self.http.step(now)
+        snap = self.snapshot
+        if snap is None or now - self._published_at >= PUBLISH_EVERY:
+            snap = self.take_snapshot()
+        if self.http and self.reader and now - self._host_told_at >= HOST_RECORD_EVERY:
+            from herder.supervisor.views.api import host_record
 
-                self._host_told_at = now
-                self.reader.tell_host(host_record(snap))
+            self._host_told_at = now
+            self.reader.tell_host(host_record(snap))
         if self.hooks.enabled and now - self._health_read_at >= HEALTH_EVENTS_EVERY:
             self._health_read_at = now
-            for event, fields in self.health_changes.observe(self.commands.view().health):
+            for event, fields in self.health_changes.observe(list(snap.health.problems)):
                 self.hooks.emit(event, **fields)
+
+    def take_snapshot(self) -> HostSnapshot:
+        """The host now, built by the one builder (views/build.py) and published: the newest
+        for /healthz, /metrics and the dashboard; `herder status` renders the one it asks for."""
+        snap = self.snapshots.build(self, controls=self.http.controls.enabled if self.http else False)
+        self.snapshot, self._published_at = snap, snap.taken_at
+        if self.http:
+            self.http.publish(snap)
+        return snap
 
     def shut_down(self) -> int:
         if self.reader:

@@ -1,4 +1,4 @@
-"""Health's reasons, the --http address and the Vitals' staleness: pure logic, plain numbers."""
+"""Health's reasons, the --http address and a snapshot's staleness: pure logic, plain numbers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from herder.common.config import Config, ConfigError, http_address, validate
 from herder.supervisor.health import LAG_LIMIT, LAG_MEMORY, HealthWatch
-from herder.supervisor.metrics import STALE_AFTER, Vitals
+from herder.supervisor.views.model import STALE_AFTER, Health, HostSnapshot
 
 
 def reasons(h: HealthWatch, now: float, **kw: object) -> list[str]:
@@ -62,11 +62,10 @@ def test_a_late_pass_of_the_loop_is_remembered_for_a_while() -> None:
     assert reasons(h, later) == []
 
 
-def test_vitals_that_stop_coming_say_the_loop_is_stalled() -> None:
-    v = Vitals(
-        taken_at=10.0, health=(), workers_by_state={}, desired=1, running=1, ready=1, jobs_ok=0,
-        jobs_failed=0, spawned=1, failed_by_herder=0, requeued_by={}, killed_by={}, recycled_by={},
-        master_restarts=0, budgets_left={},
+def test_snapshots_that_stop_coming_say_the_loop_is_stalled() -> None:
+    v = HostSnapshot(
+        host_id="h", hostname="h", time=1e9, taken_at=10.0, state="running", health=Health(True, ()),
+        controls=False, pools=(), workers=(), scheduler=None, events=(),
     )  # fmt: skip
     assert v.problems(10.0 + STALE_AFTER) == []
     assert [k for k, _ in v.problems(10.0 + STALE_AFTER + 1)] == ["loop_stalled"]

@@ -16,7 +16,6 @@ from herder.supervisor import fleet, reload
 from herder.supervisor.fleet import Worker
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
-from herder.supervisor.metrics import vitals_of
 from herder.supervisor.observations import Held, Observations
 from herder.supervisor.pool import PoolState
 from herder.supervisor.pressure import MemoryWatch
@@ -603,12 +602,12 @@ def test_memory_pressure_holds_scale_up_and_says_why_in_status_and_health(clock:
         m.step()
         if backlog == 300:  # under pressure: the target holds
             assert m.target == 1 and len(m.workers) == 1
-            view = m.commands.view()
-            assert view.memory_pressure == "cgroup memory 352 MiB of 384 MiB (92%)"
-            assert view.health == []  # said beside health, never degrading it (a probe would restart)
-            assert vitals_of(view).memory_pressure == "cgroup memory 352 MiB of 384 MiB (92%)"
+            snap = m.take_snapshot()
+            assert snap.memory_pressure == "cgroup memory 352 MiB of 384 MiB (92%)"
+            assert snap.health.ok  # said beside health, never degrading it (a probe would restart)
+            assert m.commands.answer({"cmd": "status"})["memory_pressure"] == snap.memory_pressure
     # Eased: the next reading scales up.
-    assert m.target > 1 and not m.commands.view().memory_pressure
+    assert m.target > 1 and not m.take_snapshot().memory_pressure
 
 
 # ---- the other explicit states: the master's phase, a pool's, a worker's culling ------------

@@ -1,7 +1,7 @@
 """The series deploy/prometheus/herder-rules.yaml alerts on that only /metrics' collector makes:
 unexpected worker deaths by pool, each pool's ceiling, which pool serves a queue, and whether
-any RQ scheduler holds a queue's lock. The master runs on the fakes (fakes.py), its view goes
-through vitals_of and the collector, and the text is read back with prometheus-client's parser."""
+any RQ scheduler holds a queue's lock. The master runs on the fakes (fakes.py), its snapshot goes
+through the collector, and the text is read back with prometheus-client's parser."""
 
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ from dataclasses import replace
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import FakeClock, all_ready, live, make
-from herder.supervisor.metrics import HEALTH_KINDS, Vitals, vitals_of
-from herder.supervisor.snapshot import FleetView
-from herder.supervisor.views.prometheus import VitalsCollector, exposition, registry_for
+from herder.supervisor.views.model import Health, HostSnapshot
+from herder.supervisor.views.prometheus import HEALTH_KINDS, SnapshotCollector, exposition, registry_for
 
 
-def samples(view: FleetView, clock: FakeClock) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample /metrics would serve for `view`: (name, sorted labels) -> value."""
-    vitals: Vitals = vitals_of(view)
-    text = exposition(registry_for(VitalsCollector(lambda: vitals, clock.monotonic))).decode()
+def samples(snap: HostSnapshot, clock: FakeClock) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample /metrics would serve for `snap`: (name, sorted labels) -> value."""
+    text = exposition(registry_for(SnapshotCollector(lambda: snap, clock.monotonic))).decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -33,10 +31,10 @@ def test_only_exits_herder_did_not_ask_for_count_as_deaths(clock: FakeClock) -> 
     all_ready(m)
     clock.advance(2)
     died = ("herder_workers_died_total", (("pool", "default"),))
-    assert samples(m.commands.view(), clock)[died] == 0  # shown from the start, for rate()
+    assert samples(m.take_snapshot(), clock)[died] == 0  # shown from the start, for rate()
     live(m)[0].exit(-signal.SIGKILL)  # from outside: herder sent nothing
     m.step()
-    assert samples(m.commands.view(), clock)[died] == 1
+    assert samples(m.take_snapshot(), clock)[died] == 1
     frozen = live(m)[1]  # herder kills this one (silent): a kill, not a death
     frozen.obeys_term = False
     clock.advance(3.5)  # past the 3 s heartbeat timeout
@@ -46,7 +44,7 @@ def test_only_exits_herder_did_not_ask_for_count_as_deaths(clock: FakeClock) -> 
     live(m)[0].ready()
     m.step()
     m.step()
-    got = samples(m.commands.view(), clock)
+    got = samples(m.take_snapshot(), clock)
     assert got[("herder_kills_total", (("pool", "default"), ("reason", "silent")))] == 1
     assert got[died] == 1
 
@@ -54,7 +52,7 @@ def test_only_exits_herder_did_not_ask_for_count_as_deaths(clock: FakeClock) -> 
 def test_each_pool_has_its_ceiling_and_each_queue_names_its_pool(clock: FakeClock) -> None:
     m, _, _ = make(clock, min_workers=1, max_workers=5, queues=["high", "low"])
     m.step()
-    got = samples(m.commands.view(), clock)
+    got = samples(m.take_snapshot(), clock)
     assert got[("herder_workers_max", (("pool", "default"),))] == 5
     assert got[("herder_workers_desired", (("pool", "default"),))] == 1
     for queue in ("high", "low"):
@@ -64,13 +62,14 @@ def test_each_pool_has_its_ceiling_and_each_queue_names_its_pool(clock: FakeCloc
 def test_scheduler_locks_show_once_read_held_or_not(clock: FakeClock) -> None:
     m, _, _ = make(clock, workers=1)
     m.step()
-    view = m.commands.view()
     unread = {"read_age": None, "queues": [{"name": "default", "holder": None}]}
-    got = samples(replace(view, scheduler=unread), clock)
+    m.sched.status = lambda cfg: unread  # type: ignore[method-assign]
+    got = samples(m.take_snapshot(), clock)
     assert not [k for k in got if k[0] == "herder_scheduler_lock_held"]  # nothing known yet: no sample
     holder = {"name": "s1", "host_id": "h", "hostname": "box", "pid": 7, "here": False}
     read = {"read_age": 0.3, "queues": [{"name": "a", "holder": holder}, {"name": "b", "holder": None}]}
-    got = samples(replace(view, scheduler=read), clock)
+    m.sched.status = lambda cfg: read  # type: ignore[method-assign]
+    got = samples(m.take_snapshot(), clock)
     assert got[("herder_scheduler_lock_held", (("queue", "a"),))] == 1
     assert got[("herder_scheduler_lock_held", (("queue", "b"),))] == 0
 
@@ -78,13 +77,14 @@ def test_scheduler_locks_show_once_read_held_or_not(clock: FakeClock) -> None:
 def test_every_health_kind_has_a_series_one_while_it_holds(clock: FakeClock) -> None:
     m, _, _ = make(clock, workers=1)
     m.step()
-    view = m.commands.view()
+    view = m.take_snapshot()
     kinds = {
         dict(k[1])["kind"]: v for k, v in samples(view, clock).items() if k[0] == "herder_health_problem"
     }
     assert set(kinds) == set(HEALTH_KINDS) and kinds["starting"] == 1  # no worker ready yet
     assert sum(kinds.values()) == 1
-    down = replace(view, health=[("redis_unreachable", "redis unreachable for 12 s")])
+    problem = ("redis_unreachable", "redis unreachable for 12 s")
+    down = replace(view, health=Health(False, (problem[1],), (problem,)))
     kinds = {
         dict(k[1])["kind"]: v for k, v in samples(down, clock).items() if k[0] == "herder_health_problem"
     }

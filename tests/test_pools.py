@@ -14,8 +14,8 @@ from rq.job import Job
 
 from harness import HERDER, free_port, wait_for
 from herder.common.config import ConfigError, load_file, pool_configs, resolve
-from herder.supervisor.metrics import REQUEUE_REASONS
 from herder.supervisor.pool import share_limit
+from herder.supervisor.views.prometheus import REQUEUE_REASONS
 from test_health_http import metrics, sample
 
 QUEUES = ("high", "bulk")

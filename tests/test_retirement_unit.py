@@ -92,7 +92,7 @@ def test_no_token_leaves_the_worker_and_degrades_health_until_its_jobs_succeed(c
     m.step()
     assert m.workers[0].retire_reason == "" and bad.stops == 0
     assert m.pools["default"].retirement.degraded.startswith("cull budget spent cluster-wide")
-    assert m.commands.view().degraded
+    assert not m.take_snapshot().health.ok
     clock.advance(61)  # the fault clears: no new failures, the minute passes
     m.step()
     assert m.pools["default"].retirement.degraded == ""

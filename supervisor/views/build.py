@@ -1,30 +1,38 @@
-"""One HostSnapshot from the FleetView the loop reads (snapshot.FleetView): the pools, the
-workers, the scheduler, health and the newest events, frozen. `Snapshots` keeps what one
-snapshot needs of the previous ones (the jobs/s over the last RATE_WINDOW seconds)."""
+"""The one builder of the HostSnapshot (views/model.py): it reads the master through
+fleetview.Observed, the loop calls it (at most every PUBLISH_EVERY, and for each `herder
+status`), and every view renders what it built. Each pool's figures are built here and
+nowhere else. `Snapshots` keeps what one snapshot needs of the previous ones (the jobs/s
+over the last RATE_WINDOW seconds)."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
+from herder.common.config import redact_url
 from herder.supervisor.fleet import Worker
+from herder.supervisor.fleetview import Observed, health_of, settings
 from herder.supervisor.observations import Observations
-from herder.supervisor.snapshot import FleetView
-from herder.supervisor.states import WorkerState
+from herder.supervisor.pool import Pool
+from herder.supervisor.redis_side.recovery import Counts
+from herder.supervisor.states import WORKING, WorkerState
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import (
     Health,
     HostSnapshot,
     PoolRow,
+    QueueRow,
     SchedulerRow,
     ThreadJob,
     WorkerRow,
 )
 from herder.supervisor.views.usage import Usage
 
+PUBLISH_EVERY = 0.5  # seconds between two snapshots the loop publishes
 RATE_WINDOW = 5.0  # seconds the jobs/s are measured over
 SHOWN_EVENTS = 300
+STATES = tuple(str(s) for s in WorkerState if s != WorkerState.EXITED)  # a pool's workers by state
 
 
 class Snapshots:
@@ -34,60 +42,147 @@ class Snapshots:
         self.hostname, self.wall, self.usage, self.journal = hostname, wall, usage, journal
         self._counts: dict[str, deque[tuple[float, int, int]]] = {}  # pool -> (monotonic, ok, failed)
 
-    def build(self, v: FleetView, controls: bool) -> HostSnapshot:
-        usage = self.usage.of(w.pid for w, _ in v.workers)
-        workers = tuple(
-            _worker_row(w, o, v.now, usage.get(w.pid, (None, None)))
-            for w, o in sorted(v.workers, key=lambda pair: pair[0].slot)
-        )
-        pools = tuple(self._pool_row(name, pv, v, workers) for name, pv in v.pools.items())
-        for gone in set(self._counts) - set(v.pools):
+    def build(self, m: Observed, controls: bool) -> HostSnapshot:
+        now, wall = m.clock.monotonic(), m.clock.wall()
+        counts = m.recovery.counts if m.recovery else Counts()
+        pools = m.pool_list()
+        live = m.live_workers()
+        every = sorted(m.workers.values(), key=lambda w: w.slot)
+        observed = {w.slot: w.proc.snapshot() for w in every}
+        usage = self.usage.of(w.pid for w in every)
+        workers = tuple(_worker_row(w, observed[w.slot], now, usage.get(w.pid, (None, None))) for w in every)
+        queues = tuple(_queue_row(p, q) for p in pools for q in p.cfg.queues)
+        pool_rows = tuple(self._pool_row(m, p, now, workers, queues, counts) for p in pools)
+        for gone in set(self._counts) - {p.name for p in pools}:
             del self._counts[gone]
+        problems = health_of(m, now, pools, live)
+        grants = [p.scaler.grant for p in pools if p.scaler.grant is not None]
+        rates = [p.scaler.state.per_worker for p in pools if p.scaler.state.per_worker is not None]
+        cfg = m.cfg if m.cfg.pools else pools[0].cfg  # one pool: its bounds are the host's (scale)
+        fleet = max(m.target, len(live))
+        sched = m.sched.status(m.sched_cfg)
+        ok, failed = m.counters.jobs(list(m.workers.values()))
         return HostSnapshot(
-            host_id=v.host_id,
+            host_id=m.host_id,
             hostname=self.hostname,
             time=self.wall(),
-            taken_at=v.now,
-            state=_state(v),
-            health=Health(ok=not v.health, reasons=tuple(text for _, text in v.health)),
+            taken_at=now,
+            state="stopping" if m.stopping else "running" if m.ever_ready else "starting",
+            health=Health(ok=not problems, reasons=tuple(text for _, text in problems), problems=problems),
             controls=controls,
-            pools=pools,
+            pools=pool_rows,
             workers=workers,
-            scheduler=_scheduler(v.scheduler),
+            scheduler=_scheduler(sched),
             events=self.journal.newest(SHOWN_EVENTS),
+            started_at=m.started_at,
+            redis_url=redact_url(cfg.redis_url),
+            autoscale=cfg.autoscale,
+            min=cfg.floor,
+            max=cfg.ceiling,
+            workers_limit=cfg.limit,
+            workers_limit_reason=cfg.limit_reason,
+            cluster_max=cfg.cluster_max_workers,
+            cluster_grant=sum(grants) if grants else None,
+            desired=m.target,
+            actual=len(live),
+            ready=sum(w.state in WORKING for w in m.workers.values()),
+            paused=m.paused,
+            backoff=tuple(
+                sorted(s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now))
+            ),
+            queues=queues,
+            totals={
+                "spawned": m.counters.totals.spawned,
+                "killed": m.counters.totals.killed,
+                "requeued": counts.requeued,
+                "recovered_by_sweep": counts.swept,
+                "failed_by_herder": counts.failed,
+                "recycled": dict(sum((p.retirement.recycled for p in pools), Counter())),
+            },
+            settings=settings(m),
+            scheduler_status=sched,
+            scheduler_locks=_locks(sched),
+            jobs_ok=ok,
+            jobs_failed=failed,
+            killed_by=dict(m.counters.totals.killed_by),
+            requeued_by=dict(counts.requeued_by),
+            master_restarts=m.restarts,
+            budgets_left={
+                "kill": max(0.0, m.guard.budget.limit(fleet) - m.guard.budget.local_count(wall)),
+                "cull": max(0.0, m.cfg.cull_budget - sum(p.retirement.local.count(wall) for p in pools)),
+            },
+            loop_lag=m.health.last_lag,
+            job_rate=rates[0] if len(rates) == 1 else (sum(rates) / len(rates) if rates else None),
+            memory_pressure=m.memory.reason,
         )
 
     def _pool_row(
-        self, name: str, pv: dict[str, Any], v: FleetView, workers: tuple[WorkerRow, ...]
+        self,
+        m: Observed,
+        pool: Pool,
+        now: float,
+        workers: tuple[WorkerRow, ...],
+        queues: tuple[QueueRow, ...],
+        counts: Counts,
     ) -> PoolRow:
-        stats = [v.queues.get(q) for q in pv["queues"]]
-        read = [q for q in stats if q is not None]
-        known = bool(read) and len(read) == len(stats)
-        ok, failed = pv["jobs"]["ok"], pv["jobs"]["failed"]
-        jobs_per_s, failed_per_s = self._rates(name, v.now, ok, failed)
-        if v.stopping or pv["draining"]:
+        """One pool's figures, for every view (the only place they are built)."""
+        cfg, name = pool.cfg, pool.name
+        live = m.pool_workers(pool)
+        mine = [w for w in workers if w.pool == name]
+        by_state = dict.fromkeys(STATES, 0)
+        for w in mine:
+            by_state[w.state] += 1
+        # Every worker process of the pool counts its jobs, stopping ones too (until reaped).
+        ok, failed = m.counters.jobs([w for w in m.workers.values() if w.pool == name], name)
+        jobs_per_s, failed_per_s = self._rates(name, now, ok, failed)
+        read = [q for q in queues if q.pool == name and q.backlog is not None]
+        known = bool(read) and len(read) == len(cfg.queues)
+        if m.stopping or pool.draining:
             state = "stopping"
-        elif pv["paused"]:
+        elif pool.paused:
             state = "paused"
         else:
-            state = "running" if v.ever_ready else "starting"
+            state = "running" if m.ever_ready else "starting"
+        # Requeues by the pool that owns the job's queue (a queue belongs to one pool).
+        own = set(cfg.queues)
+        requeued: Counter[str] = Counter()
+        for (why, queue), n in counts.requeued_by_queue.items():
+            if queue in own:
+                requeued[why] += n
         return PoolRow(
             name=name,
             state=state,
-            autoscale=pv["autoscale"],
-            min=pv["min"],
-            max=pv["max"],
-            wanted=pv["wanted"],
-            running=pv["actual"],
-            busy=sum(w.pool == name and w.state == WorkerState.BUSY for w in workers),
-            queue_length=sum(q.backlog for q in read) if known else None,
-            growth=round(sum(q.growth for q in read), 3) if known else None,
-            oldest_age=round(max(q.oldest_age for q in read), 1) if known else None,
+            autoscale=cfg.autoscale,
+            min=cfg.floor,
+            max=cfg.ceiling,
+            # What the pool's queues call for across the cluster before this host's bounds (the
+            # figure a KEDA ScaledObject scales hosts by); a fixed-size pool wants its size.
+            wanted=pool.scaler.wanted if cfg.autoscale and pool.scaler.wanted is not None else pool.target,
+            running=len(live),
+            busy=by_state[str(WorkerState.BUSY)],
+            queue_length=sum(q.backlog or 0 for q in read) if known else None,
+            growth=round(sum(q.growth or 0.0 for q in read), 3) if known else None,
+            oldest_age=round(max(q.oldest_age or 0.0 for q in read), 1) if known else None,
             jobs_per_s=jobs_per_s,
             failed_per_s=failed_per_s,
             jobs_ok=ok,
             jobs_failed=failed,
-            queues=tuple(pv["queues"]),
+            queues=tuple(cfg.queues),
+            desired=pool.target,
+            ready=sum(w.state in WORKING for w in live),
+            by_state=by_state,
+            scaled=dict(pool.scaled),
+            threads=cfg.threads,
+            cluster_max=cfg.cluster_max_workers,
+            cluster_grant=pool.scaler.grant,
+            paused=pool.paused,
+            draining=pool.draining,
+            generation=pool.generation,
+            killed_by={k: n for (k, p), n in m.counters.totals.killed_by_pool.items() if p == name},
+            requeued_by=dict(requeued),
+            recycled_by=dict(pool.retirement.recycled),
+            failed_by_herder=sum(n for q, n in counts.failed_by_queue.items() if q in own),
+            died=m.counters.totals.died_by_pool[name],
         )
 
     def _rates(self, pool: str, now: float, ok: int, failed: int) -> tuple[float, float]:
@@ -124,11 +219,34 @@ def _worker_row(w: Worker, o: Observations, now: float, usage: tuple[int | None,
             ThreadJob(thread=t, job=h.job_id, func=h.func, elapsed=round(now - h.started, 1))
             for t, h in sorted(o.jobs.items())
         ),
+        last_done=o.last_done_wall,
+        malformed=o.malformed,
+        paused=o.paused,
+        # A protocol line since its spawn: a starting worker without one is still loading and
+        # holds the start window (fleet.loading); one with one is on its way to ready.
+        heard_from=o.last_seen > w.spawned_at,
     )
 
 
-def _state(v: FleetView) -> str:
-    return "stopping" if v.stopping else "running" if v.ever_ready else "starting"
+def _queue_row(pool: Pool, name: str) -> QueueRow:
+    q = pool.scaler.queues.get(name)
+    if q is None:  # not read yet
+        return QueueRow(name=name, pool=pool.name, backlog=None, running=None, growth=None, oldest_age=None)
+    return QueueRow(
+        name=name,
+        pool=pool.name,
+        backlog=q.backlog,
+        running=q.running,
+        growth=q.growth,
+        oldest_age=q.oldest_age,
+    )
+
+
+def _locks(s: dict[str, Any] | None) -> dict[str, bool]:
+    """Queue -> some RQ scheduler (on any host) holds its lock; {} until Redis was read."""
+    if not s or s.get("read_age") is None:
+        return {}
+    return {q["name"]: q["holder"] is not None for q in s.get("queues", [])}
 
 
 def _scheduler(s: dict[str, Any] | None) -> SchedulerRow | None:

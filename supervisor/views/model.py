@@ -1,11 +1,25 @@
-"""The host as the dashboard, status and metrics see it: frozen, typed, plain data. The loop
-builds one (views/build.py) and publishes it whole; readers on other threads only read it.
-The JSON shapes are supervisor/views/API.md's contract: field names here are its names."""
+"""The host as `herder status`, /healthz, /metrics and the dashboard see it: frozen, typed,
+plain data. The loop builds one (views/build.py, the one builder) and publishes it whole;
+readers on other threads only read it, and every view is a renderer of it.
+
+The dashboard's JSON (supervisor/views/API.md's contract) is the fields not marked VIEW_ONLY,
+under the same names; the VIEW_ONLY fields are what status and /metrics need beside them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
+
+STALE_AFTER = 5.0  # seconds without a new snapshot: the loop is stalled (it passes every 0.25 s)
+VIEW_ONLY = {"json": False}  # a field's metadata: kept out of the dashboard's JSON
+
+
+def view_only(default: Any = None, factory: Any = None) -> Any:
+    """A field status or /metrics reads that the dashboard's JSON leaves out."""
+    if factory is not None:
+        return field(default_factory=factory, metadata=VIEW_ONLY)
+    return field(default=default, metadata=VIEW_ONLY)
+
 
 # What an event says happened (API.md, EVENT's `kind`).
 EVENT_KINDS = (
@@ -59,6 +73,10 @@ class WorkerRow:
     cpu_percent: float | None
     uptime: float
     threads: tuple[ThreadJob, ...]
+    last_done: float | None = view_only()  # wall clock of its last finished job
+    malformed: int = view_only(0)  # protocol lines it sent that herder could not read
+    paused: str | None = view_only()  # what it said of a pause (`suspended`, ...)
+    heard_from: bool = view_only(False)  # a protocol line since its spawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +97,33 @@ class PoolRow:
     jobs_ok: int
     jobs_failed: int
     queues: tuple[str, ...]
+    desired: int = view_only(0)  # this host's target for the pool
+    ready: int = view_only(0)  # idle or busy
+    by_state: dict[str, int] = view_only(factory=dict)  # every worker state but exited
+    scaled: dict[str, int] = view_only(factory=dict)  # `herder scale`'s bounds over the file's
+    threads: int = view_only(1)  # jobs each of its workers runs at once
+    cluster_max: int | None = view_only()
+    cluster_grant: int | None = view_only()
+    paused: bool = view_only(False)
+    draining: bool = view_only(False)
+    generation: int = view_only(0)
+    killed_by: dict[str, int] = view_only(factory=dict)
+    requeued_by: dict[str, int] = view_only(factory=dict)
+    recycled_by: dict[str, int] = view_only(factory=dict)
+    failed_by_herder: int = view_only(0)
+    died: int = view_only(0)  # exits herder did not ask for
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    """One queue in force; the figures None until the load reader has read it."""
+
+    name: str
+    pool: str
+    backlog: int | None
+    running: int | None
+    growth: float | None  # jobs/s, smoothed as the scaling policy smooths it
+    oldest_age: float | None  # seconds its oldest waiting job has waited
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +137,7 @@ class SchedulerRow:
 class Health:
     ok: bool
     reasons: tuple[str, ...]
+    problems: tuple[tuple[str, str], ...] = view_only(())  # (kind, reason): herder.supervisor.health
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +153,63 @@ class HostSnapshot:
     workers: tuple[WorkerRow, ...]
     scheduler: SchedulerRow | None
     events: tuple[Event, ...]  # newest first
+    # What status and /metrics read beside the dashboard's fields (the host's figures).
+    started_at: float = view_only(0.0)  # wall clock the master started
+    redis_url: str | None = view_only()  # password redacted
+    autoscale: bool = view_only(False)
+    min: int = view_only(0)
+    max: int = view_only(0)
+    workers_limit: int = view_only(0)
+    workers_limit_reason: str = view_only("")
+    cluster_max: int | None = view_only()
+    cluster_grant: int | None = view_only()  # the pools' cluster grants summed; None: none
+    desired: int = view_only(0)
+    actual: int = view_only(0)  # workers counting towards the target
+    ready: int = view_only(0)  # workers idle or busy
+    paused: bool = view_only(False)
+    backoff: tuple[int, ...] = view_only(())  # slots waiting out a backoff
+    queues: tuple[QueueRow, ...] = view_only(())  # in force, in priority order
+    totals: dict[str, Any] = view_only(factory=dict)  # spawned, killed, requeued, ...
+    settings: dict[str, Any] = view_only(factory=dict)  # every setting in force, secrets redacted
+    scheduler_status: dict[str, Any] | None = view_only()  # scheduler.py's, as status shows it
+    scheduler_locks: dict[str, bool] = view_only(factory=dict)  # queue -> some scheduler holds it; {}: unread
+    jobs_ok: int = view_only(0)
+    jobs_failed: int = view_only(0)
+    killed_by: dict[str, int] = view_only(factory=dict)
+    requeued_by: dict[str, int] = view_only(factory=dict)
+    master_restarts: int = view_only(0)
+    budgets_left: dict[str, float] = view_only(factory=dict)  # kill, cull: this host's view
+    loop_lag: float = view_only(0.0)  # seconds the loop's last pass came late
+    job_rate: float | None = view_only()  # learned jobs/s of one busy worker
+    memory_pressure: str = view_only("")  # why scale-up is held, or ""; said, never degrading
+
+    def problems(self, now: float) -> list[tuple[str, str]]:
+        """Health as of `now` (monotonic): the loop's reasons, and the loop itself if it stopped
+        publishing (/healthz and herder_healthy)."""
+        stale = now - self.taken_at
+        if stale > STALE_AFTER:
+            return [
+                ("loop_stalled", f"master loop stalled: no pass for {stale:.0f} s"),
+                *self.health.problems,
+            ]
+        return list(self.health.problems)
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        """The dashboard's JSON (API.md): every field but taken_at and the VIEW_ONLY ones."""
+        out = _json(self)
         del out["taken_at"]
         return out
 
 
+def _json(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _json(getattr(value, f.name)) for f in fields(value) if f.metadata.get("json", True)}
+    if isinstance(value, list | tuple):
+        return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    return value
+
+
 def event_json(e: Event) -> dict[str, Any]:
-    return asdict(e)
+    return _json(e)

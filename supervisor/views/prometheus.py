@@ -1,26 +1,36 @@
-"""/metrics: the newest Vitals (herder.supervisor.metrics) in Prometheus' form, built with
+"""/metrics: the newest HostSnapshot (views/model.py) in Prometheus' form, built with
 prometheus-client's metric families (never by hand). docs/monitoring.md lists every metric."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from herder.supervisor.metrics import HEALTH_KINDS, Vitals
+from herder.supervisor.views.model import HostSnapshot
+
+# Every label value a counter can take, shown from the start at 0 (so rate() works at once).
+KILL_REASONS = ("silent", "no_ready", "no_progress", "stdout_closed", "stop_timeout", "job_timeout",
+                "memory_hard", "hurried_stop", "oom")  # fmt: skip  # oom: the kernel's, not herder's
+REQUEUE_REASONS = ("killed", "died", "swept")
+# Every kind of health problem (health.py, and the snapshot's loop_stalled): each shown, 0 while
+# it does not hold, so an alert on one kind has a series to watch.
+HEALTH_KINDS = ("kill_budget_spent", "cull_budget_spent", "starting", "stopping", "below_minimum",
+                "redis_unreachable", "loop_lagging", "loop_stalled")  # fmt: skip
+RECYCLE_REASONS = ("culled", "recycled after max jobs", "recycled after max age", "recycled after max memory",
+                   "killed over hard memory limit")  # fmt: skip
 
 
-class VitalsCollector:
-    """A prometheus-client collector over the newest Vitals (`current` returns it)."""
+class SnapshotCollector:
+    """A prometheus-client collector over the newest HostSnapshot (`current` returns it)."""
 
-    def __init__(self, current: Callable[[], Vitals | None], clock: Callable[[], float]) -> None:
+    def __init__(self, current: Callable[[], HostSnapshot | None], clock: Callable[[], float]) -> None:
         self.current = current
         self.clock = clock
 
     def collect(self) -> Iterator[Metric]:
-        v: Vitals | None = self.current()
+        v: HostSnapshot | None = self.current()
         if v is None:
             return
         problems = v.problems(self.clock())
@@ -36,9 +46,9 @@ class VitalsCollector:
         yield g
         pools = v.pools  # every pool, the one `default` too
         g = GaugeMetricFamily("herder_workers", "Worker processes by state.", labels=["state", "pool"])
-        for name, pv in pools.items():
-            for state, n in sorted(pv["by_state"].items()):
-                g.add_metric([state, name], n)
+        for p in pools:
+            for state, n in sorted(p.by_state.items()):
+                g.add_metric([state, p.name], n)
         yield g
         for metric, key, text in (
             ("herder_workers_desired", "desired", "The target worker count on this host."),
@@ -56,34 +66,49 @@ class VitalsCollector:
             ("herder_workers_ready", "ready", "Workers idle or busy (taking jobs)."),
         ):
             g = GaugeMetricFamily(metric, text, labels=["pool"])
-            for name, pv in pools.items():
-                g.add_metric([name], pv[key])
+            for p in pools:
+                g.add_metric([p.name], getattr(p, key))
             yield g
         c = CounterMetricFamily(
             "herder_jobs", "Jobs finished by herder's workers.", labels=["outcome", "pool"]
         )
-        for name, pv in pools.items():
-            c.add_metric(["ok", name], pv["jobs"]["ok"])
-            c.add_metric(["failed", name], pv["jobs"]["failed"])
+        for p in pools:
+            c.add_metric(["ok", p.name], p.jobs_ok)
+            c.add_metric(["failed", p.name], p.jobs_failed)
         yield c
-        yield _counter("herder_workers_spawned", "Workers spawned.", v.spawned)
-        yield _by_pool(pools, "requeued_by", "herder_requeues", "Jobs put back on their queue, by why.")
+        yield _counter("herder_workers_spawned", "Workers spawned.", v.totals.get("spawned", 0))
+        yield _by_pool(
+            {p.name: p.requeued_by for p in pools},
+            REQUEUE_REASONS,
+            "herder_requeues",
+            "Jobs put back on their queue, by why.",
+        )
         c = CounterMetricFamily(
             "herder_jobs_failed_by_herder", "Jobs failed past --max-requeues.", labels=["pool"]
         )
-        for name, pv in pools.items():
-            c.add_metric([name], pv["failed_by_herder"])
+        for p in pools:
+            c.add_metric([p.name], p.failed_by_herder)
         yield c
-        yield _by_pool(pools, "killed_by", "herder_kills", "Workers herder killed, by why.")
+        yield _by_pool(
+            {p.name: p.killed_by for p in pools},
+            KILL_REASONS,
+            "herder_kills",
+            "Workers herder killed, by why.",
+        )
         c = CounterMetricFamily(
             "herder_workers_died",
             "Worker exits herder did not ask for: crashes, os._exit, kills from outside, OOM kills.",
             labels=["pool"],
         )
-        for name, pv in pools.items():
-            c.add_metric([name], pv["died"])
+        for p in pools:
+            c.add_metric([p.name], p.died)
         yield c
-        yield _by_pool(pools, "recycled_by", "herder_recycles", "Planned recycles and culls, by why.")
+        yield _by_pool(
+            {p.name: p.recycled_by for p in pools},
+            RECYCLE_REASONS,
+            "herder_recycles",
+            "Planned recycles and culls, by why.",
+        )
         yield _counter(
             "herder_master_restarts", "Times the watchdog restarted the master.", v.master_restarts
         )
@@ -107,18 +132,20 @@ class VitalsCollector:
             "How long the queue's oldest waiting job has waited (0: none waits).",
             labels=["queue"],
         )
-        for name, q in sorted(v.queues.items()):
-            length.add_metric([name], q.backlog)
-            running.add_metric([name], q.running)
-            growth.add_metric([name], q.growth)
-            oldest.add_metric([name], q.oldest_age)
+        for q in sorted(v.queues, key=lambda q: q.name):
+            if q.backlog is None:  # not read yet: no sample
+                continue
+            length.add_metric([q.name], q.backlog)
+            running.add_metric([q.name], q.running or 0)
+            growth.add_metric([q.name], q.growth or 0.0)
+            oldest.add_metric([q.name], q.oldest_age or 0.0)
         yield from (length, running, growth, oldest)
         g = GaugeMetricFamily(
             "herder_queue_info", "1 for each queue, naming the pool that serves it.", labels=["queue", "pool"]
         )
-        for name, pv in pools.items():
-            for queue in pv["queues"]:
-                g.add_metric([queue, name], 1)
+        for p in pools:
+            for queue in p.queues:
+                g.add_metric([queue, p.name], 1)
         yield g
         g = GaugeMetricFamily(
             "herder_scheduler_lock_held",
@@ -148,16 +175,18 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def _by_pool(pools: dict[str, dict[str, Any]], key: str, name: str, doc: str) -> CounterMetricFamily:
-    """A counter by (reason, pool) from each pool's `key` dict."""
+def _by_pool(
+    counts: dict[str, dict[str, int]], reasons: tuple[str, ...], name: str, doc: str
+) -> CounterMetricFamily:
+    """A counter by (reason, pool), every one of `reasons` shown from the start at 0."""
     c = CounterMetricFamily(name, doc, labels=["reason", "pool"])
-    for pool, pv in pools.items():
-        for reason, n in sorted(pv[key].items()):
+    for pool, by_reason in counts.items():
+        for reason, n in sorted((dict.fromkeys(reasons, 0) | by_reason).items()):
             c.add_metric([reason, pool], n)
     return c
 
 
-def registry_for(collector: VitalsCollector) -> CollectorRegistry:
+def registry_for(collector: SnapshotCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)  # type: ignore[arg-type]  # a Collector by duck typing
     return registry

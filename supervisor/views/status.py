@@ -1,7 +1,7 @@
 """`herder status`: the JSON the control socket answers (docs/control.md describes it; the
-CLI renders it, herder.supervisor.ctl.render), built in the loop from the FleetView, and the
-`starting` answer of the same shape before the loop runs. Workers' RSS and CPU come from the
-sampling the dashboard's snapshot shares (views/usage.py): at most one a second.
+CLI renders it, herder.supervisor.ctl.render), rendered from a HostSnapshot (views/model.py)
+the loop built for the request with the one builder, and the `starting` answer of the same
+shape before the loop runs.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from typing import Any
 import psutil
 
 from herder.common.config import KEYS, Config, all_queues, redact_setting, redact_url
-from herder.supervisor.snapshot import FleetView
-from herder.supervisor.states import WORKING
-from herder.supervisor.views.usage import SHARED
+from herder.supervisor.views.model import HostSnapshot, PoolRow, QueueRow, WorkerRow
 
 
 def _uptime(pid: int) -> float | None:
@@ -26,92 +24,118 @@ def _uptime(pid: int) -> float | None:
         return None
 
 
-def build_status(v: FleetView) -> dict[str, Any]:
-    workers = []
-    usage = SHARED.of(w.pid for w, _ in v.workers)
-    for w, o in sorted(v.workers, key=lambda pair: pair[0].slot):
-        rss, cpu = usage[w.pid]
-        workers.append(
-            {
-                "slot": w.slot,
-                "pid": w.pid,
-                "pool": w.pool,
-                "state": str(w.state),
-                "job": o.job_id,  # its oldest, in a threaded worker
-                "job_seconds": round(v.now - o.oldest.started, 1) if o.oldest else None,
-                # Every job it runs, by thread (one entry for a one-job worker).
-                "jobs": [
-                    {"thread": t, "job": h.job_id, "seconds": round(v.now - h.started, 1)}
-                    for t, h in sorted(o.jobs.items())
-                ],
-                "jobs_ok": o.jobs_ok,
-                "jobs_failed": o.jobs_failed,
-                "last_done": o.last_done_wall,
-                "rss": rss,
-                "cpu_percent": cpu,
-                "uptime": round(v.now - w.spawned_at, 1),
-                "malformed_lines": o.malformed,
-                "paused": o.paused,
-                # A protocol line since its spawn: a starting worker without one is still loading
-                # and holds the start window (fleet.loading); one with one is on its way to ready.
-                "heard_from": o.last_seen > w.spawned_at,
-            }
-        )
+def build_status(snap: HostSnapshot) -> dict[str, Any]:
+    degraded = "; ".join(snap.health.reasons)
+    stopping = snap.state == "stopping"
     running = (
-        v.live >= v.target
-        and not v.backoff
-        and not v.stopping
-        and not v.degraded
-        and all(w.state in WORKING for w, _ in v.workers)
+        snap.actual >= snap.desired
+        and not snap.backoff
+        and not stopping
+        and not degraded
+        and snap.ready == len(snap.workers)
     )
     watchdog_pid = os.getppid()
-    cfg = v.cfg
     return {
         "ok": True,
-        "state": "stopping" if v.stopping else "running" if v.ever_ready else "starting",
+        "state": snap.state,
         "running": running,
-        "health": f"degraded: {v.degraded}" if v.degraded else "ok",
-        "master": {"pid": os.getpid(), "uptime": round(time.time() - v.started_at, 1), "host_id": v.host_id},
+        "health": f"degraded: {degraded}" if degraded else "ok",
+        "master": {
+            "pid": os.getpid(),
+            "uptime": round(time.time() - snap.started_at, 1),
+            "host_id": snap.host_id,
+        },
         "watchdog": {"pid": watchdog_pid, "uptime": _uptime(watchdog_pid)},
-        "redis_url": redact_url(cfg.redis_url),
-        "autoscale": cfg.autoscale,
-        "min": cfg.floor,
-        "max": cfg.ceiling,
-        "workers_limit": cfg.limit,
-        "workers_limit_reason": cfg.limit_reason,
-        "cluster_max": cfg.cluster_max_workers,
-        "cluster_grant": v.grant,
-        "desired": v.target,
-        "actual": v.live,
-        "stopping": v.stopping,
-        "paused": v.paused,
-        "suspended": sum(o.paused == "suspended" for _, o in v.workers),
-        "slots_in_backoff": v.backoff,
-        "queues": [
-            {"name": name, "backlog": None, "running": None, "growth": None, "oldest_age": None}
-            if q is None
-            else {
-                "name": name,
-                "backlog": q.backlog,
-                "running": q.running,
-                "growth": round(q.growth, 2),
-                "oldest_age": round(q.oldest_age, 1),
-            }
-            for name, q in v.queues.items()
-        ],
-        "workers": workers,
-        "totals": v.totals,
-        "settings": v.settings,
-        "scheduler": v.scheduler,
-        "jobs": {"ok": v.jobs[0], "failed": v.jobs[1]},
-        "killed_by": v.killed_by,
-        "requeued_by": v.requeued_by,
-        "master_restarts": v.master_restarts,
-        "budgets_left": {k: round(n, 2) for k, n in v.budgets_left.items()},
-        "loop_lag": round(v.loop_lag, 3),
-        "job_rate": None if v.job_rate is None else round(v.job_rate, 3),
-        "pools": v.pools,
-        "memory_pressure": v.memory_pressure or None,
+        "redis_url": snap.redis_url,
+        "autoscale": snap.autoscale,
+        "min": snap.min,
+        "max": snap.max,
+        "workers_limit": snap.workers_limit,
+        "workers_limit_reason": snap.workers_limit_reason,
+        "cluster_max": snap.cluster_max,
+        "cluster_grant": snap.cluster_grant,
+        "desired": snap.desired,
+        "actual": snap.actual,
+        "stopping": stopping,
+        "paused": snap.paused,
+        "suspended": sum(w.paused == "suspended" for w in snap.workers),
+        "slots_in_backoff": list(snap.backoff),
+        "queues": [_queue(q) for q in snap.queues],
+        "workers": [_worker(w) for w in snap.workers],
+        "totals": snap.totals,
+        "settings": snap.settings,
+        "scheduler": snap.scheduler_status,
+        "jobs": {"ok": snap.jobs_ok, "failed": snap.jobs_failed},
+        "killed_by": snap.killed_by,
+        "requeued_by": snap.requeued_by,
+        "master_restarts": snap.master_restarts,
+        "budgets_left": {k: round(n, 2) for k, n in snap.budgets_left.items()},
+        "loop_lag": round(snap.loop_lag, 3),
+        "job_rate": None if snap.job_rate is None else round(snap.job_rate, 3),
+        "pools": {p.name: _pool(p) for p in snap.pools},
+        "memory_pressure": snap.memory_pressure or None,
+    }
+
+
+def _worker(w: WorkerRow) -> dict[str, Any]:
+    return {
+        "slot": w.slot,
+        "pid": w.pid,
+        "pool": w.pool,
+        "state": w.state,
+        "job": w.job,  # its oldest, in a threaded worker
+        "job_seconds": w.elapsed,
+        # Every job it runs, by thread (one entry for a one-job worker).
+        "jobs": [{"thread": t.thread, "job": t.job, "seconds": t.elapsed} for t in w.threads],
+        "jobs_ok": w.jobs_done - w.jobs_failed,
+        "jobs_failed": w.jobs_failed,
+        "last_done": w.last_done,
+        "rss": w.rss,
+        "cpu_percent": w.cpu_percent,
+        "uptime": w.uptime,
+        "malformed_lines": w.malformed,
+        "paused": w.paused,
+        "heard_from": w.heard_from,
+    }
+
+
+def _queue(q: QueueRow) -> dict[str, Any]:
+    if q.backlog is None:  # not read yet
+        return {"name": q.name, "backlog": None, "running": None, "growth": None, "oldest_age": None}
+    return {
+        "name": q.name,
+        "backlog": q.backlog,
+        "running": q.running,
+        "growth": round(q.growth or 0.0, 2),
+        "oldest_age": round(q.oldest_age or 0.0, 1),
+    }
+
+
+def _pool(p: PoolRow) -> dict[str, Any]:
+    """One pool in `herder status`: its queues, sizing and counts."""
+    return {
+        "queues": list(p.queues),
+        "autoscale": p.autoscale,
+        "min": p.min,
+        "max": p.max,
+        "scaled": p.scaled,  # `herder scale`'s bounds over the file's, {}: none
+        "threads": p.threads,  # jobs each of its workers runs at once
+        "desired": p.desired,
+        # What the pool's queues call for across the cluster before this host's bounds.
+        "wanted": p.wanted,
+        "actual": p.running,
+        "ready": p.ready,
+        "cluster_max": p.cluster_max,
+        "cluster_grant": p.cluster_grant,
+        "paused": p.paused,
+        "draining": p.draining,
+        "generation": p.generation,
+        "jobs": {"ok": p.jobs_ok, "failed": p.jobs_failed},
+        "killed_by": p.killed_by,
+        "requeued_by": p.requeued_by,
+        "recycled_by": p.recycled_by,
+        "failed_by_herder": p.failed_by_herder,
+        "died": p.died,
     }
 
 
