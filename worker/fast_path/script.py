@@ -21,17 +21,22 @@ from herder.common import rq_seam
 
 # The finish RQ built, then the next job and its start, as one numbered call of one worker.
 # ARGV: the worker's call record key (herder.common.rq_names.call_record_key), the call's number
-# (rising through the worker's life) and the job key prefix; the guards (their number, then the
-# sets that must be empty), the recorded commands (their number, then each one's argument count
-# and its arguments), the start template (start_template.py: its number of commands, 0 for none;
-# then the job `timeout` field it is for, the execution id, the time as RQ's ISO string and as a
-# float, the number of scores and the scores, then its commands as the recorded ones), then the
-# take: '' for none, or the suspension key and 'move' src dst | 'pop' n queue-keys...
+# (rising through the worker's life) and the job key prefix; the owner (0, or 2 then the
+# StartedJobRegistry key and the finished execution's member, which must still be in it); the
+# guards (their number, then the sets that must be empty), the recorded commands (their number,
+# then each one's argument count and its arguments), the start template (start_template.py: its
+# number of commands, 0 for none; then the job `timeout` field it is for, the execution id, the
+# time as RQ's ISO string and as a float, the number of scores and the scores, then its commands
+# as the recorded ones), then the take: '' for none, or the suspension key and 'move' src dst |
+# 'pop' n queue-keys...
 # Returns {0} (a guard set is not empty: nothing written), {1} (written, no job taken),
 # {2, queue_key, job_id, field sizes, fields joined} (taken), {3, error} (a recorded command
 # failed; as with EXEC, the others ran), {4, queue_key, job_id, field sizes, fields joined,
-# error or ''} (taken and started from the template) or {5} (an older call than the last one
-# this worker made: it arrived late, and did nothing).
+# error or ''} (taken and started from the template), {5} (an older call than the last one
+# this worker made: it arrived late, and did nothing) or {6} (the owner's member is gone: the
+# job was recovered from this worker, which could not reach Redis past its lease, and may have
+# run and finished elsewhere since, so this finish would overwrite that run's: nothing written,
+# nothing taken).
 # Each call's outcome is kept under the record key (its number, its code, the job it took), so
 # the same call sent again after a lost reply is answered from it, never run twice.
 FINISH_AND_TAKE = """
@@ -65,6 +70,10 @@ if last then
   end
 end
 local function run()
+  if tonumber(arg()) > 0 then
+    local registry, member = arg(), arg()
+    if not redis.call('ZSCORE', registry, member) then return {6} end
+  end
   for _ = 1, tonumber(arg()) do
     if redis.call('SCARD', arg()) > 0 then return {0} end
   end

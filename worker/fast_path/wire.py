@@ -36,14 +36,17 @@ def resp_request(
     start: tuple[StartTemplate, list[Any]] | None,
     take: list[Any],
     encode: Any,
+    owner: tuple[str, str] | None = None,
 ) -> bytes:
     """The EVALSHA call as the bytes Redis reads (RESP), framed here in one pass: redis-py's
     per-argument packing was a third of the worker's CPU per job. Each command goes as its own
     arguments, so the script splits nothing (splitting one joined argument in Lua cost Redis
     about 16 us a call); each argument's bytes are what redis-py's encoder makes of it. A start
     template's commands are framed once, when it is made. `call`: the worker's call record key,
-    the call's number and the job key prefix (script.py)."""
-    args: list[Any] = ["EVALSHA", SCRIPT_SHA, 0, *call, len(guards), *guards, len(commands)]
+    the call's number and the job key prefix (script.py); `owner`: the StartedJobRegistry key and
+    the member a finish is for (it is written only while the member is there)."""
+    held = [2, *owner] if owner else [0]
+    args: list[Any] = ["EVALSHA", SCRIPT_SHA, 0, *call, *held, len(guards), *guards, len(commands)]
     for command in commands:
         args.append(len(command))
         args.extend(command)

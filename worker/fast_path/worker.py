@@ -295,10 +295,19 @@ class FastPathMixin(HerderMixin):
         if take and self._template is not None:
             t, execution_id = now(), uuid.uuid4().hex
             start = (self._template, self._template.script_values(t, execution_id, self._encode))
-        reply = self._run_script(pending.guards, commands, start, self._take_args() if take else [""])
+        owner = (pending.queue.started_job_registry.key, pending.execution.composite_key)
+        take_args = self._take_args() if take else [""]
+        reply = self._run_script(pending.guards, commands, start, take_args, owner)
         code = int(reply[0])
         if code == 0:  # the job has dependents: RQ's own finish (WATCH, dependents, MULTI)
             self._finish_by_rq(pending, after)
+        if code == 6:  # recovered from this worker while it could not reach Redis: not ours to end
+            self.log.warning(
+                "Worker %s: job %s ran here, but its finish was not written: the job was recovered "
+                "from this worker while it could not reach Redis (its lease ran out), so it runs or "
+                "has run elsewhere, whose outcome stands",
+                self.name, pending.job.id,
+            )  # fmt: skip
         if pending.done is not None:
             self.channel.done(*pending.done)
         if code == 3:
@@ -316,16 +325,18 @@ class FastPathMixin(HerderMixin):
         commands: list[tuple[Any, ...]],
         start: tuple[StartTemplate, list[Any]] | None,
         take: list[Any],
+        owner: tuple[str, str] | None = None,
     ) -> list[Any]:
         """One numbered call of this worker (script.py): sent again until Redis answers it, and
-        never run twice."""
+        never run twice. With `owner`, a finish is written only while RQ still has the job started
+        under its execution."""
         if self._script is None:
             self._script = ScriptConnection(self.connection.connection_pool, self._reply_lost)
             self._calls = time.time_ns() // 1000  # rising, also past an earlier process of this name
         self._calls += 1
         self._lost = 0
         call = [call_record_key(self.name), self._calls, self.job_class.redis_job_namespace_prefix]
-        reply = self._script.call(resp_request(call, guards, commands, start, take, self._encode))
+        reply = self._script.call(resp_request(call, guards, commands, start, take, self._encode, owner))
         if self._lost:
             self.log.warning("Worker %s: Redis answered the call after %d tries", self.name, self._lost + 1)
         if int(reply[0]) == 5:  # only if this name's record is from the future (the clock went back)
