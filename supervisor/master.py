@@ -341,10 +341,13 @@ class Master:
             for event, fields in self.health_changes.observe(list(snap.health.problems)):
                 self.hooks.emit(event, **fields)
 
-    def take_snapshot(self) -> HostSnapshot:
+    def take_snapshot(self, usage: bool = False) -> HostSnapshot:
         """The host now, built by the one builder (views/build.py) and published: the newest
-        for /healthz, /metrics and the dashboard; `herder status` renders the one it asks for."""
-        snap = self.snapshots.build(self, controls=self.http.controls.enabled if self.http else False)
+        for /healthz, /metrics and the dashboard; `herder status` renders the one it asks for.
+        Workers' RSS and CPU are sampled (at most once a second) for status and the dashboard
+        only: without --http a pass does not read every worker's /proc."""
+        controls = self.http.controls.enabled if self.http else False
+        snap = self.snapshots.build(self, controls, usage=usage or self.http is not None)
         self.snapshot, self._published_at = snap, snap.taken_at
         if self.http:
             self.http.publish(snap)
@@ -445,7 +448,13 @@ class Master:
             cause = f"killed by herder: {w.kill_reason}" if w.kill_reason else f"worker died ({how})"
             label = "killed" if w.kill_reason else "died"  # the metrics' reason
             for held in obs.jobs.values():  # every job it ran: one per thread of a threaded worker
-                self.requeue(held.job_id, f"{cause} while running the job", label, w.kill_kind or "died")
+                self.requeue(
+                    held.job_id,
+                    f"{cause} while running the job",
+                    label,
+                    w.kill_kind or "died",
+                    self.rq_names(w),
+                )
             slot = self.slots.get(w.slot)
             backs_off = slot is not None and not self.stopping
             young = backs_off and died_young(graceful, obs.ready, lived, pool.cfg)
@@ -511,10 +520,12 @@ class Master:
             pool = self.pools.get(w.pool)
             self.jobstats.fold(w.pool, pool.cfg.queues if pool else (), done)
 
-    def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
+    def requeue(
+        self, job_id: str, reason: str, label: str, cause: str = "", workers: list[str] | None = None
+    ) -> None:
         if self.recovery is None:  # no Redis: nothing to put it back on
             return log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
-        self.recovery.requeue(job_id, reason, label, cause)
+        self.recovery.requeue(job_id, reason, label, cause, tuple(workers or ()))
 
     def forget_drained_pools(self) -> None:
         """A pool a reload removed is gone once its last worker is."""

@@ -145,7 +145,9 @@ class FakeRecovery:
         out, self.pending_answers = self.pending_answers, {}
         return out
 
-    def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
+    def requeue(
+        self, job_id: str, reason: str, label: str, cause: str = "", workers: tuple[str, ...] = ()
+    ) -> None:
         self.requeues.append((job_id, reason))
         self.causes.append(cause)
 

@@ -1,12 +1,20 @@
-"""The fast path's finish is written only while the job is still the worker's
-(herder.worker.fast_path.script): a worker cut off from Redis past its lease has its job recovered
-and run by another host; when it comes back, its finish must not overwrite the other run's result.
-The script itself, on a real redis-server, with the call framed as a worker frames it (wire.py)."""
+"""A host cut off from Redis past its lease has its jobs recovered and run by another host; what it
+writes once it is back must not undo that run. On a real redis-server:
+
+- the fast path's finish is written only while the job is still the worker's
+  (herder.worker.fast_path.script, the call framed as a worker frames it: wire.py);
+- the requeue of a job whose worker died while Redis was away moves it only while it is still
+  started under that worker (supervisor/redis_side/recovery.py's MOVE), never another host's run.
+"""
 
 from __future__ import annotations
 
 from redis import Redis
+from rq import Queue
 
+from harness import wait_for
+from herder.common.config import Config
+from herder.supervisor.redis_side.recovery import Recovery
 from herder.worker.fast_path.script import ScriptConnection
 from herder.worker.fast_path.wire import make_encoder, resp_request
 
@@ -51,3 +59,30 @@ def test_a_call_without_an_owner_is_not_checked(conn: Redis) -> None:
     """A start's own call (no finish in it) has no owner: it runs as before."""
     assert call(conn, 1, None) == [1]
     assert conn.hget("rq:job:j", "status") == b"finished"
+
+
+def started_under(conn: Redis, worker: str, execution: str) -> str:
+    job = Queue("default", connection=conn).enqueue("herder_testjobs.record", "t")
+    conn.lrem("rq:queue:default", 1, job.id)
+    conn.hset(job.key, mapping={"status": "started", "worker_name": worker})
+    conn.zadd(WIP, {f"{job.id}:{execution}": 9e9})
+    return job.id
+
+
+def test_a_dead_workers_requeue_leaves_a_run_another_host_took_since(conn: Redis, redis_url: str) -> None:
+    # h2's worker died while h2 was cut off; h0 recovered the job and runs it now (its own
+    # execution, its worker's name on the job). h2's requeue, done once Redis answers: no move.
+    taken = started_under(conn, "herder.h0.0.7", "e2")
+    mine = started_under(conn, "herder.h2.1.9", "e1")  # still under the dead worker: moved
+    r = Recovery(conn, Config(redis_url=redis_url, queues=["default"]), sweeping=False)
+    r.start()
+    try:
+        r.requeue(taken, "test: its worker died", "died", workers=("herder.h2.1.9",))
+        r.requeue(mine, "test: its worker died", "died", workers=("herder.h2.1.9",))
+        wait_for(lambda: r.pending() == 0, 5, what="the requeues done")
+    finally:
+        r.drain(1)
+    assert conn.lrange("rq:queue:default", 0, -1) == [mine.encode()]
+    assert conn.zrange(WIP, 0, -1) == [f"{taken}:e2".encode()]
+    assert conn.hget(f"rq:job:{taken}", "status") == b"started"
+    assert r.counts.requeued == 1

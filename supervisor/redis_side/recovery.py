@@ -62,11 +62,19 @@ COUNT_FIELD = "herder_requeues"  # in the job's hash: requeues so far, counted a
 # ARGV: 1 "wip" or "intermediate" (where the job was seen), 2 the wip member, 3 job id,
 #       4 max requeues, 5 "1" to re-check the holder's lease, 6 failure TTL, 7 count field,
 #       8 "1" to leave a job past the limit to a worker's ending (herder's RQ workers), else
-#       fail it here (a --worker-command fleet), 9 the ending's record (JSON)
+#       fail it here (a --worker-command fleet), 9 the ending's record (JSON), 10 the reaped
+#       worker's RQ names, comma-separated ('' for any): a started job whose worker_name is
+#       another's was recovered from that worker and taken by another since ('elsewhere')
 MOVE = """
 if ARGV[5] == '1' and redis.call('EXISTS', KEYS[5]) == 1 then return {'held', 0} end
 local status = redis.call('HGET', KEYS[4], 'status') or ''
 local removed
+if ARGV[1] == 'wip' and ARGV[10] ~= '' then
+  local holder = redis.call('HGET', KEYS[4], 'worker_name') or ''
+  if holder ~= '' and not string.find(',' .. ARGV[10] .. ',', ',' .. holder .. ',', 1, true) then
+    return {'elsewhere', 0}
+  end
+end
 if ARGV[1] == 'wip' then
   removed = redis.call('ZREM', KEYS[1], ARGV[2])
   if removed == 1 then redis.call('LREM', KEYS[2], 0, ARGV[3]) end
@@ -109,6 +117,7 @@ class Requeue(Task):
     reason: str
     label: str  # the reason's class, for the metrics: "killed" or "died"
     cause: str  # for a given-up job's ending: a kill's kind, or "died"
+    workers: tuple[str, ...] = ()  # the reaped worker's RQ names: only its own start is moved
 
     def __str__(self) -> str:
         return f"requeue {self.job_id}"
@@ -209,10 +218,16 @@ class Recovery:
     def limit(self, queue: str) -> int:
         return self.limits.get(queue, self.cfg.max_requeues)
 
-    def requeue(self, job_id: str, reason: str, label: str, cause: str = "") -> None:
+    def requeue(
+        self, job_id: str, reason: str, label: str, cause: str = "", workers: tuple[str, ...] = ()
+    ) -> None:
         """Put back the job a reaped worker held; `label` classes the reason ("killed", "died"),
-        `cause` names it for a given-up job's ending (a kill's kind, or "died")."""
-        self._submit(Requeue(job_id, reason, label, cause or label))
+        `cause` names it for a given-up job's ending (a kill's kind, or "died"). `workers`, the
+        reaped worker's RQ names: the job is moved only while it is still started under one of
+        them (a worker that died while Redis was unreachable may have had the job recovered and
+        taken by another host meanwhile: its requeue, done once Redis answers, must not move
+        that one's run)."""
+        self._submit(Requeue(job_id, reason, label, cause or label, workers))
 
     def endings(self) -> dict[str, int]:
         """Jobs given up on whose ending no worker has finished yet (as of the last sweep, plus
@@ -364,7 +379,7 @@ class Recovery:
                     pipe.expire(task.key, int(task.window * 2) + 1)
                     pipe.execute()
             case Requeue():
-                self._requeue_held(task.job_id, task.reason, task.label, task.cause)
+                self._requeue_held(task.job_id, task.reason, task.label, task.cause, task.workers)
             case _:
                 raise TypeError(f"not a recovery task: {task!r}")
 
@@ -387,8 +402,11 @@ class Recovery:
             pipe.delete(lease_key(name))
             pipe.execute()
 
-    def _requeue_held(self, job_id: str, reason: str, label: str, cause: str) -> None:
-        """The job a reaped worker held: wherever RQ has it (started, or only popped), move it."""
+    def _requeue_held(
+        self, job_id: str, reason: str, label: str, cause: str, workers: tuple[str, ...] = ()
+    ) -> None:
+        """The job a reaped worker held: wherever RQ has it (started, or only popped), move it;
+        started under another worker (`workers` given), it is that one's now: left alone."""
         origin = self.connection.hget(Job.key_for(job_id), "origin")
         if origin is None:
             log.info("job %s: not requeued (the job is gone)", job_id)
@@ -397,7 +415,13 @@ class Recovery:
         wip = StartedJobRegistry(queue, connection=self.connection).key
         members = [m.decode() for m, _ in self.connection.zscan_iter(wip, match=f"{job_id}:*")]
         moves = [Recover("wip", queue, m, job_id, "", reason, label, cause) for m in members]
-        outcomes = [self._move_one(r) for r in moves]
+        outcomes = [self._move_one(r, workers) for r in moves]
+        if "elsewhere" in outcomes:
+            holder = (self.connection.hget(Job.key_for(job_id), "worker_name") or b"").decode()
+            log.warning(
+                "job %s: not requeued: recovered from its dead worker and taken by %s since", job_id, holder
+            )
+            return
         if not members:  # popped, never started
             popped = Recover("intermediate", queue, job_id, job_id, "", reason, label, cause)
             outcomes.append(self._move_one(popped))
@@ -492,8 +516,9 @@ class Recovery:
         ]
         return started, popped
 
-    def _move_one(self, r: Recover) -> str:
-        """One atomic move (MOVE); logs and counts what happened."""
+    def _move_one(self, r: Recover, workers: tuple[str, ...] = ()) -> str:
+        """One atomic move (MOVE); logs and counts what happened. `workers`: a started job is
+        moved only while its worker_name is one of them (or none)."""
         c = self.connection
         queue = Queue(r.queue, connection=c)
         wip = StartedJobRegistry(r.queue, connection=c).key
@@ -504,7 +529,7 @@ class Recovery:
         limit = self.limit(r.queue)
         args = [r.source, r.member, r.job_id, limit, check, DEFAULT_FAILURE_TTL, COUNT_FIELD]
         ending = {"why": r.why, "cause": r.cause, "limit": limit}
-        args += ["1" if self.sweeping else "0", json.dumps(ending)]
+        args += ["1" if self.sweeping else "0", json.dumps(ending), ",".join(workers)]
         outcome, count = self._move(keys=keys, args=args)
         outcome, count = outcome.decode(), int(count)
         if outcome == "requeued":
