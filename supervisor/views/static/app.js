@@ -217,6 +217,7 @@
     const box = $("access");
     if (!s.controls) {
       state.csrf = null;
+      box.dataset.mode = "";
       box.replaceChildren(); // read-only: no form, no button anywhere
       return;
     }
