@@ -3,7 +3,9 @@
 Starts herder on its embedded Redis with the example jobs in examples/, enqueues a burst,
 shows the fleet in a live status view, kills one busy worker (kill -9) and freezes another
 (SIGSTOP), and ends with a summary: jobs done, failed by the job itself, lost (0), and
-each worker restart with its reason. Then it stops herder cleanly.
+each worker restart with its reason. Then it stops herder cleanly. The dashboard is on the whole
+time (--http, 127.0.0.1:9100 unless that port is taken): open it to see the kill and the freeze
+marked on the chart; at a terminal, herder waits for Enter before it stops, so you can look.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +53,18 @@ def status_view(state: Path, note: str, tty: bool) -> dict | None:
     return None
 
 
+def dashboard_address(wanted: str) -> str:
+    """`wanted` (ADDR:PORT) if its port is free, else the same address on a free port."""
+    host, _, port = wanted.rpartition(":")
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, int(port)))
+            return wanted
+        except OSError:
+            probe.bind((host, 0))
+            return f"{host}:{probe.getsockname()[1]}"
+
+
 def busy_worker(st: dict | None, exclude: set[int]) -> int | None:
     for w in (st or {}).get("workers", []):
         if w["state"] == "busy" and w["pid"] not in exclude:
@@ -61,12 +76,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--jobs", type=int, default=60)
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--http", default="127.0.0.1:9100", help="where the dashboard is served")
     args = p.parse_args()
+    http = dashboard_address(args.http)
     tty = sys.stdout.isatty()
     base = Path(tempfile.mkdtemp(prefix="herder-demo-"))
     state = base / "state"
     log_path = base / "herder.log"
     print(f"herder demo: state dir {state}, log {log_path}", flush=True)
+    print(f"herder demo: the dashboard is on http://{http}/ (open it now)", flush=True)
     log = open(log_path, "wb")  # noqa: SIM115 - closed at the end
     proc = subprocess.Popen(
         [
@@ -82,6 +100,8 @@ def main() -> int:
             "3",
             "--kill-timeout",
             "1",
+            "--http",
+            http,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -109,7 +129,7 @@ def main() -> int:
         killed: int | None = None
         started = time.monotonic()
         while True:
-            st = status_view(state, note, tty)
+            st = status_view(state, f"{note}\n    dashboard: http://{http}/", tty)
             elapsed = time.monotonic() - started
             if killed is None and elapsed > 2 and (pid := busy_worker(st, set())):
                 os.kill(pid, signal.SIGKILL)
@@ -154,6 +174,8 @@ def main() -> int:
             how, *why, _lived = detail.split("; ")
             print(f"  slot {slot}, pid {pid}: {how}, {'; '.join(why)}")
         print("=" * 72)
+        if tty:
+            input(f"the dashboard at http://{http}/ shows each of these on its chart; Enter stops herder ")
         return 0 if lost == 0 else 1
     finally:
         if stopped_pid:
