@@ -2,13 +2,15 @@
 writes once it is back must not undo that run. On a real redis-server:
 
 - the fast path's finish is written only while the job is still the worker's
-  (herder.worker.fast_path.script, the call framed as a worker frames it: wire.py);
+  (herder.worker.fast_path.script, the call framed as a worker frames it: wire.py), and so is
+  RQ's own (a failure, a Retry, --no-fast-path: herder.worker.rq_worker), on a real herder;
 - the requeue of a job whose worker died while Redis was away moves it only while it is still
   started under that worker (supervisor/redis_side/recovery.py's MOVE), never another host's run.
 """
 
 from __future__ import annotations
 
+import pytest
 from redis import Redis
 from rq import Queue
 
@@ -86,3 +88,33 @@ def test_a_dead_workers_requeue_leaves_a_run_another_host_took_since(conn: Redis
     assert conn.zrange(WIP, 0, -1) == [f"{taken}:e2".encode()]
     assert conn.hget(f"rq:job:{taken}", "status") == b"started"
     assert r.counts.requeued == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("path", "func"),
+    [
+        ("fast", "herder_testjobs.record"),
+        ("rq", "herder_testjobs.record"),
+        ("fast", "herder_hosts.fail_after"),
+    ],
+    ids=["fast-path-success", "rq-path-success", "failure"],
+)
+def test_a_worker_whose_job_was_recovered_writes_no_finish(herder, conn: Redis, path: str, func: str) -> None:
+    """What another host's recovery leaves, made by hand mid-job: this execution's start gone from
+    RQ's registry, the job run and finished by another worker. This worker's finish writes nothing."""
+    h = herder(workers="1", **({"no_fast_path": True} if path == "rq" else {}))
+    h.wait_workers(1)
+    args = ("stale", 2) if func.endswith("record") else (2,)
+    job = Queue("default", connection=conn).enqueue(func, *args)
+    wait_for(lambda: conn.zcard(WIP) == 1, 10, what="the job to start")
+    other = "herder.elsewhere.0.1"
+    conn.zrem(WIP, *conn.zrange(WIP, 0, -1))
+    conn.hset(job.key, mapping={"status": "finished", "worker_name": other})
+    conn.xadd(f"rq:results:{job.id}", {"type": "1", "worker_name": other})
+    h.wait_log(rf"job {job.id} ran here, but its finish was not written", timeout=15)
+    h.wait_status(lambda st: st["workers"][0]["job"] is None, 10)
+    assert conn.xlen(f"rq:results:{job.id}") == 1
+    assert conn.hmget(job.key, "status", "worker_name") == [b"finished", other.encode()]
+    assert conn.zcard(WIP) == 0 and conn.zcard("rq:failed:default") == 0
+    h.stop_and_check()

@@ -151,9 +151,37 @@ class HerderMixin(BaseWorker):
         else:
             os.kill(os.getpid(), STOP_JOB_SIGNAL)
 
+    def recovered_from_me(self, job: Job, queue: Queue, execution) -> bool:  # noqa: ANN001
+        """True when RQ no longer has the job started under this execution: it was recovered
+        from this worker (its lease ran out while its host could not reach Redis) and runs or
+        ran elsewhere, whose outcome stands. RQ's finish would overwrite it: none is written
+        (rq 3's finishes; the fast path's success checks this inside its own script)."""
+        if execution is None:
+            return False
+        try:
+            held = self.connection.zscore(queue.started_job_registry.key, execution.composite_key)
+        except (RedisConnectionError, RedisTimeoutError):
+            return False  # RQ's own writes meet the same outage, and are tried again
+        if held is not None:
+            return False
+        self.log.warning(
+            "Worker %s: job %s ran here, but its finish was not written: the job was recovered "
+            "from this worker while it could not reach Redis (its lease ran out), so it runs or "
+            "has run elsewhere, whose outcome stands",
+            self.name, job.id,
+        )  # fmt: skip
+        return True
+
+    def _finalize_success(self, job: Job, queue: Queue, execution, return_value) -> None:  # noqa: ANN001
+        if getattr(self, "_deferring", None) is not job and self.recovered_from_me(job, queue, execution):
+            return None
+        return super()._finalize_success(job, queue, execution, return_value)  # type: ignore[misc]
+
     def _finalize_failure(self, job: Job, queue: Queue, execution, exc_info) -> None:  # noqa: ANN001
         """A job ended by JobStopped is a stopped job, as RQ's forking worker ends one: its
         `on_stopped` callback runs (not `on_failure`), and RQ marks it stopped."""
+        if self.recovered_from_me(job, queue, execution):
+            return None
         if exc_info[0] is not JobStopped:
             return super()._finalize_failure(job, queue, execution, exc_info)
         self.log.warning("Worker %s: job %s stopped by user", self.name, job.id)
