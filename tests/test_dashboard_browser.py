@@ -145,6 +145,12 @@ def button_texts(driver: Any) -> list[str]:
     return [b.text for b in driver.find_elements("tag name", "button")]
 
 
+def press(driver: Any, button: str, what: str) -> None:
+    """Click a control and wait for the page to say the master did it."""
+    driver.find_element("css selector", button).click()
+    until(driver, 15, lambda d: d.find_element("id", "notice").text == f"{what}: done", f"'{what}: done'")
+
+
 def browser_errors(driver: Any, refused: tuple[str, ...] = ()) -> list[str]:
     """The page's console errors: a script error, a CSP violation, a failed load (but for the
     403s the test asked for, at the paths in `refused`)."""
@@ -233,6 +239,17 @@ def test_a_scale_from_the_page_works_with_the_token_and_is_refused_without(herde
     until(browser, 10, lambda d: (row := pool_row(d, pool)) and row[3] == "3" and row[4] == "3",
           "the pool's row to show 3 wanted and running")  # fmt: skip
     until(browser, 10, lambda d: d.find_elements("css selector", "#events li[data-kind=scale]"), "its event")
+
+    # the other controls, each answered and seen on the page
+    press(browser, "#pools button.pause", f"pause {pool}")
+    until(browser, 10, lambda d: pool_row(d, pool)[1] == "paused", "the pool paused")
+    press(browser, "#pools button.pause", f"resume {pool}")
+    until(browser, 10, lambda d: pool_row(d, pool)[1] == "running", "the pool running again")
+    victim = min(worker_pids(browser))
+    press(browser, f"#workers tr[data-pid='{victim}'] button.stop", f"stop worker {victim}")
+    until(browser, 20, lambda d: victim not in worker_pids(d) and len(worker_pids(d)) == 3, "its replacement")
+    press(browser, "#pools button.restart", f"rolling restart of {pool}")
+    until(browser, 10, lambda d: d.find_elements("css selector", "#events li[data-kind=restart]"), "restart")
     assert TOKEN not in browser.page_source and TOKEN not in json.dumps(browser.get_cookies())
     assert browser_errors(browser, refused=("/api/command", "/api/login")) == []
     h.stop_and_check()
