@@ -345,12 +345,14 @@
 
   function jobCell(cell, w) {
     const parts = [];
-    if (w.job) {
+    const all = w.threads || [];
+    const threads = all.length > 1 || !w.job ? all : []; // one thread running the worker's job: said already
+    if (threads.length) {
+      parts.push(el("span", { class: "muted", text: `${threads.length} job${threads.length === 1 ? "" : "s"} in threads` }));
+    } else if (w.job) {
       parts.push(el("span", { class: "func", text: w.func || "(unknown function)" }));
       parts.push(el("span", { class: "muted job-id", text: ` ${w.job}` }));
     }
-    const all = w.threads || [];
-    const threads = all.length > 1 || !w.job ? all : []; // one thread running the worker's job: said already
     if (threads.length) {
       parts.push(el("ul", { class: "threads" },
         ...threads.map((th) => el("li", { text: `thread ${th.thread}: ${th.func || "(unknown function)"} ${th.job} · ${duration(th.elapsed)}` }))));
