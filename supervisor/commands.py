@@ -50,7 +50,7 @@ class Fleet(Observed, Reloadable, Protocol):
 
     def stop_worker(self, w: Worker, why: str) -> None: ...
 
-    def take_snapshot(self) -> HostSnapshot: ...
+    def take_snapshot(self, usage: bool = False) -> HostSnapshot: ...
 
 
 class Commands:
@@ -123,7 +123,7 @@ class Commands:
     def answer(self, body: dict) -> dict:
         match body["cmd"]:
             case "status":
-                return build_status(self.m.take_snapshot())
+                return build_status(self.m.take_snapshot(usage=True))
             case "scale":
                 return self.rescale(body)
             case "restart" | "pause" | "resume" as cmd:

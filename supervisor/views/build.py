@@ -7,7 +7,7 @@ over the last RATE_WINDOW seconds)."""
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from herder.common.config import redact_url
@@ -42,17 +42,21 @@ class Snapshots:
         self.hostname, self.wall, self.usage, self.journal = hostname, wall, usage, journal
         self._counts: dict[str, deque[tuple[float, int, int]]] = {}  # pool -> (monotonic, ok, failed)
 
-    def build(self, m: Observed, controls: bool) -> HostSnapshot:
+    def build(self, m: Observed, controls: bool, usage: bool = True) -> HostSnapshot:
+        """`usage`: sample the workers' RSS and CPU for it (else None: a snapshot nobody shows
+        them from need not cost a psutil read a worker a second)."""
         now, wall = m.clock.monotonic(), m.clock.wall()
         counts = m.recovery.counts if m.recovery else Counts()
         pools = m.pool_list()
         live = m.live_workers()
         every = sorted(m.workers.values(), key=lambda w: w.slot)
-        observed = {w.slot: w.proc.snapshot() for w in every}
-        usage = self.usage.of(w.pid for w in every)
-        workers = tuple(_worker_row(w, observed[w.slot], now, usage.get(w.pid, (None, None))) for w in every)
+        observed = {w.slot: w.proc.snapshot() for w in every}  # once a worker: a copy under its lock
+        sampled = self.usage.of(w.pid for w in every) if usage else {}
+        workers = tuple(
+            _worker_row(w, observed[w.slot], now, sampled.get(w.pid, (None, None))) for w in every
+        )
         queues = tuple(_queue_row(p, q) for p in pools for q in p.cfg.queues)
-        pool_rows = tuple(self._pool_row(m, p, now, workers, queues, counts) for p in pools)
+        pool_rows = tuple(self._pool_row(m, p, now, workers, observed, queues, counts) for p in pools)
         for gone in set(self._counts) - {p.name for p in pools}:
             del self._counts[gone]
         problems = health_of(m, now, pools, live)
@@ -61,7 +65,7 @@ class Snapshots:
         cfg = m.cfg if m.cfg.pools else pools[0].cfg  # one pool: its bounds are the host's (scale)
         fleet = max(m.target, len(live))
         sched = m.sched.status(m.sched_cfg)
-        ok, failed = m.counters.jobs(list(m.workers.values()))
+        ok, failed = _jobs(m.counters.jobs([]), observed.values())
         return HostSnapshot(
             host_id=m.host_id,
             hostname=self.hostname,
@@ -122,6 +126,7 @@ class Snapshots:
         pool: Pool,
         now: float,
         workers: tuple[WorkerRow, ...],
+        observed: dict[int, Observations],
         queues: tuple[QueueRow, ...],
         counts: Counts,
     ) -> PoolRow:
@@ -133,7 +138,7 @@ class Snapshots:
         for w in mine:
             by_state[w.state] += 1
         # Every worker process of the pool counts its jobs, stopping ones too (until reaped).
-        ok, failed = m.counters.jobs([w for w in m.workers.values() if w.pool == name], name)
+        ok, failed = _jobs(m.counters.jobs([], name), (observed[w.slot] for w in mine))
         jobs_per_s, failed_per_s = self._rates(name, now, ok, failed)
         read = [q for q in queues if q.pool == name and q.backlog is not None]
         known = bool(read) and len(read) == len(cfg.queues)
@@ -197,6 +202,14 @@ class Snapshots:
             return 0.0, 0.0
         done = max(0, ok + failed - ok0 - failed0)
         return round(done / dt, 3), round(max(0, failed - failed0) / dt, 3)
+
+
+def _jobs(base: tuple[int, int], observed: Iterable[Observations]) -> tuple[int, int]:
+    """Jobs ok and failed: the reaped workers' (`base`, counters.py) and the live ones'."""
+    ok, failed = base
+    for o in observed:
+        ok, failed = ok + o.jobs_ok, failed + o.jobs_failed
+    return ok, failed
 
 
 def _worker_row(w: Worker, o: Observations, now: float, usage: tuple[int | None, float | None]) -> WorkerRow:
