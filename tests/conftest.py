@@ -9,10 +9,12 @@ is in harness.py.
   test, any process still carrying it is a leftover: the test fails and it is killed
   (a test that failed already is not failed again for what its failure left running).
 - A failed test's report carries the end of each herder's log.
+- herder's image (podman) is built once per session, for every container test.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import uuid
@@ -24,6 +26,7 @@ from redis import Redis
 
 from fakes import FakeClock
 from harness import HERDER, HERDERS, REPORTS, Herder, JobsHelper, become_subreaper, start_redis
+from podman import Podman, Unusable, build_image
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -111,6 +114,28 @@ def herder(redis_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> It
 def jobs(conn: Redis) -> JobsHelper:
     """Enqueue test jobs from tests/jobs/herder_testjobs.py and read what they recorded."""
     return JobsHelper(conn)
+
+
+# ---- containers ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def image() -> Iterator[tuple[Podman, str]]:
+    """herder's image, built once per session by podman from this tree (tests/podman.py), for
+    every container test; removed at the end. It skips, saying why, where no container can run;
+    with HERDER_REQUIRE_CONTAINER=1 (.ci/run's container step) that is a failure instead."""
+    try:
+        podman = Podman.find()
+        tag = f"localhost/herder-test:{uuid.uuid4().hex[:12]}"
+        build_image(podman, tag)
+    except Unusable as why:
+        if os.environ.get("HERDER_REQUIRE_CONTAINER") == "1":
+            pytest.fail(f"HERDER_REQUIRE_CONTAINER=1, but no container can run here: {why}")
+        pytest.skip(str(why))
+    try:
+        yield podman, tag
+    finally:
+        podman.run("rmi", "-f", tag, check=False, timeout=300)
 
 
 # ---- the unit tests' fakes ------------------------------------------------------------

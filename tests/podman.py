@@ -219,11 +219,13 @@ def wheels_for(markers: dict[str, str]) -> Path:
 def build_image(podman: Podman, tag: str) -> None:
     """herder's image from this tree, on the base, with no network: what a user's
     `docker build -f deploy/container/Dockerfile .` makes, from the same Dockerfile. Docker's
-    image format, as docker builds it: the OCI format has no HEALTHCHECK."""
+    image format, as docker builds it: the OCI format has no HEALTHCHECK. No layer cache: the
+    install step's key is its instruction, not the source it mounts, so a cached layer would hold
+    an earlier tree's herder."""
     base = base_image(podman)
     wheels = wheels_for(base_markers(podman, base))
     podman.run(
-        "build", *podman.ulimits(), "--network", "none", "--format", "docker",
+        "build", *podman.ulimits(), "--network", "none", "--format", "docker", "--no-cache",
         "-f", str(DOCKERFILE), "--ignorefile", str(DOCKERIGNORE),
         "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "PIP_NO_INDEX=1",
         "--build-arg", "PIP_FIND_LINKS=/wheels", "-v", f"{wheels}:/wheels:ro",
@@ -249,3 +251,14 @@ def redis_image(podman: Podman) -> str:
         )
         podman.run("build", *podman.ulimits(), "--network", "host", "-t", tag, tmp, timeout=600)
     return tag
+
+
+def remove_labelled(podman: Podman, label: str) -> None:
+    """Every container, then every network, that carries `label` (key=value), whatever its state:
+    a test's teardown, also after an interrupted start."""
+    ids = podman.run("ps", "-aq", "--filter", f"label={label}", check=False).stdout.split()
+    if ids:
+        podman.run("rm", "-f", "-v", "-t", "0", *ids, check=False, timeout=120)
+    networks = podman.run("network", "ls", "-q", "--filter", f"label={label}", check=False).stdout.split()
+    if networks:
+        podman.run("network", "rm", "-f", *networks, check=False, timeout=60)

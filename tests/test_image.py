@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,7 +25,7 @@ import pytest
 from redis import Redis
 
 from harness import JobsHelper, free_port, http_status, reap_adopted, wait_for
-from podman import REPO, Podman, Unusable, build_image, redis_image
+from podman import REPO, Podman, redis_image
 from test_container import SECRET_PLACEHOLDER, image_uid
 
 pytestmark = [pytest.mark.slow, pytest.mark.container]
@@ -37,22 +36,6 @@ HOST_LOOPBACK = "10.0.2.2"
 CPUS, MEMORY = "1", "384m"
 # The workers limit herder must read from those cgroup limits: min(16 x 1 CPU, 384 MiB / 64 MiB).
 LIMIT = 6
-
-
-@pytest.fixture(scope="module")
-def image() -> Iterator[tuple[Podman, str]]:
-    try:
-        podman = Podman.find()
-        tag = f"localhost/herder-test:{uuid.uuid4().hex[:12]}"
-        build_image(podman, tag)
-    except Unusable as why:
-        if os.environ.get("HERDER_REQUIRE_CONTAINER") == "1":
-            pytest.fail(f"HERDER_REQUIRE_CONTAINER=1, but no container can run here: {why}")
-        pytest.skip(str(why))
-    try:
-        yield podman, tag
-    finally:
-        podman.run("rmi", "-f", tag, check=False, timeout=300)
 
 
 class Container:
