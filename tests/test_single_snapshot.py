@@ -119,3 +119,35 @@ def test_the_views_are_rendered_from_one_snapshot_the_loop_publishes() -> None:
     }
     assert status["pools"]["default"]["ready"] == ready["default"] == body["workers"]["ready"] == 2
     assert code == 200 and status["health"] == "ok"
+
+
+# The dashboard's JSON, field by field as supervisor/views/API.md gives it.
+API_FIELDS = {
+    "": "host_id hostname time state health controls pools workers scheduler events",
+    "health": "ok reasons",
+    "pool": "name state autoscale min max wanted running busy queue_length growth oldest_age jobs_per_s "
+    "failed_per_s jobs_ok jobs_failed queues",
+    "worker": "pool slot pid state job func elapsed timeout jobs_done jobs_failed rss cpu_percent uptime "
+    "threads",
+    "thread": "thread job func elapsed",
+}
+
+
+def test_the_dashboards_json_keeps_to_its_contract_whatever_the_other_views_need() -> None:
+    """The fields status and /metrics read beside the dashboard's stay out of its JSON."""
+    from fakes import FakeClock, all_ready, live, make
+    from herder.supervisor.views.api import snapshot_json
+
+    clock = FakeClock()
+    m, _, _ = make(clock, workers=2)
+    m.step()
+    all_ready(m)
+    next(iter(live(m).values())).busy("job-1", timeout=30.0)
+    m.step()
+    body = snapshot_json(m.take_snapshot())
+    fields = {part: set(names.split()) for part, names in API_FIELDS.items()}
+    assert set(body) == fields[""]
+    assert set(body["health"]) == fields["health"]
+    assert [set(p) for p in body["pools"]] == [fields["pool"]]
+    assert [set(w) for w in body["workers"]] == [fields["worker"]] * 2
+    assert [set(t) for w in body["workers"] for t in w["threads"]] == [fields["thread"]]
