@@ -132,9 +132,9 @@ def load_file(path: str) -> dict[str, tuple[Any, str]]:
     table = data.get("herder", data)
     if not isinstance(table, dict):
         raise ConfigError("herder", "must be a table", source)
-    if table is not data:  # a [herder] table: a setting beside it would be silently ignored
-        for stray in data.keys() - {"herder"}:
-            raise ConfigError(stray, "belongs in the [herder] table (or give no [herder] table at all)", source)
+    stray = sorted(data.keys() - {"herder"}) if table is not data else []
+    if stray:  # beside a [herder] table, a setting would be silently ignored
+        raise ConfigError(stray[0], "belongs in the [herder] table (or give no [herder] table at all)", source)
     out: dict[str, tuple[Any, str]] = {}
     for raw_key, value in table.items():
         key = normalize_key(raw_key)
