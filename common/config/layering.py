@@ -134,7 +134,9 @@ def load_file(path: str) -> dict[str, tuple[Any, str]]:
         raise ConfigError("herder", "must be a table", source)
     stray = sorted(data.keys() - {"herder"}) if table is not data else []
     if stray:  # beside a [herder] table, a setting would be silently ignored
-        raise ConfigError(stray[0], "belongs in the [herder] table (or give no [herder] table at all)", source)
+        raise ConfigError(
+            stray[0], "belongs in the [herder] table (or give no [herder] table at all)", source
+        )
     out: dict[str, tuple[Any, str]] = {}
     for raw_key, value in table.items():
         key = normalize_key(raw_key)
