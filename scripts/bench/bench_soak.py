@@ -7,6 +7,7 @@ figure is compared with it against the bounds below, scaled to the run's length.
     scripts/bench/run soak                          # 500,000 jobs, 8 one-job workers
     scripts/bench/run soak --jobs 100000 --threads 4
     scripts/bench/run soak --jobs 50000 --json out.json   # what tests/test_soak.py runs
+    scripts/bench/run soak --png docs/soak.png            # the curves (the bench extra: matplotlib)
 
 Exit 0 when every bound held, 1 when one did not (the report says which), 2 on a set-up error.
 """
@@ -249,6 +250,35 @@ def judge(args: argparse.Namespace, base: Sample, end: Sample) -> Verdict:
     return v
 
 
+def draw(runs: list[tuple[str, list[Sample]]], path: Path) -> None:
+    """Memory, descriptors, threads and herder's keys against jobs done, one column per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(runs), figsize=(5 * len(runs), 5), sharex="col", squeeze=False)
+    for col, (title, samples) in enumerate(runs):
+        done = [s.done / 1000 for s in samples]
+        top, bottom = axes[0][col], axes[1][col]
+        top.plot(done, [s.master_rss / 2**20 for s in samples], label="master RSS")
+        top.plot(
+            done, [max(s.worker_rss.values(), default=0) / 2**20 for s in samples], label="largest worker RSS"
+        )
+        top.set_ylabel("MiB")
+        top.set_ylim(bottom=0)
+        top.set_title(title, fontsize="medium")
+        top.legend(loc="lower right", fontsize="small", frameon=False)
+        bottom.plot(done, [s.fds for s in samples], label="open descriptors")
+        bottom.plot(done, [s.threads for s in samples], label="threads")
+        bottom.plot(done, [s.herder_keys for s in samples], label="herder keys in Redis")
+        bottom.set_ylim(bottom=0)
+        bottom.set_xlabel("jobs done (thousands)")
+        bottom.legend(loc="lower right", fontsize="small", frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts/bench/run soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=500_000)
@@ -257,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", type=float, default=0.1, help="share of the jobs done at the baseline")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     p.add_argument("--json", help="write the samples, the baseline and the verdict here")
+    p.add_argument("--png", help="draw the curves into this PNG (with --also, one column per run)")
+    p.add_argument("--also", help="the --json of another run to draw beside this one (e.g. threaded)")
     p.add_argument("--progress", action="store_true", help="print each sample")
     p.add_argument("--herder-args", type=str, default="", help="more flags for herder run")
     args = p.parse_args(argv)
@@ -292,6 +324,15 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
         )
     shutil.rmtree(workdir, ignore_errors=True)
+    if args.png:
+        title = (
+            f"{args.jobs:,} jobs, {args.workers} workers x {args.threads} thread{'s' * (args.threads > 1)}"
+        )
+        runs = [(title, samples)]
+        if args.also:
+            other = json.loads(Path(args.also).read_text())
+            runs.append((other.get("title", args.also), [Sample(**s) for s in other["samples"]]))
+        draw(runs, Path(args.png))
     return 0 if verdict.held else 1
 
 
