@@ -299,19 +299,24 @@ requests = st.one_of(
 )
 
 
+def send_all_read_all(s: socket.socket, data: bytes) -> bytes:
+    """Send a whole request, then read until the peer closes: its whole answer."""
+    try:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the peer hung up on an oversized request: that is an answer too
+    reply = b""
+    while chunk := s.recv(65536):
+        reply += chunk
+    return reply
+
+
 def exchange(state_dir: str, data: bytes) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(socket_path(state_dir))
-        try:
-            s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass  # the master hung up on an oversized request: that is an answer too
-        reply = b""
-        while chunk := s.recv(65536):
-            reply += chunk
-        return reply
+        return send_all_read_all(s, data)
 
 
 @pytest.mark.slow
@@ -367,15 +372,7 @@ bodies = st.one_of(st.binary(max_size=300), json_values.map(lambda v: json.dumps
 
 def http_exchange(port: int, raw: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=8) as s:
-        try:
-            s.sendall(raw)
-            s.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        reply = b""
-        while chunk := s.recv(65536):
-            reply += chunk
-        return reply
+        return send_all_read_all(s, raw)
 
 
 @pytest.mark.slow
