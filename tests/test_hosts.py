@@ -51,6 +51,7 @@ CAP = 6
 HOST_TTL = 3.0
 LEASE = 3.0  # Config.lease_seconds at the default intervals
 RENEWAL = 1.0  # a lease is renewed every heartbeat interval (worker) and every sweep (master)
+REDIS_PORT = 16380  # Redis's port inside its container, on the test's own network (never the usual one)
 JOB_SECONDS = 0.2
 CUT_SECONDS = 20.0
 BACKLOG = 40  # jobs the feeder keeps waiting on the queue
@@ -84,7 +85,7 @@ class Site:
         self.podman.run(
             "run", "-d", "--name", name, "--hostname", host, "--label", self.label,
             "--network", self.network, *self.podman.ulimits(),
-            "-e", f"HERDER_REDIS_URL=redis://{self.redis_name}:6379/0", "-e", "HERDER_PATH=/srv/app",
+            "-e", f"HERDER_REDIS_URL=redis://{self.redis_name}:{REDIS_PORT}/0", "-e", "HERDER_PATH=/srv/app",
             "-v", f"{JOBS_FILE}:/srv/app/herder_hosts.py:ro",
             self.tag,
             "--queue", QUEUE, "--host-id", host, "--min-workers", "1", "--max-workers", str(CAP),
@@ -158,7 +159,7 @@ class Feeder(threading.Thread):
     def __init__(self, site: Site) -> None:
         super().__init__(daemon=True)
         self.queue = Queue(QUEUE, connection=site.conn)
-        self.args = (JOB_SECONDS, site.redis_name, 6379)
+        self.args = (JOB_SECONDS, site.redis_name, REDIS_PORT)
         self.ids: list[str] = []
         self.halt = threading.Event()
         self.error: BaseException | None = None
@@ -200,8 +201,9 @@ def site(image: tuple[Podman, str]) -> Iterator[Site]:
         podman.run("network", "create", "--label", s.label, s.network)
         podman.run(
             "run", "-d", "--name", s.redis_name, "--label", s.label, "--network", s.network,
-            "-p", f"127.0.0.1:{port}:6379", *podman.ulimits(), redis_image(podman),
-            "redis-server", "--protected-mode", "no", "--save", "", "--appendonly", "no",
+            "-p", f"127.0.0.1:{port}:{REDIS_PORT}", *podman.ulimits(), redis_image(podman),
+            "redis-server", "--port", str(REDIS_PORT), "--protected-mode", "no",
+            "--save", "", "--appendonly", "no",
         )  # fmt: skip
         wait_for(lambda: _answers(s.conn), 30, 0.2, what="the Redis container to answer")
         yield s
@@ -326,7 +328,14 @@ def test_three_hosts_share_a_cap_and_recover_a_dead_or_cut_off_hosts_jobs(site: 
 
     # 2. The killed host's jobs: each finished elsewhere within 5 s of the kill, and once.
     assert kill_recovery < 5, f"h1's jobs finished {kill_recovery:.1f} s after the kill"
-    assert all(ends[j] == 1 for j in held_by_h1), {j: ends[j] for j in held_by_h1}
+    # A job whose code ended on h1 in the instant before the kill, its finish not yet written, is
+    # still RQ's started job of h1: recovered, it runs again (RQ's at-least-once). Counted, not hidden.
+    ended_at_kill = {
+        j for j in held_by_h1 if (e := first(records, j, "end", {"h1"})) and e["at"] <= killed_at + 1
+    }
+    assert all(ends[j] == 1 or (ends[j] == 2 and j in ended_at_kill) for j in held_by_h1), {
+        j: ends[j] for j in held_by_h1
+    }
 
     # 3. The cut-off host took nothing while cut off; its jobs moved only once its lease was gone.
     taken_while_cut = [r for r in records if r["host"] == "h2" and r["event"] == "start"
@@ -356,7 +365,7 @@ def test_three_hosts_share_a_cap_and_recover_a_dead_or_cut_off_hosts_jobs(site: 
     # put it back after two sweeps, without waiting for h2's lease, and h2 starts and runs it once
     # back. A known gap (docs/operations.md): counted and said, not hidden.
     popped_by_h2 = {j for j in popped_at_cut - held_by_h2 if any(h == "h2" for h, _, _ in story(j))}
-    unexplained = {j: story(j) for j in set(twice) - held_by_h2 - popped_by_h2}
+    unexplained = {j: story(j) for j in set(twice) - held_by_h2 - popped_by_h2 - ended_at_kill}
     overwritten = {j: (n, story(j)) for j, n in result_counts.items() if n != 1 and j not in popped_by_h2}
     assert not overwritten, (
         f"jobs with other than one result (back at +{reconnect_at - cut_at:.1f} s): {overwritten}"
@@ -371,7 +380,8 @@ def test_three_hosts_share_a_cap_and_recover_a_dead_or_cut_off_hosts_jobs(site: 
         f"\n  cap: at most {peak} workers in RQ's registry over {len(sampler.samples)} samples;"
         f" shares {dict(shares)}; h0 stopped: h1 + h2 at the cap {moved_in:.1f} s after `podman stop`."
         f"\n  kill: h1 held {len(held_by_h1)} jobs, each finished by another host, the last"
-        f" {kill_recovery:.1f} s after `podman kill`; run twice 0."
+        f" {kill_recovery:.1f} s after `podman kill`; run twice {len([j for j in held_by_h1 if ends[j] > 1])}"
+        f" (ended on h1 as it was killed, its finish not written)."
         f"\n  cut: h2 held {len(held_by_h2)} jobs; h0 took them over {min(taken_over.values()):.1f} to"
         f" {max(taken_over.values()):.1f} s after the cut (lease {LEASE:g} s); h2 took none while cut off"
         f" and wrote no result over h0's."
