@@ -77,10 +77,11 @@ def main() -> int:
     from herder.common.config import all_queues, pool_configs
     from herder.common.redis_connect import connect, retry_resets
     from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
-    from herder.supervisor.launcher import Clock
-    from herder.supervisor.master import Master
+    from herder.supervisor.launcher import SystemClock
+    from herder.supervisor.launchers import Launchers
+    from herder.supervisor.master import Master, Start
     from herder.supervisor.redis_side.load_reader import ClusterSettings, LoadReader
-    from herder.supervisor.redis_side.recovery import Recovery
+    from herder.supervisor.redis_side.recovery import RecoveryThread
     from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
     from herder.supervisor.scheduler import SchedulerKeeper
     from herder.supervisor.uplink import Uplink
@@ -96,7 +97,7 @@ def main() -> int:
 
         pools = pool_configs(cfg)
         rq_workers = all(pc.worker_command is None for pc in pools.values())
-        recovery = Recovery(client(), cfg, sweeping=rq_workers)
+        recovery = RecoveryThread(client(), cfg, sweeping=rq_workers)
         clusters = {
             name: ClusterSettings(host_id, pc.cluster_max_workers, pc.host_ttl, cfg.kill_budget_window)
             for name, pc in pools.items()
@@ -108,23 +109,25 @@ def main() -> int:
     # The loop waits for the GIL after each wake-up while the pipe hub parses a busy fleet's
     # lines: a millisecond at most, not Python's default five (a death is handled at once).
     sys.setswitchinterval(SWITCH_INTERVAL)
-    clock = Clock()
+    clock = SystemClock()
     master = Master(
         cfg,
-        launcher,
+        # A pool whose imports differ gets a fork server of its own.
+        Launchers(launcher, cfg, new=ForkServerLauncher),
         clock,
         recovery=recovery,
         reader=reader,
-        uplink=Uplink(),
-        host_id=host_id,
         sched=SchedulerKeeper(
             locks, clock, host_id, spawn=launcher.spawn_scheduler, can_spawn=lambda: not launcher.warming()
         ),
-        restarts=int(os.environ.get(MASTER_RESTARTS_ENV, "0") or 0),
-        control=control,
-        started_at=started_at,
-        new_launcher=ForkServerLauncher,  # a pool whose imports differ gets a fork server of its own
-        http_token=http_token,
+        start=Start(
+            host_id=host_id,
+            restarts=int(os.environ.get(MASTER_RESTARTS_ENV, "0") or 0),
+            started_at=started_at,
+            control=control,
+            uplink=Uplink(),
+            http_token=http_token,
+        ),
     )
     return master.run()
 

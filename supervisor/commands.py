@@ -12,50 +12,52 @@ from __future__ import annotations
 import logging
 import os
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from herder.common.config import DEFAULT_POOL, Config
+from herder.common.config import DEFAULT_POOL
 from herder.common.control_protocol import LOOP_TIMEOUT
 from herder.supervisor import reload
 from herder.supervisor.control import ControlServer, Request
 from herder.supervisor.fleet import Worker
-from herder.supervisor.fleetview import Observed
-from herder.supervisor.pool import Pool, PoolState
+from herder.supervisor.pool import Pool
 from herder.supervisor.reload import Reloadable
+from herder.supervisor.states import LEAVING
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
 from herder.supervisor.views.status import build_status
 
-if TYPE_CHECKING:
-    from herder.supervisor.launcher import Launcher
-
 log = logging.getLogger("herder")
 
 
-class Fleet(Observed, Reloadable, Protocol):
-    """What commands read and change of the master (herder.supervisor.master.Master): their
-    own needs below, what a snapshot's builder reads (Observed) and what a reload changes (Reloadable)."""
+class Operable(Protocol):
+    """What commands ask of the master (herder.supervisor.master.Master): its pools, which take
+    restart, pause and scale themselves (pool.py), and the few things only the loop does."""
 
-    cfg: Config
-    workers: dict[int, Worker]
-    control: ControlServer | None
     journal: Journal
+    control: ControlServer | None
 
-    def launcher_for(self, pool: Pool) -> Launcher: ...
+    def active_pools(self) -> list[Pool]: ...  # not draining
+
+    def workers_of(self, pools: Iterable[str] | None = None) -> list[Worker]:
+        """Every worker process of these pools (of all, for None), those leaving too."""
+        ...
+
+    def stop_worker(self, w: Worker, why: str) -> None: ...
 
     def begin_stop(self, hurry: bool, why: str) -> None: ...
 
-    def stop_worker(self, w: Worker, why: str) -> None: ...
+    def set_stop_timeout(self, seconds: float) -> None: ...
 
     def take_snapshot(self, usage: bool = False) -> HostSnapshot: ...
 
 
 class Commands:
-    def __init__(self, m: Fleet) -> None:
+    def __init__(self, m: Operable, reloadable: Reloadable) -> None:
         self.m = m
+        self.reloadable = reloadable
         self.http_requests: queue.SimpleQueue[Request] = queue.SimpleQueue()  # the dashboard's controls
 
     # ---- on the control thread ---------------------------------------------------------
@@ -74,7 +76,7 @@ class Commands:
 
         from herder.common.redis_connect import connect
 
-        cfg = self.m.cfg
+        cfg = self.reloadable.cfg
         if not cfg.redis_url:
             return {"ok": False, "error": "no Redis configured"}
         func, args = body.get("func"), body.get("args", [])
@@ -140,19 +142,16 @@ class Commands:
             case "enqueue":  # asked while the master was starting: the control thread queued it
                 return self.enqueue(body)
             case "stop":
-                if "timeout" in body:  # a new Config: the one herder started with stays as it was
-                    timeout = float(body["timeout"])
-                    self.m.cfg = replace(self.m.cfg, stop_timeout=timeout)
-                    for pool in self.m.pool_list():
-                        pool.cfg = replace(pool.cfg, stop_timeout=timeout)
+                if "timeout" in body:
+                    self.m.set_stop_timeout(float(body["timeout"]))
                 self.m.begin_stop(hurry=False, why="herder stop")
-                return {"ok": True, "stopping": len(self.m.workers)}
+                return {"ok": True, "stopping": len(self.m.workers_of())}
             case cmd:
                 return {"ok": False, "error": f"unknown command {cmd!r}"}
 
     def stop_one(self, pid: object) -> dict:
         """One worker finishes its job and stops; its slot starts a new one (the target stays)."""
-        found = [w for w in self.m.live_workers() if w.pid == pid]
+        found = [w for w in self.m.workers_of() if w.pid == pid and w.state not in LEAVING]
         if not found:
             return {"ok": False, "error": f"no live worker with pid {pid}"}
         w = found[0]
@@ -163,7 +162,7 @@ class Commands:
     def named_pools(self, name: object) -> list[Pool] | dict:
         """The pool a request names, or every pool when it names none; an error reply for a
         pool that does not exist (naming the ones that do)."""
-        pools = [p for p in self.m.pool_list() if not p.draining]
+        pools = self.m.active_pools()
         if name is None:
             return pools
         found = [p for p in pools if p.name == name]
@@ -179,8 +178,7 @@ class Commands:
         ones (Sidekiq's quiet, celery's cancel_consumer); workers started meanwhile start paused."""
         m, names = self.m, {p.name for p in pools}
         for pool in pools:
-            if pool.paused != paused:
-                pool.change_state(PoolState.PAUSED if paused else PoolState.ACTIVE)
+            if pool.pause(paused):
                 what = "finish their jobs and take no new ones" if paused else "take jobs again"
                 where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
                 log.info("herder %s%s: workers %s", "pause" if paused else "resume", where, what)
@@ -189,19 +187,17 @@ class Commands:
                     pool.name,
                     f"pool {pool.name} {pool.state}: workers {what}",
                 )
-        told = [w for w in m.workers.values() if w.pool in names]
+        told = m.workers_of(names)
         for w in told:
             w.proc.send_pause(paused)
         return {"ok": True, "paused": paused, "workers": len(told), "pools": sorted(names)}
 
     def restart(self, why: str, pools: list[Pool] | None = None) -> dict:
         m = self.m
-        pools = pools if pools is not None else [p for p in m.pool_list() if not p.draining]
-        n = 0
+        pools = pools if pools is not None else m.active_pools()
         for pool in pools:
-            pool.generation += 1
-            m.launcher_for(pool).renew(pool.cfg)  # new workers come from a new template: new code
-            n += len(m.pool_workers(pool))
+            pool.restart()
+        n = sum(w.state not in LEAVING for w in m.workers_of(p.name for p in pools))
         where = (
             ""
             if [p.name for p in pools] == [DEFAULT_POOL]
@@ -219,7 +215,7 @@ class Commands:
 
     def rescale(self, body: dict[str, Any]) -> dict:
         m = self.m
-        pools = [p for p in m.pool_list() if not p.draining]
+        pools = m.active_pools()
         name = body.get("pool")
         if name is None and len(pools) > 1:
             return {
@@ -268,7 +264,7 @@ class Commands:
 
     def reload(self, why: str) -> dict:
         """`herder reload` and SIGHUP (reload.py); keys only new workers take roll every pool."""
-        reply = reload.reload(self.m, why, lambda reason: self.restart(reason)["replacing"])
+        reply = reload.reload(self.reloadable, why, lambda reason: self.restart(reason)["replacing"])
         if reply.get("ok"):
             changed = ", ".join(sorted(reply.get("changed", []) or [])) or "nothing changed"
             self.m.journal.record("reload", DEFAULT_POOL, f"{why}: configuration re-read ({changed})")

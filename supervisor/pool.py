@@ -8,15 +8,20 @@ in the file there is one pool, `default`, and herder behaves as it always did.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from herder.common.config import Config
 from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.fleet import Worker
 from herder.supervisor.retirement import Retirement
-from herder.supervisor.states import IllegalTransition
+from herder.supervisor.states import LEAVING, IllegalTransition
+
+if TYPE_CHECKING:
+    from herder.supervisor.launcher import Launcher
 
 log = logging.getLogger("herder")
 
@@ -55,6 +60,9 @@ class Pool:
     scaled: dict[str, int] = field(default_factory=dict)  # `herder scale`'s bounds, {}: none
     generation: int = 0  # bumped by a rolling restart of this pool
     state: PoolState = PoolState.ACTIVE  # changed only through change_state
+    # Where its workers come from (the master hands it over at its first spawn): a restart
+    # renews it, so new workers load new code.
+    launcher: Launcher | None = None
 
     @property
     def paused(self) -> bool:
@@ -89,6 +97,23 @@ class Pool:
         self.configured = cfg
         self._apply(replace(cfg, **self.scaled))
 
+    # ---- what an operator asks of a pool (commands.py translates each request) ----
+
+    def restart(self) -> None:
+        """A rolling restart: every worker of an older generation is replaced (the loop's roll),
+        by new workers from a renewed launcher."""
+        self.generation += 1
+        if self.launcher is not None:
+            self.launcher.renew(self.cfg)
+
+    def pause(self, paused: bool) -> bool:
+        """`herder pause` / `resume`: True if that changed the pool (its workers are told by
+        the caller, which knows them)."""
+        if self.paused == paused:
+            return False
+        self.change_state(PoolState.PAUSED if paused else PoolState.ACTIVE)
+        return True
+
     def scale(self, bounds: dict[str, int]) -> None:
         """`herder scale`: new bounds over the file's (workers, or min_workers and max_workers)."""
         self.scaled = {k: v for k, v in bounds.items() if k in BOUND_KEYS}
@@ -105,6 +130,29 @@ class Pool:
     def launch_key(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Pools that agree on these share a fork server (what its template imports)."""
         return tuple(self.cfg.paths), tuple(self.cfg.preload)
+
+
+# ---- the host's figures over its pools (the loop and the snapshot's builder read these) ----
+
+
+def active(pools: Iterable[Pool]) -> list[Pool]:
+    """The pools that run: not draining away after a reload removed them."""
+    return [p for p in pools if not p.draining]
+
+
+def host_target(pools: Iterable[Pool]) -> int:
+    """Workers wanted on this host: every running pool's target."""
+    return sum(p.target for p in active(pools))
+
+
+def host_floor(pools: Iterable[Pool]) -> int:
+    """The fewest workers this host runs: every running pool's minimum."""
+    return sum(p.cfg.floor for p in active(pools))
+
+
+def live(workers: Iterable[Worker], pool: str | None = None) -> list[Worker]:
+    """Workers that count towards a target (not on their way out); of one pool, or of all."""
+    return [w for w in workers if w.state not in LEAVING and (pool is None or w.pool == pool)]
 
 
 def share_limit(wants: list[tuple[str, int, int]], limit: int) -> dict[str, int]:

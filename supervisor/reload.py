@@ -10,8 +10,8 @@ resized or rolled alone. Runs in the reconcile loop (commands.py hands it the re
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from herder.common.config import (
     KEYS,
@@ -24,33 +24,29 @@ from herder.common.config import (
     reload_policy,
     reread,
 )
-from herder.supervisor.hooks import EventHooks
 from herder.supervisor.pool import Pool, PoolState
 from herder.supervisor.redis_side.load_reader import LoadReader
-from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.uplink import Uplink
-
-if TYPE_CHECKING:
-    from herder.supervisor.guard import KillGuard
-    from herder.supervisor.launcher import Clock
 
 log = logging.getLogger("herder")
 
 
 class Reloadable(Protocol):
-    """What a reload reads and changes of the master (herder.supervisor.master.Master)."""
+    """The few things a reload changes (herder.supervisor.master.Master has them): the settings
+    in force, the pools, and every part that reads settings of its own."""
 
     cfg: Config
     started_cfg: Config  # what the watchdog started with: it never re-reads the file
-    clock: Clock
-    host_id: str
     pools: dict[str, Pool]
-    tickets: Iterator[int]  # cull-ticket numbers, unique across pools (a new pool's Retirement)
-    guard: KillGuard
-    recovery: Recovery | None
-    reader: LoadReader | None
-    uplink: Uplink | None
-    hooks: EventHooks
+    uplink: Uplink | None  # told `reloading`, then `ready`
+
+    def new_pool(self, name: str, cfg: Config) -> Pool: ...
+
+    @property
+    def settings_readers(self) -> list[Callable[[Config], None]]:
+        """Every part that keeps settings of its own (the kill guard, recovery, the load reader,
+        the event hooks): each is handed the new Config, every reload."""
+        ...
 
 
 def reload(m: Reloadable, why: str, restart: Callable[[str], int]) -> dict:
@@ -117,7 +113,7 @@ def apply(m: Reloadable, new: Config) -> list[str]:
     for name, pc in fresh.items():
         pool = m.pools.get(name)
         if pool is None or pool.draining:
-            m.pools[name] = Pool.build(name, pc, m.host_id, m.recovery, m.tickets)
+            m.pools[name] = m.new_pool(name, pc)
             if new.pools:
                 done.append(f"pool {name} added")
             continue
@@ -130,17 +126,22 @@ def apply(m: Reloadable, new: Config) -> list[str]:
         pool.configure(pc)
         pool.retirement.configure(pc)
     m.cfg = new
-    m.guard.configure(new, m.clock.wall())
-    if m.recovery is not None:
-        m.recovery.configure(new)
-    if m.reader is not None:
-        m.reader.set_queues(all_queues(new))
-        m.reader.set_interval(min(pc.scale_interval for pc in fresh.values()))
+    for configure in m.settings_readers:
+        configure(new)
+    logging.getLogger().setLevel(new.log_level.upper())
+    return done
+
+
+def reader_settings(reader: LoadReader, host_id: str) -> Callable[[Config], None]:
+    """What the load reader keeps of a Config: the queues, the shortest scale interval, and
+    each pool's cluster cap."""
+
+    def configure(new: Config) -> None:
+        fresh = pool_configs(new)
+        reader.set_queues(all_queues(new))
+        reader.set_interval(min(pc.scale_interval for pc in fresh.values()))
         for name, pc in fresh.items():
             if pc.cluster_max_workers is not None:
-                m.reader.set_cluster(
-                    pc.cluster_max_workers, pc.host_ttl, new.kill_budget_window, name, m.host_id
-                )
-    logging.getLogger().setLevel(new.log_level.upper())
-    m.hooks.configure(new)
-    return done
+                reader.set_cluster(pc.cluster_max_workers, pc.host_ttl, new.kill_budget_window, name, host_id)
+
+    return configure

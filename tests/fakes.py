@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from herder.common.config import Config
 from herder.supervisor.launcher import SubprocessLauncher
-from herder.supervisor.master import Master
+from herder.supervisor.launchers import Launchers
+from herder.supervisor.master import Master, Start
 from herder.supervisor.observations import Held, Observations
 from herder.supervisor.redis_side.recovery import Counts
 
@@ -184,7 +185,7 @@ def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLauncher, Fa
     recovery, for the test to drive and read."""
     launcher, recovery = FakeLauncher(clock), FakeRecovery()
     cfg = replace(SHORT_TIMEOUT_CONFIG, **settings)  # type: ignore[arg-type]
-    m = Master(cfg, launcher, clock, recovery=recovery, host_id="test")  # type: ignore[arg-type]
+    m = Master(cfg, Launchers(launcher, cfg), clock, recovery=recovery, start=Start(host_id="test"))  # type: ignore[arg-type]
     return m, launcher, recovery
 
 

@@ -18,7 +18,6 @@ from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import Master
 from herder.supervisor.observations import Held, Observations
 from herder.supervisor.pool import PoolState
-from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import Reading
 from herder.supervisor.scaling import Load
 from herder.supervisor.states import (
@@ -592,7 +591,7 @@ class FakeReader:
 def test_memory_pressure_holds_scale_up_and_says_why_in_status_and_health(clock: FakeClock) -> None:
     reasons = iter(["cgroup memory 352 MiB of 384 MiB (92%)", "", ""])
     m, _, _ = make(clock, min_workers=1, max_workers=8)
-    m.memory = MemoryWatch(read=lambda: next(reasons))
+    m.memory.read = lambda: next(reasons)  # the cgroup's reading
     m.reader = FakeReader()  # type: ignore[assignment]
     m.step()
     all_ready(m)

@@ -7,7 +7,8 @@ import signal
 from dataclasses import replace
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeLauncher, FakeProc, FakeRecovery
-from herder.supervisor.master import Master
+from herder.supervisor.launchers import Launchers
+from herder.supervisor.master import Master, Start
 from herder.supervisor.redis_side.scheduler_locks import Holder, LockReading
 from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import WorkerState
@@ -46,7 +47,9 @@ def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLocks, list[
     locks, launcher = FakeLocks(), FakeLauncher(clock)
     keeper = SchedulerKeeper(locks, clock, "h1", spawn=spawn)  # type: ignore[arg-type]
     cfg = replace(SHORT_TIMEOUT_CONFIG, queues=["high", "default"], **settings)  # type: ignore[arg-type]
-    m = Master(cfg, launcher, clock, recovery=FakeRecovery(), host_id="h1", sched=keeper)  # type: ignore[arg-type]
+    m = Master(
+        cfg, Launchers(launcher, cfg), clock, recovery=FakeRecovery(), sched=keeper, start=Start(host_id="h1")
+    )  # type: ignore[arg-type]
     return m, locks, procs, launcher
 
 

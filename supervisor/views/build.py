@@ -1,8 +1,8 @@
-"""The one builder of the HostSnapshot (views/model.py): it reads the master through
-fleetview.Observed, the loop calls it (at most every PUBLISH_EVERY, and for each `herder
-status`), and every view renders what it built. Each pool's figures are built here and
-nowhere else. `Snapshots` keeps what one snapshot needs of the previous ones (the jobs/s
-over the last RATE_WINDOW seconds)."""
+"""The one builder of the HostSnapshot (views/model.py): it reads the master's parts
+(views/sources.py, never the master itself), the loop calls it (at most every
+PUBLISH_EVERY, and for each `herder status`), and every view renders what it built. Each
+pool's figures are built here and nowhere else. `Snapshots` keeps what one snapshot needs
+of the previous ones (the jobs/s over the last RATE_WINDOW seconds)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from typing import Any
 
 from herder.common.config import redact_url
 from herder.supervisor.fleet import Worker
-from herder.supervisor.fleetview import Observed, health_of, settings
 from herder.supervisor.observations import Observations
-from herder.supervisor.pool import Pool
+from herder.supervisor.pool import Pool, host_target, live
 from herder.supervisor.redis_side.recovery import Counts
 from herder.supervisor.states import WORKING, WorkerState
 from herder.supervisor.views.journal import Journal
@@ -27,6 +26,7 @@ from herder.supervisor.views.model import (
     ThreadJob,
     WorkerRow,
 )
+from herder.supervisor.views.sources import Sources, health_of, settings
 from herder.supervisor.views.usage import Usage
 
 PUBLISH_EVERY = 0.5  # seconds between two snapshots the loop publishes
@@ -42,13 +42,14 @@ class Snapshots:
         self.hostname, self.wall, self.usage, self.journal = hostname, wall, usage, journal
         self._counts: dict[str, deque[tuple[float, int, int]]] = {}  # pool -> (monotonic, ok, failed)
 
-    def build(self, m: Observed, controls: bool, usage: bool = True) -> HostSnapshot:
+    def build(self, m: Sources, controls: bool, usage: bool = True) -> HostSnapshot:
         """`usage`: sample the workers' RSS and CPU for it (else None: a snapshot nobody shows
         them from need not cost a psutil read a worker a second)."""
         now, wall = m.clock.monotonic(), m.clock.wall()
         counts = m.recovery.counts if m.recovery else Counts()
-        pools = m.pool_list()
-        live = m.live_workers()
+        pools = list(m.pools.values())
+        alive = live(m.workers.values())
+        target, m_cfg, stopping, ever_ready = host_target(pools), m.cfg(), m.stopping(), m.ever_ready()
         every = sorted(m.workers.values(), key=lambda w: w.slot)
         observed = {w.slot: w.proc.snapshot() for w in every}  # once a worker: a copy under its lock
         sampled = self.usage.of(w.pid for w in every) if usage else {}
@@ -56,22 +57,24 @@ class Snapshots:
             _worker_row(w, observed[w.slot], now, sampled.get(w.pid, (None, None))) for w in every
         )
         queues = tuple(_queue_row(p, q) for p in pools for q in p.cfg.queues)
-        pool_rows = tuple(self._pool_row(m, p, now, workers, observed, queues, counts) for p in pools)
+        pool_rows = tuple(
+            self._pool_row(m, p, now, workers, observed, queues, counts, stopping, ever_ready) for p in pools
+        )
         for gone in set(self._counts) - {p.name for p in pools}:
             del self._counts[gone]
-        problems = health_of(m, now, pools, live)
+        problems = health_of(m, now, pools, alive)
         grants = [p.scaler.grant for p in pools if p.scaler.grant is not None]
         rates = [p.scaler.state.per_worker for p in pools if p.scaler.state.per_worker is not None]
-        cfg = m.cfg if m.cfg.pools else pools[0].cfg  # one pool: its bounds are the host's (scale)
-        fleet = max(m.target, len(live))
-        sched = m.sched.status(m.sched_cfg)
+        cfg = m_cfg if m_cfg.pools else pools[0].cfg  # one pool: its bounds are the host's (scale)
+        fleet = max(target, len(alive))
+        sched = m.sched.status(m.sched_cfg())
         ok, failed = _jobs(m.counters.jobs([]), observed.values())
         return HostSnapshot(
             host_id=m.host_id,
             hostname=self.hostname,
             time=self.wall(),
             taken_at=now,
-            state="stopping" if m.stopping else "running" if m.ever_ready else "starting",
+            state="stopping" if stopping else "running" if ever_ready else "starting",
             health=Health(ok=not problems, reasons=tuple(text for _, text in problems), problems=problems),
             controls=controls,
             pools=pool_rows,
@@ -87,10 +90,10 @@ class Snapshots:
             workers_limit_reason=cfg.limit_reason,
             cluster_max=cfg.cluster_max_workers,
             cluster_grant=sum(grants) if grants else None,
-            desired=m.target,
-            actual=len(live),
+            desired=target,
+            actual=len(alive),
             ready=sum(w.state in WORKING for w in m.workers.values()),
-            paused=m.paused,
+            paused=all(p.paused for p in pools),
             backoff=tuple(
                 sorted(s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now))
             ),
@@ -113,7 +116,7 @@ class Snapshots:
             master_restarts=m.restarts,
             budgets_left={
                 "kill": max(0.0, m.guard.budget.limit(fleet) - m.guard.budget.local_count(wall)),
-                "cull": max(0.0, m.cfg.cull_budget - sum(p.retirement.local.count(wall) for p in pools)),
+                "cull": max(0.0, m_cfg.cull_budget - sum(p.retirement.local.count(wall) for p in pools)),
             },
             loop_lag=m.health.last_lag,
             job_rate=rates[0] if len(rates) == 1 else (sum(rates) / len(rates) if rates else None),
@@ -122,17 +125,19 @@ class Snapshots:
 
     def _pool_row(
         self,
-        m: Observed,
+        m: Sources,
         pool: Pool,
         now: float,
         workers: tuple[WorkerRow, ...],
         observed: dict[int, Observations],
         queues: tuple[QueueRow, ...],
         counts: Counts,
+        stopping: bool,
+        ever_ready: bool,
     ) -> PoolRow:
         """One pool's figures, for every view (the only place they are built)."""
         cfg, name = pool.cfg, pool.name
-        live = m.pool_workers(pool)
+        alive = live(m.workers.values(), name)
         mine = [w for w in workers if w.pool == name]
         by_state = dict.fromkeys(STATES, 0)
         for w in mine:
@@ -142,12 +147,12 @@ class Snapshots:
         jobs_per_s, failed_per_s = self._rates(name, now, ok, failed)
         read = [q for q in queues if q.pool == name and q.backlog is not None]
         known = bool(read) and len(read) == len(cfg.queues)
-        if m.stopping or pool.draining:
+        if stopping or pool.draining:
             state = "stopping"
         elif pool.paused:
             state = "paused"
         else:
-            state = "running" if m.ever_ready else "starting"
+            state = "running" if ever_ready else "starting"
         # Requeues by the pool that owns the job's queue (a queue belongs to one pool).
         own = set(cfg.queues)
         requeued: Counter[str] = Counter()
@@ -163,7 +168,7 @@ class Snapshots:
             # What the pool's queues call for across the cluster before this host's bounds (the
             # figure a KEDA ScaledObject scales hosts by); a fixed-size pool wants its size.
             wanted=pool.scaler.wanted if cfg.autoscale and pool.scaler.wanted is not None else pool.target,
-            running=len(live),
+            running=len(alive),
             busy=by_state[str(WorkerState.BUSY)],
             queue_length=sum(q.backlog or 0 for q in read) if known else None,
             growth=round(sum(q.growth or 0.0 for q in read), 3) if known else None,
@@ -174,7 +179,7 @@ class Snapshots:
             jobs_failed=failed,
             queues=tuple(cfg.queues),
             desired=pool.target,
-            ready=sum(w.state in WORKING for w in live),
+            ready=sum(w.state in WORKING for w in alive),
             by_state=by_state,
             scaled=dict(pool.scaled),
             threads=cfg.threads,

@@ -1,0 +1,173 @@
+"""The house rules that keep the master readable, enforced from the source (ast), as
+test_layering.py enforces the rooms: a change that breaks one fails here with file and line.
+
+- No Protocol of the master's insides is wider than MAX_MEMBERS: a part that needs more of
+  the master takes the master's parts (a pool, the snapshot's Sources), not the master.
+- The master's constructor takes a handful of collaborators.
+- No test module imports another: tests stand on harness.py and fakes.py.
+- No state (of a worker, a pool, the master, the watchdog's master) is compared with a
+  string: states are enums, compared with their members.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CODE = [REPO / d for d in ("supervisor", "worker", "watchdog", "common")]
+MASTER = REPO / "supervisor" / "master.py"
+TESTS = REPO / "tests"
+MAX_MEMBERS = 8
+MAX_CONSTRUCTOR_ARGS = 7  # besides self
+# Names a state lives under; a string compared with one of these is a state compared with a string.
+STATE_NAMES = {"state", "phase", "master_state", "cull"}
+
+
+def sources(roots: list[Path]) -> Iterator[tuple[Path, ast.Module]]:
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            yield path, ast.parse(path.read_text(), str(path))
+
+
+def where(path: Path, node: ast.AST) -> str:
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    return f"{shown}:{getattr(node, 'lineno', 0)}"
+
+
+def is_protocol(cls: ast.ClassDef) -> bool:
+    return any(
+        (isinstance(b, ast.Name) and b.id == "Protocol")
+        or (isinstance(b, ast.Attribute) and b.attr == "Protocol")
+        for b in cls.bases
+    )
+
+
+def members(cls: ast.ClassDef) -> set[str]:
+    """A class body's attributes (annotated or assigned), methods and properties."""
+    out: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("__"):
+            out.add(node.name)
+    return out
+
+
+def master_members() -> set[str]:
+    """Every member of Master: its methods and properties, and what __init__ sets on self."""
+    tree = ast.parse(MASTER.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Master")
+    found = members(cls)
+    for node in ast.walk(cls):
+        is_self = (
+            isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+        )
+        if is_self and isinstance(node.ctx, ast.Store):
+            found.add(node.attr)
+    return found
+
+
+def protocols() -> Iterator[tuple[Path, ast.ClassDef]]:
+    for path, tree in sources(CODE):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and is_protocol(node):
+                yield path, node
+
+
+def test_the_rule_sees_the_masters_protocols() -> None:
+    """The check below finds what it looks for: the protocols the master implements."""
+    of_master = [cls.name for _, cls in protocols() if members(cls) and members(cls) <= master_members()]
+    assert {"Operable", "Reloadable"} <= set(of_master), of_master
+
+
+def test_no_protocol_of_the_masters_insides_is_wider_than_a_handful() -> None:
+    """A Protocol every member of which the master has is the master seen through a keyhole:
+    a wide one is the master as a hub again."""
+    inside = master_members()
+    wide = [
+        f"{where(path, cls)} {cls.name}: {len(members(cls))} members"
+        for path, cls in protocols()
+        if members(cls) and members(cls) <= inside and len(members(cls)) > MAX_MEMBERS
+    ]
+    assert not wide, f"a Protocol of the master's insides has more than {MAX_MEMBERS} members: {wide}"
+
+
+def test_the_masters_constructor_takes_a_handful_of_collaborators() -> None:
+    tree = ast.parse(MASTER.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Master")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    args = init.args.args[1:] + init.args.kwonlyargs
+    assert len(args) <= MAX_CONSTRUCTOR_ARGS, [a.arg for a in args]
+
+
+def test_no_test_module_imports_another() -> None:
+    test_modules = {p.stem for p in TESTS.glob("test_*.py")}
+    bad = []
+    for path, tree in sources([TESTS]):
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                last = name.split(".")[-1]
+                if last in test_modules or last.startswith("test_"):
+                    bad.append(f"{where(path, node)} imports {name}")
+    assert not bad, "tests import only harness.py, fakes.py and the code: " + "; ".join(bad)
+
+
+def names_a_state(node: ast.expr) -> bool:
+    """`w.state`, `self.phase`, `state`, or `str(w.state)`."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" and node.args:
+        return names_a_state(node.args[0])
+    if isinstance(node, ast.Attribute):
+        return node.attr in STATE_NAMES
+    return isinstance(node, ast.Name) and node.id in STATE_NAMES
+
+
+def is_text(node: ast.expr) -> bool:
+    """A string literal, or a tuple, list or set of them."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return bool(node.elts) and all(is_text(e) for e in node.elts)
+    return False
+
+
+def state_string_comparisons(roots: list[Path]) -> list[str]:
+    bad = []
+    for path, tree in sources(roots):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(names_a_state(s) for s in sides) and any(is_text(s) for s in sides):
+                    bad.append(f"{where(path, node)}: {ast.unparse(node)}")
+    return bad
+
+
+def test_no_state_is_compared_with_a_string() -> None:
+    """In the processes' state machines. The renderers (views/) and the CLI (ctl/) read states
+    as the snapshot and the wire carry them: strings, by contract (views/API.md)."""
+    outside = (REPO / "supervisor" / "views", REPO / "supervisor" / "ctl")
+    bad = [
+        found
+        for found in state_string_comparisons([REPO / "supervisor", REPO / "watchdog"])
+        if not any(found.startswith(str(o.relative_to(REPO)) + "/") for o in outside)
+    ]
+    assert not bad, "compare a state with its enum's member, never with a string: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize(
+    "source",
+    ['if w.state == "idle": pass', 'x = str(w.state) in ("idle", "busy")', 'if phase != "stopping": pass'],
+)
+def test_the_state_rule_catches_a_string_comparison(source: str, tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(source)
+    assert state_string_comparisons([tmp_path])
