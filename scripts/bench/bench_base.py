@@ -21,6 +21,10 @@ class BenchError(Exception):
     """One run failed; the benchmark records it and goes on."""
 
 
+class UsageError(Exception):
+    """Options that do not go together: scripts/bench/run says so as argparse does, and exits 2."""
+
+
 class Interrupted(BaseException):
     """SIGTERM or SIGHUP: unwind like Ctrl-C, through every `finally`."""
 

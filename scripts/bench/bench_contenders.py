@@ -3,9 +3,7 @@ classes; supervisord running `rq worker` processes), the job they all run, and h
 is launched, found and stopped: the same way for all of them; and `Scenario`, what each
 scenario (bench_throughput.py, bench_crash.py, bench_idle.py, bench_scaling.py) runs them with
 (bench_floor.py's floor is no contender: it runs its own processes, in the throughput rounds).
-
-herder is reached only through its command line (`herder run`, `herder scale`), the command
-lines of its processes and its logs, never through its modules, which may move.
+The command lines themselves are bench_commands.py's.
 """
 
 from __future__ import annotations
@@ -17,17 +15,32 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 from redis import Redis
 from rq import Worker
 
-from bench_base import BenchError, Findings, wait_for
+from bench_base import BenchError, Findings, say, wait_for
+from bench_commands import (
+    SUPERVISORD_LOOP,
+    SUPERVISORD_STARTSECS,
+    herder_argv,
+    herder_ctl_argv,
+    herder_has_flag,
+    herder_master,
+    rq_pool_argv,
+    rq_worker_argv,
+    supervisord_argv,
+    supervisord_conf,
+)
 from bench_cpu import Noise, cpu_by_role
 from bench_procs import Processes, RedisServer, child_env
 
+T = TypeVar("T")
 QUEUE = "herder-bench"
 JOB_MODULE = "herder_bench_jobs"
 JOB_FUNC = f"{JOB_MODULE}.noop"
@@ -41,14 +54,6 @@ JOB_SOURCE = (
     "        print('a line on stderr', i, file=sys.stderr)\n"
 )
 HERDER_MIN_UPTIME = 1.0  # herder's default --min-uptime: a worker dying younger than this backs off
-# herder's master runs as `python -P -m herder.supervisor`.
-HERDER_MASTER_PACKAGE = "herder.supervisor"
-# supervisord's default. A process that exits sooner is a failed start (BACKOFF, then FATAL
-# after startretries): the counterpart of herder's --min-uptime. supervisord moves a process
-# from STARTING to RUNNING on the first pass of its loop after startsecs, and that loop
-# sleeps up to 1 s in poll(), so a worker is surely RUNNING only startsecs + 1 s after spawn.
-SUPERVISORD_STARTSECS = 1
-SUPERVISORD_LOOP = 1.0
 
 
 @dataclass(frozen=True)
@@ -77,14 +82,6 @@ SUPERVISORD = Contender(
 ALL_CONTENDERS = [HERDER, HERDER_NOFORK, RQ_DEFAULT, RQ_SIMPLE, SUPERVISORD]
 BY_KEY = {c.key: c for c in ALL_CONTENDERS}
 PEERS = [RQ_DEFAULT, RQ_SIMPLE, SUPERVISORD]
-
-
-def is_herder_master(cmdline: list[str]) -> bool:
-    """Whether a command line is `python ... -m herder.supervisor[.<module>] ...`."""
-    if "-m" not in cmdline[:-1]:
-        return False
-    module = cmdline[cmdline.index("-m") + 1]
-    return module == HERDER_MASTER_PACKAGE or module.startswith(HERDER_MASTER_PACKAGE + ".")
 
 
 def registered_pids(conn: Redis) -> set[int]:
@@ -126,6 +123,19 @@ class ListingWatch:
         self.pubsub.close()
 
 
+def wait_registered(
+    conn: Redis, count: int, popen: subprocess.Popen[bytes], log_path: Path, timeout: float
+) -> None:
+    """Until RQ lists `count` workers (`rq.Worker.all()`); a pool that exits meanwhile fails."""
+
+    def registered() -> bool | None:
+        if popen.poll() is not None:
+            raise BenchError(f"exited ({popen.returncode}) while starting; see {log_path}")
+        return len(Worker.all(connection=conn)) >= count or None
+
+    wait_for(f"{count} RQ workers registered", registered, timeout, 0.2)
+
+
 def first_job_taken(conn: Redis, key: bytes, t0: float, timeout: float, poll: float) -> float:
     """perf_counter seconds since t0 until the worker hash at `key` shows it took a job (busy,
     or a job counted), polled every `poll` s; NaN if not within `timeout`."""
@@ -153,21 +163,13 @@ class Pool:
         supervisord."""
         if self._master is not None and self._master.is_running():
             return self._master
-        try:
-            top = psutil.Process(self.popen.pid)
-            if not self.contender.is_herder:
-                self._master = top
-                return top
-            # herder: `herder run` execs into the watchdog, whose child is the master (its
-            # other child, if any, is an embedded redis-server).
-            for child in top.children():
-                with contextlib.suppress(psutil.Error):
-                    if is_herder_master(child.cmdline()):
-                        self._master = child
-                        return child
-        except psutil.NoSuchProcess:
-            pass
-        return None
+        self._master = None
+        if self.contender.is_herder:
+            self._master = herder_master(self.popen.pid)
+        else:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                self._master = psutil.Process(self.popen.pid)
+        return self._master
 
     def workers(self, conn: Redis) -> dict[int, psutil.Process]:
         """The live children of the master that are registered in RQ: the workers. (herder's
@@ -212,21 +214,6 @@ class StopInfo:
     leftovers: int  # processes still alive after the pool's top process exited, killed by us
 
 
-def herder_has_flag(bindir: Path, env: dict[str, str], flag: str) -> bool:
-    """Whether `herder run --help` mentions `flag`."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(
-            [str(bindir / "herder"), "run", "--help"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        return flag in out.stdout
-    return False
-
-
 class Launcher:
     """Starts and stops the pools, every contender with the same workers, queue and job."""
 
@@ -257,7 +244,7 @@ class Launcher:
         keys = [k.strip() for k in wanted.split(",") if k.strip()]
         chosen = []
         for c in (BY_KEY[k] for k in keys):
-            if c is HERDER_NOFORK and not herder_has_flag(self.bindir, self.herder_env(), "--no-fork-server"):
+            if c is HERDER_NOFORK and not herder_has_flag("--no-fork-server", self.herder_env(), self.bindir):
                 self.findings.warnings.append(
                     f"`herder run --help` does not mention --no-fork-server: contender '{c.label}' left out"
                 )
@@ -285,61 +272,40 @@ class Launcher:
         return self.args.min_age
 
     def argv(self, c: Contender, size: int, run_name: str) -> tuple[list[str], Path | None]:
-        n = str(size)
+        url, bindir = self.server.url, self.bindir
         if c.is_herder:
             state = self.tmp / f"state-{run_name}"
-            argv = [str(self.bindir / "herder"), "run", "--redis-url", self.server.url, "--workers", n]
-            argv += ["--queue", QUEUE, "--path", str(self.jobdir), "--state-dir", str(state)]
-            if size > 16:  # herder caps workers at min(16 x CPUs, memory / 64 MiB) unless told
-                argv += ["--workers-limit", n]
-            return [*argv, *c.herder_flags, *self.herder_args], state
+            argv = herder_argv(
+                url,
+                bindir=bindir,
+                workers=size,
+                queue=QUEUE,
+                path=self.jobdir,
+                state_dir=state,
+                # herder caps workers at min(16 x CPUs, memory / 64 MiB) unless told
+                workers_limit=size if size > 16 else None,
+                extra=[*c.herder_flags, *self.herder_args],
+            )
+            return argv, state
         if c.kind == "supervisord":
-            conf = self.supervisord_conf(c, size, run_name)
-            return [str(self.bindir / "supervisord"), "-n", "-c", str(conf)], None
-        argv = [str(self.bindir / "rq"), "worker-pool", "--url", self.server.url, "--num-workers", n]
-        argv += ["--path", str(self.jobdir)]
-        if c.worker_class:
-            argv += ["--worker-class", c.worker_class]
-        return [*argv, QUEUE], None
+            conf = self.tmp / f"supervisord-{run_name}.conf"
+            text = supervisord_conf(
+                self.rq_worker_argv(c),
+                size=size,
+                tmp=self.tmp,
+                run_name=run_name,
+                stop_timeout=self.args.stop_timeout,
+            )
+            conf.write_text(text)
+            return supervisord_argv(conf, bindir), None
+        return rq_pool_argv(
+            url, workers=size, queue=QUEUE, path=self.jobdir, worker_class=c.worker_class, bindir=bindir
+        ), None
 
     def rq_worker_argv(self, c: Contender) -> list[str]:
-        """One `rq worker` as supervisord runs it. --with-scheduler: rq worker-pool runs its
-        workers with the scheduler on, and herder runs one, so every contender has one."""
-        argv = [str(self.bindir / "rq"), "worker", "--url", self.server.url]
-        argv += ["-w", c.worker_class or "rq.Worker", "--path", str(self.jobdir), "--with-scheduler"]
-        return [*argv, QUEUE]
-
-    def supervisord_conf(self, c: Contender, size: int, run_name: str) -> Path:
-        """A supervisord.conf for this run: one [program] of `size` `rq worker` processes,
-        their output appended to the run's log. No [unix_http_server]: nothing talks to it."""
-        conf = self.tmp / f"supervisord-{run_name}.conf"
-        log = self.tmp / f"{run_name}.log"
-        command = shlex.join(self.rq_worker_argv(c)).replace("%", "%%")
-        lines = [
-            "; written by scripts/bench",
-            "[supervisord]",
-            "nodaemon=true",
-            f"logfile={self.tmp / f'supervisord-{run_name}.log'}",
-            f"pidfile={self.tmp / f'supervisord-{run_name}.pid'}",
-            f"childlogdir={self.tmp}",
-            *(["user=root"] if os.geteuid() == 0 else []),  # as root, it warns unless told so
-            "",
-            "[program:rqworker]",
-            f"command={command}",
-            f"numprocs={size}",
-            "process_name=%(program_name)s_%(process_num)02d",
-            "autostart=true",
-            "autorestart=true",
-            f"startsecs={SUPERVISORD_STARTSECS}",
-            "stopsignal=TERM",
-            f"stopwaitsecs={self.args.stop_timeout:g}",
-            "redirect_stderr=true",
-            f"stdout_logfile={log}",
-            "stdout_logfile_maxbytes=0",
-            "stdout_logfile_backups=0",
-        ]
-        conf.write_text("\n".join(lines) + "\n")
-        return conf
+        return rq_worker_argv(
+            self.server.url, queue=QUEUE, path=self.jobdir, worker_class=c.worker_class, bindir=self.bindir
+        )
 
     def launch(self, c: Contender, run_name: str, size: int | None = None) -> Pool:
         """Start `c`'s pool of `size` workers (default --workers), logging to <tmp>/<run_name>.log."""
@@ -355,9 +321,14 @@ class Launcher:
 
     def herder_cli(self, pool: Pool, *argv: str) -> subprocess.CompletedProcess[str]:
         """`herder <argv> --state-dir <pool's>`, e.g. `herder scale 3`."""
-        cmd = [str(self.bindir / "herder"), *argv, "--state-dir", str(pool.state_dir)]
+        assert pool.state_dir is not None, "herder's pools only"
         return subprocess.run(
-            cmd, env=self.herder_env(), capture_output=True, text=True, timeout=60, check=False
+            herder_ctl_argv(pool.state_dir, *argv, bindir=self.bindir),
+            env=self.herder_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
 
     def command(self, c: Contender) -> str:
@@ -406,3 +377,13 @@ class Scenario:
     launcher: Launcher
     noise: Noise
     findings: Findings
+
+    def attempt(self, what: str, one_run: Callable[[], T]) -> T | None:
+        """One run: what it measured, or None when it failed (a problem in the report, and said
+        now); the scenario goes on with the next."""
+        try:
+            return one_run()
+        except BenchError as exc:
+            self.findings.problems.append(f"{what}: {exc}")
+            say(f"  FAILED: {exc}")
+            return None

@@ -4,7 +4,7 @@ says it, so nothing is polled meanwhile) and, where jobs wait, until the replace
 first one (its worker hash, polled). Same method for every contender, a median of several kills;
 for herder, its own log lines give its `spawned` and `ready` moments as a cross-check.
 
-Four variants (issue 28: what a user sees after each):
+Four variants (what a user sees after each):
 - idle: the pool has run nothing yet;
 - busy: the pool has just drained a busy spell (--busy-jobs no-op jobs), and idles;
 - noisy: every worker runs jobs that print to stdout and stderr, a backlog always waiting;
@@ -67,11 +67,9 @@ class CrashTest(Scenario):
             if self.mode == "noisy" and c == RQ_DEFAULT:
                 continue  # its busy workers each have a work horse: no worker is a lone process to kill
             say(f"crash to replacement{MODES[self.mode]}: {c.label}, {self.kills} kills")
-            try:
-                results[c.key] = self.run_one(c)
-            except BenchError as exc:
-                self.findings.problems.append(f"crash test{MODES[self.mode]}, {c.label}: {exc}")
-                say(f"  FAILED: {exc}")
+            res = self.attempt(f"crash test{MODES[self.mode]}, {c.label}", lambda c=c: self.run_one(c))
+            if res is not None:
+                results[c.key] = res
         return results
 
     def run_one(self, c: Contender) -> dict:

@@ -7,7 +7,7 @@ For each pool size (--workers, default 4 and 64) the page is closed, then open, 
 fresh private Redis and a fresh `herder run --http`: the bench waits until every worker is
 registered; with the page open it loads it in Debian's chromium (selenium, chromium-driver:
 the test extra and scripts/setup) and waits until it shows every worker; it then reads the
-master's CPU (user + system, from /proc) over --idle-s seconds with no job, and over --jobs
+master's CPU (user + system, the kernel's CPU clock of it) over --idle-s seconds with no job, and over --jobs
 no-op jobs enqueued at once, until the last has finished.
 
 Not a test, and no assertion: run by hand; the machine's other load shows in the report.
@@ -16,26 +16,23 @@ Not a test, and no assertion: run by hand; the machine's other load shows in the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shutil
-import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-from redis import Redis
-from rq import Queue, Worker
+from rq import Queue
 
 from bench_base import BenchError, wait_for
-from bench_cpu import CpuMeter
-from bench_procs import Processes, RedisServer
-from bench_report import publish
+from bench_commands import herder_argv, herder_master
+from bench_contenders import wait_registered
+from bench_cpu import CpuMeter, process_cpu
+from bench_procs import Processes, RedisServer, start_redis
+from bench_report import key_table, publish
 from bench_source import run_each, scratch
 
-BIN = Path(sys.executable).parent
+SUMMARY = "the master's CPU with the dashboard open and closed"
 QUEUE = "default"
 JOB_SOURCE = '''"""Written by scripts/bench dashboard: the job every run does."""
 
@@ -49,21 +46,6 @@ CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-de
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run", "--window-size=1400,1300")  # fmt: skip
 SHOWN_WORKERS = "return document.querySelectorAll('#workers tbody tr').length;"
-
-
-def master_of(top: int) -> psutil.Process:
-    """herder's master: the watchdog's child running herder.supervisor."""
-    with contextlib.suppress(psutil.Error):
-        for p in [psutil.Process(top), *psutil.Process(top).children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                if p.cmdline()[-2:] == ["-m", "herder.supervisor"]:
-                    return p
-    raise BenchError("no herder master found")
-
-
-def cpu_seconds(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return t.user + t.system
 
 
 def open_page(url: str, workers: int, profile: Path, timeout: float) -> Any:
@@ -91,35 +73,28 @@ def open_page(url: str, workers: int, profile: Path, timeout: float) -> Any:
 def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], procs: Processes) -> dict:
     size, page = key.split("-")
     workers = int(size)
-    (tmp / f"redis-{key}").mkdir()
-    server = RedisServer("redis-server", tmp / f"redis-{key}", procs)
-    r: Redis = server.start()
+    server, r = start_redis(tmp / f"redis-{key}", procs)
     port = RedisServer.free_port()
-    argv = [str(BIN / "herder"), "run", "--redis-url", server.url, "--workers", str(workers),
-            "--workers-limit", str(workers), "--queue", QUEUE, "--path", str(tmp / "jobs"),
-            "--state-dir", str(tmp / f"state-{key}"), "--no-scheduler",
-            "--http", f"127.0.0.1:{port}"]  # fmt: skip
-    proc = procs.start(argv, tmp / f"{key}.log", env)
+    argv = herder_argv(server.url, workers=workers, workers_limit=workers, queue=QUEUE, path=tmp / "jobs",
+                       state_dir=tmp / f"state-{key}", scheduler=False, http=f"127.0.0.1:{port}")  # fmt: skip
+    log = tmp / f"{key}.log"
+    proc = procs.start(argv, log, env)
     driver = None
     try:
-
-        def registered() -> bool | None:
-            if proc.poll() is not None:
-                raise BenchError(f"herder exited ({proc.returncode}); see {tmp / f'{key}.log'}")
-            return len(Worker.all(connection=r)) >= workers or None
-
-        wait_for(f"{workers} RQ workers registered ({key})", registered, args.timeout, 0.2)
+        wait_registered(r, workers, proc, log, args.timeout)
         if page == "open":
             profile = Path(tempfile.mkdtemp(dir=tmp))  # a fresh profile: no cache
             driver = open_page(f"http://127.0.0.1:{port}/", workers, profile, args.timeout)
         time.sleep(2.0)  # settled: the last workers' start-up, the page's first load
-        master = master_of(proc.pid)
+        master = herder_master(proc.pid)
+        if master is None:
+            raise BenchError(f"no herder master found; see {log}")
         meter = CpuMeter()
-        cpu0 = cpu_seconds(master)
+        cpu0 = process_cpu(master)
         time.sleep(args.idle_s)
-        idle = (cpu_seconds(master) - cpu0) / args.idle_s
+        idle = (process_cpu(master) - cpu0) / args.idle_s
         q = Queue(QUEUE, connection=r)
-        cpu0, started = cpu_seconds(master), time.monotonic()
+        cpu0, started = process_cpu(master), time.monotonic()
         for start in range(0, args.jobs, 500):
             with r.pipeline() as pipe:
                 q.enqueue_many([Queue.prepare_data("bench_noop.noop", result_ttl=600)
@@ -128,7 +103,7 @@ def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], 
         done = lambda: r.zcard(f"rq:finished:{QUEUE}") >= args.jobs or None  # noqa: E731
         wait_for(f"{args.jobs} jobs finished ({key})", done, args.timeout, 0.05)
         took = time.monotonic() - started
-        busy = cpu_seconds(master) - cpu0
+        busy = process_cpu(master) - cpu0
         other = meter.stop()
         return {
             "master CPU idle, ms/s": round(idle * 1000, 1),
@@ -139,27 +114,25 @@ def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], 
     finally:
         if driver is not None:
             driver.quit()
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=30)
-        procs.kill_all(spare=set())
+        procs.stop(proc, 30)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", default="4,64", help="comma-separated pool sizes")
-    p.add_argument("--jobs", type=int, default=5000)
+    p.add_argument("--jobs", type=int, default=5000, help="no-op jobs, all enqueued at once")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds the idle CPU is read over")
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds each wait may take")
     p.add_argument("--markdown", help="also write the report here")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in args.workers.split(",")]
     keys = [f"{n}-{page}" for n in sizes for page in ("closed", "open")]
     tmp = scratch("herder-dashboard-", "bench_noop.py", JOB_SOURCE)
     results = run_each(keys, tmp, lambda key, env, procs: run_one(key, args, tmp, env, procs))
     if results is None:
         return 1
-    rows = list(next(iter(results.values())))
+    labels = {f"{n}-{page}": f"{n} workers, page {page}" for n in sizes for page in ("closed", "open")}
     lines = [
         "## The dashboard's cost to the master",
         "",
@@ -168,11 +141,8 @@ def main() -> int:
         f"Chromium polling every second; the master's CPU over {args.idle_s:g} s idle and over "
         f"{args.jobs} no-op jobs enqueued at once.",
         "",
-        "| | " + " | ".join(f"{n} workers, page {page}" for n in sizes for page in ("closed", "open")) + " |",
-        "|---|" + "---:|" * len(keys),
+        *key_table(labels, results, list(next(iter(results.values())))),
     ]
-    for row in rows:
-        lines.append(f"| {row} | " + " | ".join(str(results[k][row]) for k in keys) + " |")
     publish("\n".join(lines) + "\n", args.markdown)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

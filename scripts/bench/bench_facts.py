@@ -14,6 +14,7 @@ import redis
 import rq
 from redis import Redis
 
+from bench_commands import COMMAND_NAMES
 from bench_source import git_state
 
 
@@ -46,6 +47,6 @@ def machine_facts(conn: Redis, bindir: Path, digest: str) -> dict[str, str]:
         "psutil": psutil.__version__,
         "supervisor (supervisord)": version("supervisor"),
         "herder": f"{herder_version}, git {git}, source digest {digest}",
-        "commands": f"{bindir / 'herder'}, {bindir / 'rq'}, {bindir / 'supervisord'}",
+        "commands": ", ".join(str(bindir / name) for name in COMMAND_NAMES),
         "load average at start": load,
     }

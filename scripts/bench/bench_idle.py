@@ -25,11 +25,8 @@ class IdleTest(Scenario):
         for r in range(1, self.args.idle_runs + 1):
             for c in contenders:
                 say(f"idle pool {r}/{self.args.idle_runs}: {c.label}")
-                try:
-                    res = self.run_one(c, r)
-                except BenchError as exc:
-                    self.findings.problems.append(f"idle pool, {c.label}, run {r}: {exc}")
-                    say(f"  FAILED: {exc}")
+                res = self.attempt(f"idle pool, {c.label}, run {r}", lambda c=c, r=r: self.run_one(c, r))
+                if res is None:
                     continue
                 results[c.key].append(res)
                 mem = res["memory"]

@@ -3,8 +3,8 @@
 
     scripts/bench/run launch --rounds 7 --markdown /tmp/launch.md
 
-Issue 19 asks herder's launch -> first job done to be no slower than rq worker-pool's. The main
-bench measures both; this scenario says what the gap is made of. On one private Redis, round
+herder's launch -> first job done is held to be no slower than rq worker-pool's. The main
+comparison measures both; this scenario says what the gap is made of. On one private Redis, round
 by round (contenders taking turns, so drift in the machine's speed hits all alike), each
 launch with `--jobs` no-op jobs queued first, it times the first job's `ended_at` from the
 moment the contender is started:
@@ -24,11 +24,8 @@ Not a test, and no assertion: run by hand; docs/benchmarks.md ("Launch") reads a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
-import signal
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -38,12 +35,13 @@ from redis import Redis
 from rq import Queue
 
 from bench_base import BenchError, median, say, wait_for
+from bench_commands import herder_argv, rq_pool_argv
 from bench_launch_chain import ENV_LAUNCH, ROLE_ARGV
-from bench_procs import Processes, RedisServer, become_subreaper, child_env, end_all
+from bench_procs import Processes, become_subreaper, child_env, end_all, start_redis
 from bench_report import publish
 from bench_source import herder_digest, snapshot_herder
 
-BIN = Path(sys.executable).parent
+SUMMARY = "the launch bound of herder's process tree, beside rq"
 QUEUE = "herder-launch"
 JOB_SOURCE = "def noop():\n    return None\n"
 CONTENDERS = {
@@ -56,11 +54,11 @@ CONTENDERS = {
 
 def argv_of(key: str, url: str, tmp: Path, workers: int, n: int) -> list[str]:
     if key == "rq":
-        return [str(BIN / "rq"), "worker-pool", "--url", url, "--num-workers", str(workers),
-                "--path", str(tmp / "jobs"), "--worker-class", "rq.worker.SimpleWorker", QUEUE]  # fmt: skip
+        return rq_pool_argv(
+            url, workers=workers, queue=QUEUE, path=tmp / "jobs", worker_class="rq.worker.SimpleWorker"
+        )
     if key == "herder":
-        return [str(BIN / "herder"), "run", "--redis-url", url, "--workers", str(workers), "--queue",
-                QUEUE, "--path", str(tmp / "jobs"), "--state-dir", str(tmp / f"state-{n}")]  # fmt: skip
+        return herder_argv(url, workers=workers, queue=QUEUE, path=tmp / "jobs", state_dir=tmp / f"state-{n}")
     return [*ROLE_ARGV, "run" if key == "chain" else "single"]
 
 
@@ -96,29 +94,27 @@ def launch_once(key: str, argv: list[str], env: dict[str, str], r: Redis, procs:
         ends = [q.fetch_job(j.decode()).ended_at for j in done]
         return 1000 * (min(e.timestamp() for e in ends if e) - started)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=10)
-        procs.kill_all(spare=spare)  # the whole tree, whatever its stop left; not Redis
+        procs.stop(proc, 10, spare=spare)  # the whole tree, whatever its stop left; not Redis
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=7, help="launches per contender (the median is reported)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--jobs", type=int, default=20, help="no-op jobs queued before each launch")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a launch may take to do a job")
     p.add_argument("--markdown", help="also write the report here")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     become_subreaper()
     tmp = Path(tempfile.mkdtemp(prefix="herder-launch-"))
     (tmp / "jobs").mkdir()
     (tmp / "jobs" / "launch_jobs.py").write_text(JOB_SOURCE)
     procs = Processes()
-    server = RedisServer("redis-server", tmp, procs)
     times: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+    server = None
     try:
-        r = server.start()
+        server, r = start_redis(tmp, procs)
         herder_src = snapshot_herder(tmp / "herder-src")
         say(f"herder from a snapshot of its source (digest {herder_digest(herder_src)}); redis {server.url}")
         envs = {k: child_env() for k in CONTENDERS}

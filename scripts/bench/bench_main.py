@@ -1,11 +1,11 @@
-"""scripts/bench's command line, and the run: herder against `rq worker-pool` and supervisord +
-`rq worker`, on one private Redis.
+"""The main comparison (scripts/bench/run with no scenario): herder against `rq worker-pool` and
+supervisord + `rq worker`, on one private Redis.
 
 The measurements, each at equal worker counts: throughput (bench_throughput.py) with the
 floor beside it (the least a reliable Redis queue does per job, bench_floor.py), crash to
 replacement, also under full CPU load (bench_crash.py), start-up, memory and stop of an idle
 pool (bench_idle.py), and herder at several pool sizes (bench_scaling.py); the report, with
-the targets of issues 10 and 19, is bench_report.py. See docs/benchmarks.md for what is
+the targets herder is held to, is bench_report.py. See docs/benchmarks.md for what is
 measured and how.
 """
 
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_base import REPO, BenchError, Findings, Interrupted, say
+from bench_base import REPO, BenchError, Findings, Interrupted, UsageError, say
 from bench_contenders import ALL_CONTENDERS, BY_KEY, HERDER_MIN_UPTIME, Launcher
 from bench_cpu import Noise
 from bench_crash import CrashTest
@@ -29,7 +29,7 @@ from bench_facts import machine_facts
 from bench_floor import FLOOR_KEY
 from bench_floor import command as floor_command
 from bench_idle import IdleTest
-from bench_procs import Processes, RedisServer, become_subreaper, end_all, raise_open_files
+from bench_procs import Processes, RedisServer, end_all, raise_open_files, take_charge
 from bench_report import publish, render
 from bench_scaling import ScalingTest
 from bench_source import herder_digest, snapshot_herder
@@ -49,14 +49,15 @@ def sizes(text: str) -> list[int]:
     return out
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="scripts/bench",
-        description="Benchmark herder against `rq worker-pool` and supervisord + `rq worker`: throughput "
-        "(beside the floor, a bare Redis queue loop), crash to replacement (also under full CPU load), "
-        "start-up, memory and stop of idle pools, scaling; and the targets of issues 10 and 19.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+DESCRIPTION = """\
+Benchmark herder against `rq worker-pool` and supervisord + `rq worker`: throughput (beside
+the floor, a bare Redis queue loop), crash to replacement (also under full CPU load), start-up,
+memory and stop of idle pools, scaling, and the targets herder is held to. That is the main
+comparison, run when no scenario is named; the options below are its own. A scenario runs
+instead with `scripts/bench/run SCENARIO [options]` (`scripts/bench/run SCENARIO --help`)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=4, help="workers per pool, the same for every contender")
     p.add_argument(
         "--jobs", type=int, default=2000, help="no-op jobs per throughput round (the floor gets as many)"
@@ -176,38 +177,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--keep-tmp", action="store_true", help="keep the temp dir (logs); it is kept anyway on problems"
     )
-    args = p.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> None:
+    """What argparse cannot check alone; fills in --skip-scaling."""
     if min(args.workers, args.jobs, args.rounds, args.kills, args.load_kills, args.idle_runs) < 1:
-        p.error("--workers, --jobs, --rounds, --kills, --load-kills and --idle-runs must be at least 1")
+        raise UsageError(
+            "--workers, --jobs, --rounds, --kills, --load-kills and --idle-runs must be at least 1"
+        )
     if args.scale_peers_max < 0:
-        p.error("--scale-peers-max must be 0 (no limit) or more")
+        raise UsageError("--scale-peers-max must be 0 (no limit) or more")
     for option in ("contenders", "scale_contenders"):
         unknown = [k for k in getattr(args, option).split(",") if k.strip() and k.strip() not in BY_KEY]
         if unknown:
-            p.error(f"--{option.replace('_', '-')}: unknown {', '.join(unknown)} (known: {ALL_KEYS})")
+            raise UsageError(
+                f"--{option.replace('_', '-')}: unknown {', '.join(unknown)} (known: {ALL_KEYS})"
+            )
     if args.skip_scaling:
         args.scale_sizes = []
     for tool in ("herder", "rq"):
         if not os.access(Path(args.bin_dir) / tool, os.X_OK):
-            p.error(f"no `{tool}` in {args.bin_dir}; pass --bin-dir")
-    return args
+            raise UsageError(f"no `{tool}` in {args.bin_dir}; pass --bin-dir")
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    command = shlex.join([os.environ.get("HERDER_BENCH_ARGV0", sys.argv[0]), *argv])
+def run(args: argparse.Namespace) -> int:
+    check(args)
+    command = shlex.join([os.environ.get("HERDER_BENCH_ARGV0", sys.argv[0]), *sys.argv[1:]])
     if not sys.platform.startswith("linux"):
         say("Linux only (psutil children, prctl subreaper, process groups)")
         return 2
-
-    def on_signal(signum: int, _frame: object) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    if not become_subreaper():
-        say("warning: could not become a child subreaper; orphaned workers may escape the cleanup")
+    take_charge()
 
     started = time.monotonic()
     # Pools of hundreds of workers hold thousands of pipes and Redis connections.

@@ -18,10 +18,8 @@ Not a test, and no assertion: run by hand; docs/benchmarks.md ("A flaky network"
 from __future__ import annotations
 
 import argparse
-import contextlib
 import random
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -30,14 +28,15 @@ from redis import Redis
 from rq import Queue
 
 from bench_base import REPO, say
-from bench_procs import Processes, RedisServer
-from bench_report import publish
+from bench_commands import herder_argv, rq_pool_argv
+from bench_procs import Processes, start_redis
+from bench_report import key_table, publish
 from bench_source import run_each, scratch
 
 sys.path.insert(0, str(REPO / "tests"))
 from faultproxy import FaultProxy  # noqa: E402  (the tests' proxy: the same faults)
 
-BIN = Path(sys.executable).parent
+SUMMARY = "a flaky network: what herder and rq's pool lose"
 QUEUE = "default"
 JOB_SOURCE = '''"""Written by scripts/bench network: records each run straight to Redis, past the proxy."""
 import time
@@ -61,12 +60,12 @@ CONTENDERS = {
 
 def argv_of(key: str, url: str, tmp: Path, workers: int) -> list[str]:
     if key == "rq":
-        return [str(BIN / "rq"), "worker-pool", "--url", url, "--num-workers", str(workers),
-                "--path", str(tmp / "jobs"), "--worker-class", "rq.worker.SimpleWorker", QUEUE]  # fmt: skip
-    argv = [str(BIN / "herder"), "run", "--redis-url", url, "--workers", str(workers), "--queue", QUEUE,
-            "--path", str(tmp / "jobs"), "--state-dir", str(tmp / f"state-{key}"),
-            "--no-scheduler"]  # fmt: skip
-    return [*argv, "--no-fast-path"] if key == "herder-rq-path" else argv
+        return rq_pool_argv(
+            url, workers=workers, queue=QUEUE, path=tmp / "jobs", worker_class="rq.worker.SimpleWorker"
+        )
+    extra = ["--no-fast-path"] if key == "herder-rq-path" else []
+    return herder_argv(url, workers=workers, queue=QUEUE, path=tmp / "jobs", state_dir=tmp / f"state-{key}",
+                       scheduler=False, extra=extra)  # fmt: skip
 
 
 def break_things(proxy: FaultProxy, seconds: float, seed: int) -> None:
@@ -104,9 +103,7 @@ def count(r: Redis, n: int) -> dict[str, float]:
 
 
 def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], procs: Processes) -> dict:
-    (tmp / f"redis-{key}").mkdir()
-    server = RedisServer("redis-server", tmp / f"redis-{key}", procs)
-    r = server.start()
+    server, r = start_redis(tmp / f"redis-{key}", procs)
     port = server.port
     proxy = FaultProxy(port, seed=args.seed)
     q = Queue(QUEUE, connection=r)
@@ -138,26 +135,26 @@ def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], 
         result["faults"] = dict(proxy.counts)
         return result
     finally:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=20)
-        procs.kill_all(spare=set())  # the contender's tree and this run's Redis
+        procs.stop(proc, 20)  # the contender's tree and this run's Redis
         proxy.close()
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--jobs", type=int, default=3000)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=4, help="workers of each contender")
+    p.add_argument("--jobs", type=int, default=3000, help="jobs, all enqueued before the pool starts")
     p.add_argument("--job-ms", type=float, default=40.0, help="each job's sleep")
     p.add_argument("--faults", type=float, default=30.0, help="seconds of faults, then the network heals")
     p.add_argument("--settle", type=float, default=10.0, help="seconds with no job ending that mean done")
     p.add_argument("--timeout", type=float, default=120.0, help="the longest wait after healing")
-    p.add_argument("--seed", type=int, default=27)
+    p.add_argument(
+        "--seed", type=int, default=27, help="of the faults' schedule, the same for each contender"
+    )
     p.add_argument("--only", help="comma-separated contenders: " + ",".join(CONTENDERS))
     p.add_argument("--markdown", help="also write the report here")
     p.add_argument("--keep", action="store_true", help="keep the contenders' logs (their folder is said)")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     keys = args.only.split(",") if args.only else list(CONTENDERS)
     tmp = scratch("herder-network-", "net_jobs.py", JOB_SOURCE)
     results = run_each(keys, tmp, lambda key, env, procs: run_one(key, args, tmp, env, procs))
@@ -174,11 +171,8 @@ def main() -> int:
         "and stalls traffic (the same schedule for each); the jobs record their runs straight to "
         f"Redis. Counted once no job has ended for {args.settle:g} s after the network healed.",
         "",
-        "| | " + " | ".join(CONTENDERS[k] for k in keys) + " |",
-        "|---|" + "---:|" * len(keys),
+        *key_table({k: CONTENDERS[k] for k in keys}, results, rows),
     ]
-    for row in rows:
-        lines.append(f"| {row} | " + " | ".join(str(results[k][row]) for k in keys) + " |")
     faults = ", ".join(f"{k} {v}" for k, v in results[keys[0]]["faults"].items())
     lines += ["", f"Faults ({keys[0]}'s run): {faults}."]
     publish("\n".join(lines) + "\n", args.markdown)

@@ -23,7 +23,7 @@ import psutil
 import redis
 from redis import Redis
 
-from bench_base import BenchError, say
+from bench_base import BenchError, Interrupted, say
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -35,6 +35,21 @@ def become_subreaper() -> bool:
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def take_charge() -> None:
+    """For a scenario's whole run: SIGTERM and SIGHUP unwind as Ctrl-C does (through every
+    `finally`, so whatever it started is ended), and this process becomes the subreaper of
+    everything it starts."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    if not become_subreaper():
+        say("warning: could not become a child subreaper; orphaned workers may escape the cleanup")
 
 
 def child_pids(pid: int) -> set[int]:
@@ -104,6 +119,18 @@ class Processes:
             )
         self.popens.append(popen)
         return popen
+
+    def stop(self, popen: subprocess.Popen[bytes], timeout: float, spare: Iterable[int] = ()) -> int | None:
+        """SIGTERM (every contender's graceful stop), up to `timeout` s for `popen` to exit, then
+        SIGKILL whatever of ours is left but `spare`. Returns its exit code (None: killed)."""
+        if popen.poll() is None:
+            with contextlib.suppress(OSError):
+                popen.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(timeout=timeout)
+        code = popen.poll()
+        self.kill_all(spare=set(spare))
+        return code
 
     def kill_all(self, spare: set[int], extra: Iterable[psutil.Process] = ()) -> int:
         """SIGKILL every descendant of ours (adopted orphans included, as we are a subreaper)
@@ -210,10 +237,18 @@ class RedisServer:
             self.popen.wait(timeout=10)
 
 
-def end_all(procs: Processes, server: RedisServer) -> None:
+def start_redis(workdir: Path, procs: Processes, binary: str = "redis-server") -> tuple[RedisServer, Redis]:
+    """A private redis-server in `workdir` (made if need be), and a connection to it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = RedisServer(binary, workdir, procs)
+    return server, server.start()
+
+
+def end_all(procs: Processes, server: RedisServer | None) -> None:
     """The last cleanup: every leftover process but Redis, then Redis, then anything still around."""
-    hit = procs.kill_all(spare={server.pid})
+    hit = procs.kill_all(spare={server.pid} if server else set())
     if hit:
         say(f"cleanup: killed {hit} leftover process(es)")
-    server.stop()
+    if server:
+        server.stop()
     procs.kill_all(spare=set())

@@ -17,14 +17,12 @@ duration. Stops herder with SIGTERM. Not a test: run by hand.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,11 +34,12 @@ from redis import Redis
 from rq import Queue
 
 from bench_base import BenchError, Interrupted, say, wait_for
-from bench_procs import Processes, RedisServer, become_subreaper, end_all
+from bench_commands import herder_argv
+from bench_procs import Processes, end_all, start_redis, take_charge
 from bench_report import publish
 from herder.supervisor.ctl.client import call
 
-HERDER = str(Path(sys.executable).with_name("herder"))
+SUMMARY = "workers recycled after N jobs and past a memory limit"
 DONE = "bench:recycle:done"  # every finished job pushes its id here: each must appear once
 LEAKED = "bench:recycle:leaked"  # and every leaking job the wall-clock time it ran
 JOB_SOURCE = f'''import time
@@ -108,44 +107,38 @@ def status(state: Path) -> dict | None:
     return reply if reply.get("ok") else None
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--max-jobs", type=int, default=40)
-    p.add_argument("--max-jobs-jitter", type=int, default=30)
-    p.add_argument("--recycle-share", type=float, default=0.25)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=4, help="herder's --workers")
+    p.add_argument("--max-jobs", type=int, default=40, help="herder's --max-jobs")
+    p.add_argument("--max-jobs-jitter", type=int, default=30, help="herder's --max-jobs-jitter")
+    p.add_argument("--recycle-share", type=float, default=0.25, help="herder's --recycle-share")
     p.add_argument("--jobs", type=int, default=1000, help="short jobs in the steady stream")
-    p.add_argument("--job-seconds", type=float, default=0.02)
+    p.add_argument("--job-seconds", type=float, default=0.02, help="each job's sleep")
     p.add_argument("--rate", type=float, default=60.0, help="jobs enqueued per second")
     p.add_argument("--max-memory", type=int, default=120, help="MB; 0: no memory phase")
     p.add_argument("--max-memory-hard", type=int, default=600, help="MB; high, so nothing is killed")
     p.add_argument("--leak-jobs", type=int, default=40, help="jobs that leak, every 3rd job after the stream")
-    p.add_argument("--leak-mb", type=int, default=25)
+    p.add_argument("--leak-mb", type=int, default=25, help="MB each leaking job keeps alive")
     p.add_argument("--interval", type=float, default=0.2, help="seconds between status samples")
     p.add_argument("--png", help="draw the timeline into this PNG")
     p.add_argument("--markdown", help="also write the report here")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     if not args.max_memory:
         args.leak_jobs = 0
-
-    def on_signal(signum: int, _frame: object) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    if not become_subreaper():
-        say("warning: could not become a child subreaper; orphaned workers may escape the cleanup")
+    take_charge()
     tmp = Path(tempfile.mkdtemp(prefix="herder-recycle-"))
     try:
-        run = measure(args, tmp)
+        seen = measure(args, tmp)
     except (BenchError, KeyboardInterrupt, Interrupted) as exc:
         say(f"error: {exc!r}; logs kept in {tmp}")
         return 1
 
-    report, ok = render(args, run)
+    report, ok = render(args, seen)
     publish(report, args.markdown)
     if args.png:
-        draw(run, args, Path(args.png))
+        draw(seen, args, Path(args.png))
         say(f"drew {args.png}")
     if ok:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -154,13 +147,12 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def herder_argv(args: argparse.Namespace, url: str, tmp: Path) -> list[str]:
-    argv = [HERDER, "run", "--redis-url", url, "--state-dir", str(tmp / "state"), "--path", str(tmp / "jobs")]
-    argv += ["--workers", str(args.workers), "--max-jobs", str(args.max_jobs)]
-    argv += ["--max-jobs-jitter", str(args.max_jobs_jitter), "--recycle-share", str(args.recycle_share)]
+def recycling_argv(args: argparse.Namespace, url: str, tmp: Path) -> list[str]:
+    recycling = ["--max-jobs", str(args.max_jobs), "--max-jobs-jitter", str(args.max_jobs_jitter)]
+    recycling += ["--recycle-share", str(args.recycle_share)]
     if args.max_memory:
-        argv += ["--max-memory", str(args.max_memory), "--max-memory-hard", str(args.max_memory_hard)]
-    return argv
+        recycling += ["--max-memory", str(args.max_memory), "--max-memory-hard", str(args.max_memory_hard)]
+    return herder_argv(url, workers=args.workers, path=tmp / "jobs", state_dir=tmp / "state", extra=recycling)
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> Run:
@@ -169,14 +161,13 @@ def measure(args: argparse.Namespace, tmp: Path) -> Run:
     (tmp / "jobs" / "recycle_jobs.py").write_text(JOB_SOURCE)
     state = tmp / "state"
     procs = Processes()
-    server = RedisServer("redis-server", tmp, procs)
     herder = None
     run = Run(jobs=args.jobs + 3 * args.leak_jobs)
     stop_sampling = threading.Event()
     sampler = None
+    server, r = start_redis(tmp, procs)
     try:
-        r = server.start()
-        herder = procs.start(herder_argv(args, server.url, tmp), tmp / "herder.log")
+        herder = procs.start(recycling_argv(args, server.url, tmp), tmp / "herder.log")
 
         def running() -> dict | None:
             st = status(state)
@@ -224,10 +215,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> Run:
         stop_sampling.set()
         if sampler:
             sampler.join(10)
-        if herder and herder.poll() is None:
-            herder.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                herder.wait(60)
+        if herder:
+            procs.stop(herder, 60, spare={server.pid})
         end_all(procs, server)
     return run
 
@@ -421,7 +410,3 @@ def draw(run: Run, args: argparse.Namespace, path: Path) -> None:
         top.text((run.leak_from + run.leak_to) / 2, 0.4, "leaking\njobs ran", fontsize="small", ha="center")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

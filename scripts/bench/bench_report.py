@@ -1,39 +1,39 @@
 """The report: one markdown document (machine, contenders, throughput with the floor and each
 contender's share of it, crash to replacement with and without CPU load, idle pools, scaling,
-ratios, the targets of issues 10 and 19, problems and noise), printed and optionally written
-to a file."""
+ratios, the targets herder is held to, problems and noise), printed and optionally written
+to a file; and the pieces the scenarios' reports share."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_base import Findings, median, p90, say
 from bench_contenders import BY_KEY, PEERS, RQ_DEFAULT, RQ_SIMPLE, SUPERVISORD, Contender
 from bench_floor import FLOOR_KEY, FLOOR_LABEL
 
-# The targets of issue 10 ("the benchmark a user would run to choose").
-TARGET_READY = 0.030  # crash -> replacement ready, median
-TARGET_LOAD_SPAWN = 0.050  # crash -> replacement spawned under full CPU load, median
-TARGET_WORKER_STOP = 0.5  # graceful stop of one idle worker
-TARGET_USS_MB = 23 / 2  # half the old 23 MB per idle worker
-
-# The targets of issue 19 ("the bench reports the floor").
-TARGET_X_SIMPLE = 2.5  # throughput, x rq worker-pool with SimpleWorker
-TARGET_FLOOR_SHARE = 0.25  # throughput, share of the floor's
-TARGET_CPU_SIZES = (4, 64)  # the master's CPU per job at the second size: within ... of the first
+# The targets herder is held to, by what they measure.
+# Throughput: x rq worker-pool with SimpleWorker (each a row), and share of the floor's.
+TARGET_X_SIMPLE = (1.0, 2.5, 3.0)
+TARGET_X_SUPERVISORD = 1.0
+TARGET_FLOOR_SHARE = 0.25
+# Crash to replacement: kill -> listed by RQ, median, in seconds, by crash test variant.
+TARGET_LISTED = {"crash": (0.030,), "busy": (0.030,), "noisy": (0.050,), "load": (0.050, 0.030)}
+# Launch: -> first job done no slower than rq's pool (each class), and within this x of it;
+# -> all workers ready within this x as well.
+TARGET_LAUNCH_X = 1.5
+# Stop and memory.
+TARGET_WORKER_STOP = 0.5  # graceful stop of one idle worker, seconds
+TARGET_USS_MB = 23 / 2  # USS per idle worker: half the 23 MB it once was
+TARGET_POOL_USS_X = 1.5  # an idle pool's whole USS within this x rq's pool's
+# Scaling: the master's CPU per job at the second size within this x of the first; its threads
+# at the largest size at most 2 + a fixed few.
+TARGET_CPU_SIZES = (4, 64)
 TARGET_CPU_GROWTH = 1.5
-TARGET_THREADS = 8  # the master's threads at the largest scaling size: 2 + a fixed few
-TARGET_LOAD_SPAWN_19 = 0.030  # crash -> replacement spawned under full CPU load, median (was 50 ms)
-
-# The targets of issue 28 ("a replacement ready in RQ's eyes within 30 ms again").
-TARGET_LISTED_28 = 0.030  # kill -> listed by RQ, median: after a busy spell, and at idle
-TARGET_NOISY_28 = 0.050  # the same under noisy full load
-TARGET_X_SIMPLE_28 = 3.0  # throughput, x rq worker-pool SimpleWorker
-TARGET_LAUNCH_28 = 1.5  # launch -> first job done, and -> all workers ready: within this x rq's pool
-TARGET_POOL_USS_28 = 1.5  # an idle pool's whole USS at 4 workers: within this x rq's pool
+TARGET_THREADS = 8
 
 
 def fmt_ratio(x: float) -> str:
@@ -401,79 +401,77 @@ def ratio_section(contenders: list[Contender], m: Medians) -> list[str]:
     return out
 
 
+CRASH_WHEN = {
+    "crash": "at idle",
+    "busy": "after a busy spell",
+    "noisy": "under noisy full load",
+    "load": "under full CPU load",
+}
+
+
 def target_section(args: argparse.Namespace, contenders: list[Contender], m: Medians) -> list[str]:
+    """The targets, a table for each thing measured: a row per target, a column pair (measured,
+    met) per herder variant."""
     herders = [c for c in contenders if c.is_herder]
     if not herders:
         return []
     head = ["| target | " + " | ".join(f"{h.label}: measured | met" for h in herders) + " |"]
     head.append("|---|" + "---|---|" * len(herders))
-    out = ["## Targets (issue 10)", "", *head]
+    Cell = Callable[[Contender], tuple[str, str]]  # noqa: N806  (a herder -> (measured, met))
+    out: list[str] = []
 
-    def row(name: str, cell) -> None:  # cell(herder) -> (measured text, met text)
-        out.append(f"| {name} | " + " | ".join(" | ".join(cell(h)) for h in herders) + " |")
+    def table(title: str, note: str, rows: list[tuple[str, Cell]]) -> None:
+        out.extend([f"## Targets: {title}", ""])
+        if note:
+            out.extend([note, ""])
+        out.extend(head)
+        out.extend(
+            f"| {name} | " + " | ".join(" | ".join(cell(h)) for h in herders) + " |" for name, cell in rows
+        )
+        out.append("")
 
-    def under(value: float, limit: float, show=fmt_ms) -> tuple[str, str]:
-        return show(value), yn(value, value < limit)
-
-    def at_least(peer: Contender, times: float = 1.0):
+    def x_jobs_per_s(peer: Contender, times: float) -> Cell:
         def cell(h: Contender) -> tuple[str, str]:
             r = ratio(m.jobs_per_s(h.key), m.jobs_per_s(peer.key))
             return fmt_ratio(r), yn(r, r >= times)
 
         return cell
 
-    def no_slower(peer: Contender):
+    def share(h: Contender) -> tuple[str, str]:
+        x = m.floor_share(h.key)
+        return fmt_share(x), yn(x, x >= TARGET_FLOOR_SHARE)
+
+    def listed(mode: str, limit: float) -> Cell:
+        def cell(h: Contender) -> tuple[str, str]:
+            x = m.crash(h.key, "listed", mode)
+            return fmt_ms(x), yn(x, x < limit)
+
+        return cell
+
+    def no_slower(peer: Contender) -> Cell:
         def cell(h: Contender) -> tuple[str, str]:
             a, b = m.first_done(h.key), m.first_done(peer.key)
             return f"{fmt_ms(a)} vs {fmt_ms(b)}", yn(ratio(a, b), a <= b)
 
         return cell
 
-    row(
-        "crash -> replacement listed by RQ, median, under 30 ms",
-        lambda h: under(m.crash(h.key, "listed"), TARGET_READY),
-    )
-    row("throughput at least 1.0x rq worker-pool SimpleWorker", at_least(RQ_SIMPLE))
-    row("throughput at least 1.0x supervisord + rq worker (SimpleWorker)", at_least(SUPERVISORD))
-    row("launch -> first job done no slower than rq worker-pool (default class)", no_slower(RQ_DEFAULT))
-    row("launch -> first job done no slower than rq worker-pool SimpleWorker", no_slower(RQ_SIMPLE))
-    row(
-        "graceful stop of one idle worker under 0.5 s",
-        lambda h: under(m.worker_stop(h.key)[0], TARGET_WORKER_STOP),
-    )
-    row(
-        "USS per idle worker at most 11.5 MB (half of 23 MB)",
-        lambda h: (
-            fmt_mb(m.idle(h.key, "worker_uss")),
-            yn(m.idle(h.key, "worker_uss"), m.idle(h.key, "worker_uss") <= TARGET_USS_MB),
-        ),
-    )
-    row(
-        "crash -> replacement listed by RQ, median, under 50 ms under full CPU load",
-        lambda h: under(m.crash(h.key, "listed", "load"), TARGET_LOAD_SPAWN),
-    )
+    def within(figure: Callable[[str], float], peer: Contender, times: float) -> Cell:
+        def cell(h: Contender) -> tuple[str, str]:
+            r = ratio(figure(h.key), figure(peer.key))
+            return fmt_ratio(r), yn(r, r <= times)
+
+        return cell
+
+    def worker_stop(h: Contender) -> tuple[str, str]:
+        x = m.worker_stop(h.key)[0]
+        return fmt_ms(x), yn(x, x < TARGET_WORKER_STOP)
+
+    def worker_uss(h: Contender) -> tuple[str, str]:
+        x = m.idle(h.key, "worker_uss")
+        return fmt_mb(x), yn(x, x <= TARGET_USS_MB)
 
     small, big = TARGET_CPU_SIZES
     largest = max(args.scale_sizes, default=0)
-    out += [
-        "",
-        "## Targets (issue 19)",
-        "",
-        "The floor is the last row of the throughput table. The master's CPU is the scaling table's "
-        f"supervisor CPU per 1,000 jobs at {small} and at {big} workers (n/a where a size did not run). "
-        f"The master's threads: the most seen during the run at the largest size ({largest or 'none'}), "
-        f"at most {TARGET_THREADS} (2 + {TARGET_THREADS - 2}). Crash -> replacement under full CPU load: "
-        f"issue 19 asks under {TARGET_LOAD_SPAWN_19 * 1000:.0f} ms (to spawned; since issue 28, to listed by "
-        f"RQ); issue 10's row above (under "
-        f"{TARGET_LOAD_SPAWN * 1000:.0f} ms) stays. Launch -> first job done no slower than rq worker-pool: "
-        "issue 10's two rows above.",
-        "",
-        *head,
-    ]
-
-    def share(h: Contender) -> tuple[str, str]:
-        x = m.floor_share(h.key)
-        return fmt_share(x), yn(x, x >= TARGET_FLOOR_SHARE)
 
     def cpu_growth(h: Contender) -> tuple[str, str]:
         a, b = m.scaling(h.key, small, "sup_cpu_per_1000"), m.scaling(h.key, big, "sup_cpu_per_1000")
@@ -490,86 +488,70 @@ def target_section(args: argparse.Namespace, contenders: list[Contender], m: Med
             return "n/a", "n/a"
         return f"{peak:.0f} at most ({idle:.0f} idle) at {largest} workers", yn(peak, peak <= TARGET_THREADS)
 
-    row(
-        f"throughput at least {TARGET_X_SIMPLE:g}x rq worker-pool SimpleWorker",
-        at_least(RQ_SIMPLE, TARGET_X_SIMPLE),
+    table(
+        "throughput",
+        "The floor is the last row of the throughput table.",
+        [
+            *((f"throughput at least {x:g}x rq worker-pool SimpleWorker", x_jobs_per_s(RQ_SIMPLE, x))
+              for x in TARGET_X_SIMPLE),
+            (f"throughput at least {TARGET_X_SUPERVISORD:g}x supervisord + rq worker (SimpleWorker)",
+             x_jobs_per_s(SUPERVISORD, TARGET_X_SUPERVISORD)),
+            (f"throughput at least {TARGET_FLOOR_SHARE:.0%} of the floor", share),
+        ],
+    )  # fmt: skip
+    table(
+        "crash to replacement",
+        "",
+        [
+            (
+                f"kill -> listed by RQ {CRASH_WHEN[mode]}, median, under {limit * 1000:.0f} ms",
+                listed(mode, limit),
+            )
+            for mode, limits in TARGET_LISTED.items()
+            for limit in limits
+        ],
     )
-    row(f"throughput at least {TARGET_FLOOR_SHARE:.0%} of the floor", share)
-    row(
-        f"master CPU per job at {big} workers within {TARGET_CPU_GROWTH:g}x of its figure at {small}",
-        cpu_growth,
-    )
-    row(
-        f"master threads at the largest scaling size at most {TARGET_THREADS} (2 + {TARGET_THREADS - 2})",
-        threads,
-    )
-    row(
-        f"crash -> replacement listed by RQ, median, under {TARGET_LOAD_SPAWN_19 * 1000:.0f} ms "
-        "under full CPU load",
-        lambda h: under(m.crash(h.key, "listed", "load"), TARGET_LOAD_SPAWN_19),
-    )
-    out.append("")
-    out += issue28_section(args, contenders, m, head)
+    launch: list[tuple[str, Cell]] = []
+    for peer in (RQ_DEFAULT, RQ_SIMPLE):
+        launch += [
+            (f"launch -> first job done no slower than {peer.label}", no_slower(peer)),
+            (f"launch -> first job done within {TARGET_LAUNCH_X:g}x {peer.label}",
+             within(m.first_done, peer, TARGET_LAUNCH_X)),
+            (f"launch -> all workers ready within {TARGET_LAUNCH_X:g}x {peer.label}",
+             within(lambda key: m.idle(key, "ready"), peer, TARGET_LAUNCH_X)),
+        ]  # fmt: skip
+    table("launch", "Launch -> all workers ready: the idle pools' table.", launch)
+    table(
+        "stop and memory",
+        "",
+        [
+            (f"graceful stop of one idle worker under {TARGET_WORKER_STOP:g} s", worker_stop),
+            (f"USS per idle worker at most {TARGET_USS_MB:g} MB (half of 23 MB)", worker_uss),
+            *((f"idle pool's whole USS within {TARGET_POOL_USS_X:g}x {peer.label}",
+               within(lambda key: m.idle(key, "tree_uss"), peer, TARGET_POOL_USS_X))
+              for peer in (RQ_SIMPLE, RQ_DEFAULT)),
+        ],
+    )  # fmt: skip
+    table(
+        "scaling",
+        f"The master's CPU is the scaling table's supervisor CPU per 1,000 jobs at {small} and at {big} "
+        f"workers (n/a where a size did not run); its threads, the most seen during the run at the "
+        f"largest size ({largest or 'none'}).",
+        [
+            (f"master CPU per job at {big} workers within {TARGET_CPU_GROWTH:g}x of its figure at {small}",
+             cpu_growth),
+            (f"master threads at the largest scaling size at most {TARGET_THREADS} "
+             f"(2 + {TARGET_THREADS - 2})", threads),
+        ],
+    )  # fmt: skip
     return out
 
 
-def issue28_section(
-    args: argparse.Namespace, contenders: list[Contender], m: Medians, head: list[str]
-) -> list[str]:
-    herders = [c for c in contenders if c.is_herder]
-    out = ["## Targets (issue 28)", "", *head]
-
-    def row(name: str, cell) -> None:
-        out.append(f"| {name} | " + " | ".join(" | ".join(cell(h)) for h in herders) + " |")
-
-    def listed(mode: str, limit: float):
-        def cell(h: Contender) -> tuple[str, str]:
-            x = m.crash(h.key, "listed", mode)
-            return fmt_ms(x), yn(x, x < limit)
-
-        return cell
-
-    def within(value, peer_value, times: float) -> tuple[str, str]:
-        r = ratio(value, peer_value)
-        return fmt_ratio(r), yn(r, r <= times)
-
-    row(f"kill -> listed by RQ after a busy spell, median, under {TARGET_LISTED_28 * 1000:.0f} ms",
-        listed("busy", TARGET_LISTED_28))  # fmt: skip
-    row(f"kill -> listed by RQ at idle, median, under {TARGET_LISTED_28 * 1000:.0f} ms",
-        listed("crash", TARGET_LISTED_28))  # fmt: skip
-    row(f"kill -> listed by RQ under noisy full load, median, under {TARGET_NOISY_28 * 1000:.0f} ms",
-        listed("noisy", TARGET_NOISY_28))  # fmt: skip
-    row(
-        f"throughput at least {TARGET_X_SIMPLE_28:g}x rq worker-pool SimpleWorker",
-        lambda h: (
-            fmt_ratio(ratio(m.jobs_per_s(h.key), m.jobs_per_s(RQ_SIMPLE.key))),
-            yn(
-                ratio(m.jobs_per_s(h.key), m.jobs_per_s(RQ_SIMPLE.key)),
-                ratio(m.jobs_per_s(h.key), m.jobs_per_s(RQ_SIMPLE.key)) >= TARGET_X_SIMPLE_28,
-            ),
-        ),
-    )
-    for peer in (RQ_SIMPLE, RQ_DEFAULT):
-        row(
-            f"launch -> first job done within {TARGET_LAUNCH_28:g}x {peer.label}",
-            lambda h, p=peer: within(m.first_done(h.key), m.first_done(p.key), TARGET_LAUNCH_28),
-        )
-        row(
-            f"launch -> all workers ready within {TARGET_LAUNCH_28:g}x {peer.label}",
-            lambda h, p=peer: within(m.idle(h.key, "ready"), m.idle(p.key, "ready"), TARGET_LAUNCH_28),
-        )
-        row(
-            f"idle pool's whole USS within {TARGET_POOL_USS_28:g}x {peer.label}",
-            lambda h, p=peer: within(
-                m.idle(h.key, "tree_uss"), m.idle(p.key, "tree_uss"), TARGET_POOL_USS_28
-            ),
-        )
-    out += [
-        "",
-        "The master's CPU per job at 64 workers within 1.5x of 4: issue 19's row above. Launch -> all "
-        "workers ready and the pool's USS: the idle pools' table.",
-        "",
-    ]
+def key_table(labels: dict[str, str], results: dict[str, dict], rows: list[str]) -> list[str]:
+    """A markdown table of a scenario's runs: a column per run (its label), a row per figure."""
+    out = ["| | " + " | ".join(labels.values()) + " |", "|---|" + "---:|" * len(labels)]
+    for row in rows:
+        out.append(f"| {row} | " + " | ".join(str(results[k][row]) for k in labels) + " |")
     return out
 
 

@@ -18,30 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 
 import psutil
 
 from bench_base import BenchError, say
 from bench_contenders import BY_KEY, Contender, Scenario
-from bench_cpu import CpuMeter
+from bench_cpu import CpuMeter, process_cpu
 from bench_memory import pool_memory
 from bench_throughput import enqueue, job_times, release, wait_done
-
-
-def cpu_of(p: psutil.Process) -> float:
-    """The process's CPU time (user + system, its threads, not its children), in seconds.
-    On Linux from the kernel's CPU clock of that pid, to the nanosecond: psutil's cpu_times()
-    counts in clock ticks (10 ms), and a 4-worker run's master uses about 50 ms, so ticks
-    quantized its figure per 1,000 jobs into steps of a fifth."""
-    if sys.platform.startswith("linux"):
-        try:  # clockid of a pid's CPU clock: MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
-            return time.clock_gettime_ns(((~p.pid) << 3) | 2) / 1e9
-        except OSError:
-            pass  # it is gone, or the clock is not readable here: psutil says which
-    t = p.cpu_times()
-    return t.user + t.system
 
 
 class ScalingTest(Scenario):
@@ -66,11 +51,10 @@ class ScalingTest(Scenario):
                     say(f"scaling: {c.label}, {size} workers: skipped (above --scale-peers-max)")
                     continue
                 say(f"scaling: {c.label}, {size} workers, {self.jobs_for(size)} jobs")
-                try:
-                    res = self.run_one(c, size)
-                except BenchError as exc:
-                    self.findings.problems.append(f"scaling, {c.label}, {size} workers: {exc}")
-                    say(f"  FAILED: {exc}")
+                res = self.attempt(
+                    f"scaling, {c.label}, {size} workers", lambda c=c, size=size: self.run_one(c, size)
+                )
+                if res is None:
                     continue
                 results[c.key][size] = res
                 say(
@@ -107,11 +91,11 @@ class ScalingTest(Scenario):
                     with contextlib.suppress(psutil.Error):
                         threads.append(master.num_threads())
 
-            cpu0 = cpu_of(master)
+            cpu0 = process_cpu(master)
             release(self.redis)
             timeout = self.args.round_timeout * max(1.0, n / self.args.jobs)
             wait_done(self.redis, pool, n, timeout, sample)
-            cpu1 = cpu_of(master)
+            cpu1 = process_cpu(master)
         except psutil.NoSuchProcess as exc:
             raise BenchError(f"the pool's master process is gone ({exc}); see {pool.log_path}") from exc
         finally:

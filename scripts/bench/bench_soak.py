@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +28,10 @@ from redis import Redis
 from rq import Queue
 
 from bench_base import BenchError, say, wait_for
+from bench_commands import herder_argv, herder_master
+from bench_procs import Processes, end_all, start_redis
 
+SUMMARY = "the long run: what herder holds after 500,000 jobs"
 QUEUE = "soak"
 JOB_MODULE = "herder_soak_jobs"
 BATCH = 5000  # jobs enqueued at once, in one pipeline
@@ -68,46 +67,6 @@ class Verdict:
         self.lines.append(f"{'ok  ' if ok else 'FAIL'} {text}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], Redis]:
-    server = shutil.which("redis-server")
-    if server is None:
-        raise BenchError("redis-server is not on PATH")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],  # fmt: skip
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    conn = Redis(port=port)
-    wait_for("redis-server to answer", lambda: _pings(conn), 10)
-    return proc, conn
-
-
-def _pings(conn: Redis) -> bool:
-    try:
-        return bool(conn.ping())
-    except Exception:
-        return False
-
-
 def herder_keys(conn: Redis) -> int:
     return sum(1 for _ in conn.scan_iter(match="herder:*", count=1000))
 
@@ -115,15 +74,13 @@ def herder_keys(conn: Redis) -> int:
 class Fleet:
     """The herder under test and what psutil sees of it."""
 
-    def __init__(self, workdir: Path, redis_port: int, workers: int, threads: int, extra: list[str]) -> None:
-        herder = Path(sys.executable).with_name("herder")
+    def __init__(self, workdir: Path, procs: Processes, url: str, args: argparse.Namespace) -> None:
         self.state_dir = workdir / "state"
-        self.log = open(workdir / "herder.log", "ab")  # noqa: SIM115 - closed in stop()
-        argv = [str(herder), "run", "--redis-url", f"redis://127.0.0.1:{redis_port}/0", "--queue", QUEUE,
-                "--workers", str(workers), "--threads", str(threads), "--path", str(workdir),
-                "--state-dir", str(self.state_dir), *extra]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.workers = workers
+        self.procs = procs
+        argv = herder_argv(url, queue=QUEUE, workers=args.workers, threads=args.threads, path=workdir,
+                           state_dir=self.state_dir, extra=args.herder_args)  # fmt: skip
+        self.proc = procs.start(argv, workdir / "herder.log")
+        self.workers = args.workers
 
     def status(self) -> dict:
         from herder.supervisor.ctl import client
@@ -131,10 +88,10 @@ class Fleet:
         return client.call(str(self.state_dir), {"cmd": "status"})
 
     def master(self) -> psutil.Process:
-        for kid in psutil.Process(self.proc.pid).children():
-            if kid.cmdline()[-2:] == ["-m", "herder.supervisor"]:
-                return kid
-        raise BenchError("no master under the watchdog")
+        master = herder_master(self.proc.pid)
+        if master is None:
+            raise BenchError("no master under the watchdog")
+        return master
 
     def sample(self, status: dict, t: float, done: int, keys: int) -> Sample:
         master = self.master()
@@ -157,25 +114,15 @@ class Fleet:
         return Sample(t, done, master.memory_info().rss, rss, master_fds + sum(fds.values()), threads, keys,
                       master_fds, fds)  # fmt: skip
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
 
-
-def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Sample], Sample, Verdict]:
+def measure(args: argparse.Namespace, workdir: Path) -> tuple[list[Sample], Sample, Verdict]:
     (workdir / f"{JOB_MODULE}.py").write_text("def noop():\n    return None\n")
     sys.path.insert(0, str(workdir))
-    redis_proc, conn = start_redis(workdir)
-    fleet = None
+    procs = Processes()
+    server = fleet = None
     try:
-        fleet = Fleet(workdir, conn.connection_pool.connection_kwargs["port"], args.workers, args.threads,
-                      args.herder_args)  # fmt: skip
+        server, conn = start_redis(workdir, procs)
+        fleet = Fleet(workdir, procs, server.url, args)
         wait_for("every worker ready", lambda: _all_ready(fleet), 60)
         queue = Queue(QUEUE, connection=conn)
         enqueued, samples, baseline = 0, [], None
@@ -215,10 +162,9 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Sample], Sample, 
         samples.append(end)
         return samples, baseline, judge(args, baseline, end)
     finally:
-        if fleet is not None:
-            fleet.stop()
-        redis_proc.terminate()
-        redis_proc.wait(10)
+        if fleet is not None and server is not None:
+            procs.stop(fleet.proc, 60, spare={server.pid})
+        end_all(procs, server)
 
 
 def _all_ready(fleet: Fleet) -> bool:
@@ -293,10 +239,9 @@ def draw(runs: list[tuple[str, list[Sample]]], path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="scripts/bench/run soak", description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=500_000)
-    p.add_argument("--workers", type=int, default=8)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=int, default=500_000, help="no-op jobs in the run")
+    p.add_argument("--workers", type=int, default=8, help="herder's --workers")
     p.add_argument("--threads", type=int, default=1, help="job threads per worker")
     p.add_argument("--checkpoint", type=float, default=0.1, help="share of the jobs done at the baseline")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
@@ -305,11 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--also", help="the --json of another run to draw beside this one (e.g. threaded)")
     p.add_argument("--progress", action="store_true", help="print each sample")
     p.add_argument("--herder-args", type=str, default="", help="more flags for herder run")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     args.herder_args = args.herder_args.split()
     workdir = Path(tempfile.mkdtemp(prefix="herder-soak-"))
     try:
-        samples, baseline, verdict = run(args, workdir)
+        samples, baseline, verdict = measure(args, workdir)
     except BenchError as exc:
         say(f"soak: {exc}")
         return 2
@@ -348,7 +295,3 @@ def main(argv: list[str] | None = None) -> int:
             runs.append((other.get("title", args.also), [Sample(**s) for s in other["samples"]]))
         draw(runs, Path(args.png))
     return 0 if verdict.held else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

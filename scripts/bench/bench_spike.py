@@ -13,12 +13,9 @@ min, next to what KEDA's defaults would give for the same load. Not a test: run 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -27,10 +24,11 @@ from pathlib import Path
 from rq import Queue
 
 from bench_base import BenchError, say, wait_for
-from bench_procs import Processes, RedisServer, child_env, end_all
+from bench_commands import herder_argv, herder_ctl_argv
+from bench_procs import Processes, child_env, end_all, start_redis
 from bench_report import publish
 
-HERDER = str(Path(sys.executable).with_name("herder"))
+SUMMARY = "autoscaling: a burst on a quiet queue, beside KEDA"
 JOB_SOURCE = "import time\n\n\ndef work(seconds):\n    time.sleep(seconds)\n"
 # KEDA's Redis-list scaler defaults: poll every 30 s; scale to zero/min after a 300 s
 # cooldown, and the HPA's default scale-down stabilization window is also 300 s.
@@ -51,7 +49,7 @@ class Timeline:
 
 def status(state: Path) -> dict | None:
     r = subprocess.run(
-        [HERDER, "status", "--json", "--state-dir", str(state)],
+        herder_ctl_argv(state, "status", "--json"),
         capture_output=True,
         text=True,
         env=child_env(),
@@ -59,16 +57,18 @@ def status(state: Path) -> dict | None:
     return json.loads(r.stdout) if r.returncode in (0, 3) else None
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=int, default=600)
-    p.add_argument("--job-seconds", type=float, default=0.05)
-    p.add_argument("--max-workers", type=int, default=6)
-    p.add_argument("--scale-down-delay", type=float, default=10.0)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=int, default=600, help="jobs in the burst")
+    p.add_argument("--job-seconds", type=float, default=0.05, help="each job's sleep")
+    p.add_argument("--max-workers", type=int, default=6, help="herder's --max-workers (--min-workers is 1)")
+    p.add_argument(
+        "--scale-down-delay", type=float, default=10.0, help="herder's --scale-down-delay, seconds"
+    )
     p.add_argument("--png", help="draw the timeline into this PNG")
     p.add_argument("--markdown", help="also write the report here")
-    args = p.parse_args()
 
+
+def run(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="herder-spike-"))
     try:
         tl = measure(args, tmp)
@@ -82,7 +82,7 @@ def main() -> int:
     lines = [
         "## Autoscaling: a spike on a quiet queue",
         "",
-        "Command: `.venv/bin/python scripts/bench/bench_spike.py "
+        "Command: `scripts/bench/run spike "
         f"--jobs {args.jobs} --job-seconds {args.job_seconds} "
         f"--max-workers {args.max_workers} --scale-down-delay {args.scale_down_delay:g}`",
         "",
@@ -110,31 +110,15 @@ def measure(args: argparse.Namespace, tmp: Path) -> Timeline:
     (tmp / "jobs").mkdir()
     (tmp / "jobs" / "spike_jobs.py").write_text(JOB_SOURCE)
     procs = Processes()
-    server = RedisServer("redis-server", tmp, procs)
     state = tmp / "state"
     herder = None
     tl = Timeline()
+    server, r = start_redis(tmp, procs)
     try:
-        r = server.start()
-        herder = procs.start(
-            [
-                HERDER,
-                "run",
-                "--redis-url",
-                server.url,
-                "--state-dir",
-                str(state),
-                "--path",
-                str(tmp / "jobs"),
-                "--min-workers",
-                "1",
-                "--max-workers",
-                str(args.max_workers),
-                "--scale-down-delay",
-                str(args.scale_down_delay),
-            ],
-            tmp / "herder.log",
-        )
+        scaling = ["--min-workers", "1", "--max-workers", str(args.max_workers)]
+        scaling += ["--scale-down-delay", str(args.scale_down_delay)]
+        argv = herder_argv(server.url, path=tmp / "jobs", state_dir=state, extra=scaling)
+        herder = procs.start(argv, tmp / "herder.log")
 
         def running() -> bool:
             st = status(state)
@@ -184,10 +168,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> Timeline:
             sample()
             time.sleep(0.25)
     finally:
-        if herder and herder.poll() is None:
-            herder.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                herder.wait(60)
+        if herder:
+            procs.stop(herder, 60, spare={server.pid})
         end_all(procs, server)
     return tl
 
@@ -231,7 +213,3 @@ def draw(samples: list[dict], spike_at: float, args: argparse.Namespace, path: P
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

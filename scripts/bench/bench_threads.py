@@ -8,7 +8,7 @@ pool: `-n` workers, its default class), the bench waits until that many RQ worke
 registered, then measures the idle tree's memory (USS and PSS summed over every process, the
 supervising ones included), enqueues `--jobs` jobs that each sleep `--job-s` (waiting on I/O,
 as an HTTP call does) and times them until the last has finished; the supervising process's CPU
-(herder's master, rq's pool process) over that run is read from /proc.
+(herder's master, rq's pool process) over that run is read from the kernel's CPU clock of it.
 
 Not a test, and no assertion: run by hand; docs/benchmarks.md ("Threads") reads a run.
 """
@@ -18,21 +18,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
-import signal
-import sys
 import time
 from pathlib import Path
 
 import psutil
-from redis import Redis
-from rq import Queue, Worker
+from rq import Queue
 
 from bench_base import BenchError, wait_for
-from bench_procs import Processes, RedisServer
-from bench_report import publish
+from bench_commands import herder_argv, herder_master, rq_pool_argv
+from bench_contenders import wait_registered
+from bench_cpu import process_cpu
+from bench_procs import Processes, start_redis
+from bench_report import key_table, publish
 from bench_source import run_each, scratch
 
-BIN = Path(sys.executable).parent
+SUMMARY = "I/O-bound jobs: threaded workers beside one-job ones"
 QUEUE = "default"
 JOB_SOURCE = '''"""Written by scripts/bench threads: a job that waits, as one calling a slow service does."""
 import time
@@ -55,12 +55,10 @@ def contenders(concurrency: int, threads: int) -> dict[str, str]:
 
 def argv_of(key: str, url: str, tmp: Path, concurrency: int, threads: int) -> list[str]:
     if key == "rq":
-        return [str(BIN / "rq"), "worker-pool", "--url", url, "--num-workers", str(concurrency),
-                "--path", str(tmp / "jobs"), QUEUE]  # fmt: skip
+        return rq_pool_argv(url, workers=concurrency, queue=QUEUE, path=tmp / "jobs")
     workers, per = (concurrency // threads, threads) if key == "herder-threads" else (concurrency, 1)
-    return [str(BIN / "herder"), "run", "--redis-url", url, "--workers", str(workers), "--threads", str(per),
-            "--workers-limit", str(max(workers, 1)), "--queue", QUEUE, "--path", str(tmp / "jobs"),
-            "--state-dir", str(tmp / f"state-{key}"), "--no-scheduler"]  # fmt: skip
+    return herder_argv(url, workers=workers, threads=per, workers_limit=max(workers, 1), queue=QUEUE,
+                       path=tmp / "jobs", state_dir=tmp / f"state-{key}", scheduler=False)  # fmt: skip
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -71,14 +69,13 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 def supervisor_of(key: str, top: int) -> psutil.Process:
-    """herder's master (the watchdog's child running herder.supervisor), or rq's pool process."""
+    """herder's master, or rq's pool process."""
     if key == "rq":
         return psutil.Process(top)
-    for p in tree(top):
-        with contextlib.suppress(psutil.Error):
-            if p.cmdline()[-2:] == ["-m", "herder.supervisor"]:
-                return p
-    raise BenchError("no herder master found")
+    master = herder_master(top)
+    if master is None:
+        raise BenchError("no herder master found")
+    return master
 
 
 def memory(top: int) -> tuple[float, float, int]:
@@ -93,21 +90,15 @@ def memory(top: int) -> tuple[float, float, int]:
 
 
 def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], procs: Processes) -> dict:
-    (tmp / f"redis-{key}").mkdir()
-    server = RedisServer("redis-server", tmp / f"redis-{key}", procs)
-    r: Redis = server.start()
-    proc = procs.start(argv_of(key, server.url, tmp, args.concurrency, args.threads), tmp / f"{key}.log", env)
+    server, r = start_redis(tmp / f"redis-{key}", procs)
+    log = tmp / f"{key}.log"
+    proc = procs.start(argv_of(key, server.url, tmp, args.concurrency, args.threads), log, env)
     try:
-        wait_for(
-            f"{args.concurrency} RQ workers registered ({key})",
-            lambda: len(Worker.all(connection=r)) >= args.concurrency or None,
-            args.timeout,
-            0.2,
-        )
+        wait_registered(r, args.concurrency, proc, log, args.timeout)
         time.sleep(2.0)  # settled: the last ones' start-up done before memory is read
         uss, pss, count = memory(proc.pid)
         sup = supervisor_of(key, proc.pid)
-        cpu0 = sum(sup.cpu_times()[:2])
+        cpu0 = process_cpu(sup)
         q = Queue(QUEUE, connection=r)
         started = time.monotonic()
         with r.pipeline() as pipe:
@@ -121,7 +112,7 @@ def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], 
             0.05,
         )
         took = time.monotonic() - started
-        cpu = sum(sup.cpu_times()[:2]) - cpu0
+        cpu = process_cpu(sup) - cpu0
         return {
             "jobs/s": round(args.jobs / took, 1),
             "seconds": round(took, 2),
@@ -131,22 +122,20 @@ def run_one(key: str, args: argparse.Namespace, tmp: Path, env: dict[str, str], 
             "supervisor CPU, ms": round(cpu * 1000),
         }
     finally:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=30)
-        procs.kill_all(spare=set())
+        procs.stop(proc, 30)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=64, help="job slots of each contender")
     p.add_argument("--threads", type=int, default=16, help="herder-threads: threads per worker")
-    p.add_argument("--jobs", type=int, default=400)
+    p.add_argument("--jobs", type=int, default=400, help="jobs, all enqueued at once")
     p.add_argument("--job-s", type=float, default=1.0, help="each job's wait")
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds each wait may take")
     p.add_argument("--only", help="comma-separated contenders: herder-threads,herder,rq")
     p.add_argument("--markdown", help="also write the report here")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     names = contenders(args.concurrency, args.threads)
     keys = args.only.split(",") if args.only else list(names)
     tmp = scratch("herder-threads-", "bench_io.py", JOB_SOURCE)
@@ -161,11 +150,8 @@ def main() -> int:
         f"{args.concurrency} at once; memory summed over every process of the idle pool once all "
         f"{args.concurrency} RQ workers are registered; the supervisor's CPU over the run.",
         "",
-        "| | " + " | ".join(names[k] for k in keys) + " |",
-        "|---|" + "---:|" * len(keys),
+        *key_table({k: names[k] for k in keys}, results, list(next(iter(results.values())))),
     ]
-    for row in next(iter(results.values())):
-        lines.append(f"| {row} | " + " | ".join(str(results[k][row]) for k in keys) + " |")
     if "herder-threads" in results and "herder" in results:
         t, one = results["herder-threads"], results["herder"]
         lines += [

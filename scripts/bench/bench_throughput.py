@@ -111,11 +111,8 @@ class ThroughputTest(Scenario):
         for r in range(1, self.args.rounds + 1):
             for c in contenders:  # taking turns spreads any drift over everyone
                 say(f"throughput round {r}/{self.args.rounds}: {c.label}, {self.args.jobs} jobs")
-                try:
-                    res = self.round(c, r)
-                except BenchError as exc:
-                    self.findings.problems.append(f"throughput, {c.label}, round {r}: {exc}")
-                    say(f"  FAILED: {exc}")
+                res = self.attempt(f"throughput, {c.label}, round {r}", lambda c=c, r=r: self.round(c, r))
+                if res is None:
                     continue
                 results[c.key].append(res)
                 say(
@@ -133,11 +130,8 @@ class ThroughputTest(Scenario):
 
     def floor_round(self, floor: FloorTest, r: int, into: list[dict]) -> None:
         say(f"throughput round {r}/{self.args.rounds}: {FLOOR_LABEL}, {self.args.jobs} jobs")
-        try:
-            res = floor.round(r)
-        except BenchError as exc:
-            self.findings.problems.append(f"throughput, {FLOOR_LABEL}, round {r}: {exc}")
-            say(f"  FAILED: {exc}")
+        res = self.attempt(f"throughput, {FLOOR_LABEL}, round {r}", lambda: floor.round(r))
+        if res is None:
             return
         into.append(res)
         say(

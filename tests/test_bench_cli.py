@@ -1,0 +1,105 @@
+"""scripts/bench/run is one program: one argparse parser, a subcommand per scenario, and one module
+(bench_commands.py) that spells out how a contender is started. No benchmark runs here: the
+--help of each scenario, a usage error, and the bench's source read as Python."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
+RUN = BENCH / "run"
+COMMANDS = "bench_commands.py"  # the one module that builds the contenders' command lines
+SCENARIOS = ("spike", "recycle", "network", "threads", "dashboard", "soak", "launch")
+
+
+def bench(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(RUN), *argv], capture_output=True, text=True, timeout=120)
+
+
+def sources() -> dict[str, ast.Module]:
+    """Every Python file of scripts/bench (run included), parsed."""
+    files = [RUN, *sorted(BENCH.glob("*.py"))]
+    return {f.name: ast.parse(f.read_text(), str(f)) for f in files}
+
+
+def strings(tree: ast.AST) -> set[str]:
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+@pytest.mark.slow
+def test_the_top_level_help_lists_every_scenario_with_its_line() -> None:
+    r = bench("--help")
+    assert r.returncode == 0, r.stderr
+    assert "--markdown" in r.stdout  # the main comparison's options, at the top
+    for name in SCENARIOS:
+        assert re.search(rf"^ +{name} +\S", r.stdout, re.M), f"{name} has no line of its own:\n{r.stdout}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_each_scenario_has_its_help(scenario: str) -> None:
+    r = bench(scenario, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: scripts/bench/run {scenario} "), r.stdout[:200]
+
+
+@pytest.mark.slow
+def test_a_usage_error_of_the_main_comparison_exits_2_before_anything_starts() -> None:
+    r = bench("--contenders", "herder,nobody")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "unknown nobody" in r.stderr
+
+
+def test_the_bench_has_one_argument_parser_in_run() -> None:
+    made = [
+        name
+        for name, tree in sources().items()
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) == "ArgumentParser"
+    ]
+    assert made == ["run"]
+
+
+def test_every_scenario_is_a_module_with_a_summary_options_and_a_run() -> None:
+    trees = sources()
+    for name in SCENARIOS:
+        defined = {
+            getattr(n, "name", None) or getattr(n.targets[0], "id", None)
+            for n in trees[f"bench_{name}.py"].body
+            if isinstance(n, ast.FunctionDef | ast.Assign)
+        }
+        assert {"SUMMARY", "add_arguments", "run"} <= defined, name
+        assert "main" not in defined, f"bench_{name}.py: its own main() left over"
+
+
+def test_contenders_command_lines_are_built_only_in_bench_commands() -> None:
+    # What only a command line of herder, rq's pool or supervisord holds, or herder's master's:
+    # a module with one of these builds (or recognises) a contender itself.
+    markers = {"--redis-url", "worker-pool", "--num-workers", "--with-scheduler", "[program:rqworker]"}
+    markers.add("herder.supervisor")  # how a pool's master is told apart
+    for name, tree in sources().items():
+        if name == COMMANDS:
+            assert markers <= strings(tree), "bench_commands.py no longer holds every marker"
+            continue
+        assert not markers & strings(tree), f"{name} spells out a contender: {markers & strings(tree)}"
+        # `bindir / "herder"`, `Path(...).with_name("rq")`: a command found by itself.
+        for n in ast.walk(tree):
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+                assert not (isinstance(n.right, ast.Constant) and n.right.value in ("herder", "rq")), name
+            if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "with_name":
+                assert not any(isinstance(a, ast.Constant) and a.value in ("herder", "rq") for a in n.args), (
+                    name
+                )
+
+
+def test_no_issue_numbers_in_the_bench() -> None:
+    for f in [RUN, *BENCH.glob("*.py")]:
+        found = re.findall(r"\bissues? \d+", f.read_text(), re.I)
+        assert not found, f"{f.name}: {found}"
