@@ -20,9 +20,16 @@ from herder.supervisor.fleet import ProcessHandle
 from herder.supervisor.workerproc import WorkerProcess
 
 
-class Clock:
-    """Monotonic time for deadlines, wall time for what other hosts must agree on."""
+class Clock(Protocol):
+    """Monotonic time for deadlines, wall time for what other hosts must agree on (SystemClock
+    is the real one; unit tests advance a fake)."""
 
+    def monotonic(self) -> float: ...
+
+    def wall(self) -> float: ...
+
+
+class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
@@ -31,6 +38,9 @@ class Clock:
 
 
 class Launcher(Protocol):
+    """Where workers come from: SubprocessLauncher, forkserver.ForkServerLauncher; unit tests
+    use a fake that spawns fake processes."""
+
     def spawn(
         self, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]
     ) -> ProcessHandle:

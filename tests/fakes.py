@@ -8,10 +8,10 @@ recovery thread that records what it is asked, a short-timeout Config, and a Mas
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from dataclasses import replace
 
 from herder.common.config import Config
-from herder.supervisor.launcher import SubprocessLauncher
 from herder.supervisor.launchers import Launchers
 from herder.supervisor.master import Master, Start
 from herder.supervisor.observations import Held, Observations
@@ -100,7 +100,9 @@ class FakeProc:
             self.code = code
 
 
-class FakeLauncher(SubprocessLauncher):  # its tend, renew and close do nothing
+class FakeLauncher:
+    """A Launcher whose workers are FakeProcs; it has no template to tend, renew or close."""
+
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.spawned: list[FakeProc] = []
@@ -110,15 +112,26 @@ class FakeLauncher(SubprocessLauncher):  # its tend, renew and close do nothing
     def warming(self) -> bool:
         return self.warm
 
-    def spawn(self, argv: list[str], env: dict[str, str], slot: int, wake) -> FakeProc:  # noqa: ANN001
+    def spawn(self, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]) -> FakeProc:
         if self.fail:
             raise OSError("no such file")
         proc = FakeProc(100 + len(self.spawned), self.clock)
         self.spawned.append(proc)
         return proc
 
+    def tend(self, wake: Callable[[], None]) -> None:
+        pass
+
+    def renew(self, cfg: Config) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
 
 class FakeRecovery:
+    """A Recovery that records what it is asked and answers what the test set."""
+
     def __init__(self) -> None:
         self.requeues: list[tuple[str, str]] = []
         self.causes: list[str] = []
@@ -129,6 +142,7 @@ class FakeRecovery:
         self.pending_answers: dict[int, bool] = {}  # what Redis will answer, by ticket
         self.counts = Counts()
         self.cfg = Config()
+        self.on_give_up: Callable[[str, str, str], None] | None = None  # the master sets it
 
     def start(self) -> None:
         pass
@@ -155,8 +169,8 @@ class FakeRecovery:
     def endings(self) -> dict[str, int]:
         return self.waiting_endings
 
-    def forget(self, name: str) -> None:
-        self.forgotten.append(name)
+    def forget(self, worker_name: str) -> None:
+        self.forgotten.append(worker_name)
 
     def count_kill(self, key: str, window: float) -> None:
         pass
@@ -185,7 +199,7 @@ def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLauncher, Fa
     recovery, for the test to drive and read."""
     launcher, recovery = FakeLauncher(clock), FakeRecovery()
     cfg = replace(SHORT_TIMEOUT_CONFIG, **settings)  # type: ignore[arg-type]
-    m = Master(cfg, Launchers(launcher, cfg), clock, recovery=recovery, start=Start(host_id="test"))  # type: ignore[arg-type]
+    m = Master(cfg, Launchers(launcher, cfg), clock, recovery=recovery, start=Start(host_id="test"))
     return m, launcher, recovery
 
 

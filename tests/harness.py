@@ -17,6 +17,7 @@ state change that writes it.
 from __future__ import annotations
 
 import ctypes
+import http.client
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from typing import Any
 
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
 TESTS = Path(__file__).resolve().parent
@@ -53,7 +55,7 @@ MASTER_SUMMARY = re.compile(
     r"killed (?P<killed>\d+), jobs ok (?P<jobs_ok>\d+) failed (?P<jobs_failed>\d+), "
     r"requeued (?P<requeued>\d+), failed by herder (?P<failed_by_herder>\d+)"
 )
-# A worker's end, logged once as it is reaped (herder.supervisor.master.reap):
+# A worker's end, logged once as it is reaped (herder.supervisor.master.Master.reap):
 #   slot 0 pid 123: busy -> exited (killed by SIGKILL; <kill reason>; lived 3.2 s, 5 jobs ok, 0 failed)
 #   slot 0 pid 123: stopping -> exited (exit code 0; stopped as asked; lived 10.0 s, 5 jobs ok, 0 failed)
 EXIT_LINE = re.compile(
@@ -597,3 +599,102 @@ def http_status(url: str) -> int | None:
         return exc.code
     except OSError:
         return None
+
+
+def http_get(url: str, timeout: float = 5) -> tuple[int, bytes]:
+    """(status, body); (0, b"") when the server closed the connection unanswered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (OSError, http.client.HTTPException):
+        return 0, b""
+
+
+def metrics(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the /metrics served at `base`, parsed by prometheus-client's own text
+    parser: (name, sorted labels) -> value."""
+    code, body = http_get(base + "/metrics")
+    assert code == 200
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def sample(m: dict, name: str, **labels: str) -> float | None:
+    """One sample of `metrics`' answer, by its name and labels; None if it is not served."""
+    return m.get((name, tuple(sorted(labels.items()))))
+
+
+# ---- event hooks --------------------------------------------------------------------------
+
+# The hook: appends the event (and what it saw of the environment) to a file, one JSON a line;
+# for the event named in argv[2], it first writes its pid and hangs.
+HOOK = """
+import json, os, sys, time
+event = json.loads(sys.stdin.read())
+if len(sys.argv) > 2 and event["event"] == sys.argv[2]:
+    open(sys.argv[1] + ".hung", "w").write(str(os.getpid()))
+    time.sleep(600)
+herder_env = sorted(k for k in os.environ if k.startswith("HERDER_"))
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps({**event, "env": herder_env, "said": os.environ.get("HERDER_EVENT")}) + "\\n")
+"""
+
+
+def hook_command(tmp_path: Path, hang_on: str = "") -> tuple[str, Path]:
+    """An --on-event command running HOOK, and the file it writes (read_events reads it)."""
+    script, out = tmp_path / "hook.py", tmp_path / "events.jsonl"
+    script.write_text(HOOK)
+    return f"{sys.executable} {script} {out} {hang_on}".strip(), out
+
+
+def read_events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# ---- the command line, the image -----------------------------------------------------------
+
+
+def run_herder(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 20
+) -> subprocess.CompletedProcess:
+    """`herder run ARGS` to its end, in an environment without the caller's HERDER_* variables."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HERDER_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [HERDER, "run", *args], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+
+
+DOCKERFILE = TESTS.parent / "deploy" / "container" / "Dockerfile"
+SECRET_PLACEHOLDER = "redis://:secret-from-the-Secret@redis.invalid/0"  # never connected to
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments), continuation lines joined, comments and directives dropped."""
+    out, buf = [], ""
+    for line in DOCKERFILE.read_text().splitlines():
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue  # also a comment inside a continued instruction, as Docker drops it
+        if s.endswith("\\"):
+            buf += s[:-1] + " "
+            continue
+        instruction, _, rest = (buf + s).partition(" ")
+        out.append((instruction.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def instruction(name: str) -> list[str]:
+    return [rest for instr, rest in dockerfile() if instr == name]
+
+
+def image_uid() -> int:
+    """The uid the image runs herder as (its USER)."""
+    (user,) = instruction("USER")
+    return int(user.split(":")[0])

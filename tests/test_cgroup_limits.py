@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import HERDER
+from harness import HERDER, HERDERS, Herder, free_port, hook_command, metrics, read_events, sample, wait_for
 from herder.common import cgroup
 from herder.common.config import limits
 from herder.supervisor.pressure import KernelLog, OomWatch
@@ -452,10 +452,6 @@ def test_a_worker_the_kernels_oom_killer_ends_is_named_as_such(
     its worker. herder sent no signal, and the cgroup's OOM kill counter moved: the exit line,
     the `worker_died` event and herder_kills_total{reason="oom"} say the OOM killer did it."""
     from rq import Queue
-
-    from harness import HERDERS, Herder, free_port, wait_for
-    from test_event_hooks import hook_command, read_events
-    from test_health_http import metrics, sample
 
     command, out = hook_command(tmp_path)
     port = free_port()

@@ -10,18 +10,8 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from harness import HERDER, start_redis, wait_for
+from harness import HERDER, run_herder, start_redis, wait_for
 from herder.common.config import EX_CONFIG, Config, ConfigError, redact_url, validate
-
-
-def run_herder(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 20
-) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HERDER_")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [HERDER, "run", *args], capture_output=True, text=True, env=full_env, timeout=timeout
-    )
 
 
 def test_redact_url_hides_passwords() -> None:

@@ -33,14 +33,25 @@ import psutil
 import pytest
 import yaml
 
-from harness import HERDER, HERDERS, TAG_VAR, Herder, free_port, http_status, tagged, wait_for
+from harness import (
+    HERDER,
+    HERDERS,
+    SECRET_PLACEHOLDER,
+    TAG_VAR,
+    Herder,
+    free_port,
+    http_status,
+    image_uid,
+    instruction,
+    tagged,
+    wait_for,
+)
 from herder.common import config as settings
 from herder.common.config import limits
 from herder.supervisor.ctl import service
 
 REPO = Path(__file__).resolve().parents[1]
 CONTAINER = REPO / "deploy" / "container"
-DOCKERFILE = CONTAINER / "Dockerfile"
 DOCKERIGNORE = CONTAINER / "Dockerfile.dockerignore"
 KUBERNETES = REPO / "deploy" / "kubernetes"
 METRICS_SOURCE = REPO / "supervisor" / "views" / "prometheus.py"  # /metrics' renderer
@@ -51,7 +62,6 @@ WANTED_METRIC = "herder_workers_wanted"
 # The watchdog SIGKILLs a master still running this long past the drain (watchdog/__main__.py:
 # stop_grace = drain_seconds + 10): the pod's grace period must leave room for it.
 WATCHDOG_BACKSTOP = 10.0
-SECRET_PLACEHOLDER = "redis://:secret-from-the-Secret@redis.invalid/0"  # never connected to
 
 
 # ---- reading the files ------------------------------------------------------------------
@@ -78,26 +88,6 @@ def container() -> dict[str, Any]:
     return c
 
 
-def dockerfile() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments), continuation lines joined, comments and directives dropped."""
-    out, buf = [], ""
-    for line in DOCKERFILE.read_text().splitlines():
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue  # also a comment inside a continued instruction, as Docker drops it
-        if s.endswith("\\"):
-            buf += s[:-1] + " "
-            continue
-        instruction, _, rest = (buf + s).partition(" ")
-        out.append((instruction.upper(), rest.strip()))
-        buf = ""
-    return out
-
-
-def instruction(name: str) -> list[str]:
-    return [rest for instr, rest in dockerfile() if instr == name]
-
-
 def exec_form(text: str) -> list[str]:
     try:
         value = json.loads(text)
@@ -115,11 +105,6 @@ def image_env() -> dict[str, str]:
             assert sep, f"ENV {rest}: write KEY=VALUE"
             env[key] = value
     return env
-
-
-def image_uid() -> int:
-    (user,) = instruction("USER")
-    return int(user.split(":")[0])
 
 
 def config_path_in_pod() -> str:

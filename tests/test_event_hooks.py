@@ -9,42 +9,16 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import psutil
 import pytest
 from rq import Queue
 
-from harness import HERDER, free_port, wait_for
+from harness import HERDER, free_port, hook_command, metrics, read_events, sample, wait_for
 from herder.supervisor.hooks import HealthChanges
-from test_health_http import metrics, sample
-
-# The hook: appends the event (and what it saw of the environment) to a file, one JSON a line;
-# for the event named in argv[2], it first writes its pid and hangs.
-HOOK = """
-import json, os, sys, time
-event = json.loads(sys.stdin.read())
-if len(sys.argv) > 2 and event["event"] == sys.argv[2]:
-    open(sys.argv[1] + ".hung", "w").write(str(os.getpid()))
-    time.sleep(600)
-herder_env = sorted(k for k in os.environ if k.startswith("HERDER_"))
-with open(sys.argv[1], "a") as f:
-    f.write(json.dumps({**event, "env": herder_env, "said": os.environ.get("HERDER_EVENT")}) + "\\n")
-"""
-
-
-def hook_command(tmp_path: Path, hang_on: str = "") -> tuple[str, Path]:
-    script, out = tmp_path / "hook.py", tmp_path / "events.jsonl"
-    script.write_text(HOOK)
-    return f"{sys.executable} {script} {out} {hang_on}".strip(), out
-
-
-def read_events(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.fixture

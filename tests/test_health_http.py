@@ -4,56 +4,27 @@ one too). /metrics is parsed with prometheus-client's own text parser and compar
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
 import signal
 import socket
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
-from harness import free_port, redis_on, start_redis, wait_for
+from harness import free_port, http_get, metrics, redis_on, sample, start_redis, wait_for
 from herder.supervisor.http_endpoint import RETRY_BIND
 
 pytestmark = pytest.mark.slow
 
 
-def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
-    """(status, body); (0, b"") when the server closed the connection unanswered."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (OSError, http.client.HTTPException):
-        return 0, b""
-
-
 def healthz(base: str) -> tuple[int, dict]:
-    code, body = get(base + "/healthz")
+    code, body = http_get(base + "/healthz")
     return code, json.loads(body) if code else {}
-
-
-def metrics(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample: (name, sorted labels) -> value."""
-    code, body = get(base + "/metrics")
-    assert code == 200
-    out = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def sample(m: dict, name: str, **labels: str) -> float | None:
-    return m.get((name, tuple(sorted(labels.items()))))
 
 
 def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redis, jobs) -> None:
@@ -97,11 +68,11 @@ def test_metrics_agree_with_status_and_with_what_the_test_did(herder, conn: Redi
     assert sample(m, "herder_healthy") == 1
     assert sample(m, "herder_master_restarts_total") == 0
     assert sample(m, "herder_master_loop_lag_seconds") < 1
-    assert get(base + "/nope")[0] == 404
+    assert http_get(base + "/nope")[0] == 404
     # The dashboard people import draws only what herder serves (herder_job_rate: autoscaling).
     dashboard = (Path(__file__).parent.parent / "examples" / "grafana-dashboard.json").read_text()
     drawn = set(re.findall(r"herder_[a-z_]+", dashboard))
-    families = {f.name for f in text_string_to_metric_families(get(base + "/metrics")[1].decode())}
+    families = {f.name for f in text_string_to_metric_families(http_get(base + "/metrics")[1].decode())}
     served = families | {name for name, _ in m}  # a family with no sample yet still counts
     assert drawn - served <= {"herder_job_rate"}, drawn - served
 

@@ -24,9 +24,8 @@ import psutil
 import pytest
 from redis import Redis
 
-from harness import JobsHelper, free_port, http_status, reap_adopted, wait_for
+from harness import SECRET_PLACEHOLDER, JobsHelper, free_port, http_status, image_uid, reap_adopted, wait_for
 from podman import REPO, Podman, redis_image
-from test_container import SECRET_PLACEHOLDER, image_uid
 
 pytestmark = [pytest.mark.slow, pytest.mark.container]
 

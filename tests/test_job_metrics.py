@@ -8,8 +8,7 @@ import re
 
 import pytest
 
-from harness import free_port, wait_for
-from test_health_http import metrics, sample
+from harness import free_port, metrics, sample, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from rq import Queue
 
-from harness import HERDER, wait_for
+from harness import HERDER, run_herder, wait_for
 from herder.common import jsonlog
 from herder.common.exits import EX_CONFIG
 from herder.common.lines import MAX_LINE_BYTES
@@ -157,8 +157,6 @@ def test_a_pools_workers_carry_its_name_from_the_config_file_without_a_fork_serv
 def test_an_unknown_log_format_exits_78_naming_the_key(
     tmp_path, args: list[str], env: dict[str, str], source: str
 ) -> None:
-    from test_config_and_cli import run_herder
-
     r = run_herder("--redis-url", "redis://127.0.0.1:1/0", "--state-dir", str(tmp_path), *args, env=env)
     assert r.returncode == EX_CONFIG, r.stderr
     assert f"'log_format' from {source}" in r.stderr and "must be text or json, got 'yaml'" in r.stderr

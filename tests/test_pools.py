@@ -12,11 +12,10 @@ import pytest
 from rq import Queue
 from rq.job import Job
 
-from harness import HERDER, free_port, wait_for
+from harness import HERDER, free_port, metrics, sample, wait_for
 from herder.common.config import ConfigError, load_file, pool_configs, resolve
 from herder.supervisor.pool import share_limit
 from herder.supervisor.views.prometheus import REQUEUE_REASONS
-from test_health_http import metrics, sample
 
 QUEUES = ("high", "bulk")
 HIGH_AND_BULK = """

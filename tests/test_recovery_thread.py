@@ -11,7 +11,7 @@ from rq.registry import StartedJobRegistry
 from harness import wait_for
 from herder.common.config import Config
 from herder.supervisor.redis_side import recovery as recovery_mod
-from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.redis_side.recovery import RecoveryThread
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_a_failing_task_does_not_block_the_ones_behind_it(conn: Redis, redis_url
     conn.delete("rq:wip:broken")
     conn.set("rq:wip:broken", "not a sorted set")  # every move of that job fails (WRONGTYPE)
     good = started(conn, "default")
-    r = Recovery(conn, Config(redis_url=redis_url, queues=["default"]), sweeping=False)
+    r = RecoveryThread(conn, Config(redis_url=redis_url, queues=["default"]), sweeping=False)
     r.start()
     r.requeue(bad, "test: its worker died", "died")
     r.requeue(good, "test: its worker died", "died")
@@ -45,7 +45,7 @@ def test_a_failing_task_does_not_block_the_ones_behind_it(conn: Redis, redis_url
 
 def test_a_move_happens_once_however_often_it_is_asked(conn: Redis, redis_url: str) -> None:
     job_id = started(conn, "default")
-    r = Recovery(conn, Config(redis_url=redis_url, max_requeues=3), sweeping=False)
+    r = RecoveryThread(conn, Config(redis_url=redis_url, max_requeues=3), sweeping=False)
     r.start()
     for _ in range(3):  # the reap path and two sweeps, say
         r.requeue(job_id, "test: its worker died", "died")
@@ -62,7 +62,7 @@ def test_past_max_requeues_the_job_fails_with_a_reason(conn: Redis, redis_url: s
 
     job_id = started(conn, "default")
     conn.hset(f"rq:job:{job_id}", "herder_requeues", limit)
-    r = Recovery(conn, Config(redis_url=redis_url, max_requeues=limit), sweeping=False)
+    r = RecoveryThread(conn, Config(redis_url=redis_url, max_requeues=limit), sweeping=False)
     r.start()
     r.requeue(job_id, "killed by herder: test", "killed")
     wait_for(lambda: r.counts.failed == 1, 5, what="the job failed")

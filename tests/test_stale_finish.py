@@ -16,7 +16,7 @@ from rq import Queue
 
 from harness import wait_for
 from herder.common.config import Config
-from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.redis_side.recovery import RecoveryThread
 from herder.worker.fast_path.script import ScriptConnection
 from herder.worker.fast_path.wire import make_encoder, resp_request
 
@@ -76,7 +76,7 @@ def test_a_dead_workers_requeue_leaves_a_run_another_host_took_since(conn: Redis
     # execution, its worker's name on the job). h2's requeue, done once Redis answers: no move.
     taken = started_under(conn, "herder.h0.0.7", "e2")
     mine = started_under(conn, "herder.h2.1.9", "e1")  # still under the dead worker: moved
-    r = Recovery(conn, Config(redis_url=redis_url, queues=["default"]), sweeping=False)
+    r = RecoveryThread(conn, Config(redis_url=redis_url, queues=["default"]), sweeping=False)
     r.start()
     try:
         r.requeue(taken, "test: its worker died", "died", workers=("herder.h2.1.9",))

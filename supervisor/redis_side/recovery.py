@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -178,7 +179,41 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError)
 
 
-class Recovery:
+class Recovery(Protocol):
+    """What the master and its parts (guard.py, retirement.py, reload.py, the views) need of the
+    recovery thread: RecoveryThread is the real one; unit tests use a fake that records. Every
+    method but drain returns at once: the loop never waits on Redis."""
+
+    cfg: Config  # the settings in force (a reload's, once configure has them)
+    counts: Counts
+    on_give_up: Callable[[str, str, str], None] | None  # (job id, queue, why), on the thread
+
+    def start(self) -> None: ...
+
+    def configure(self, cfg: Config) -> None: ...
+
+    def requeue(
+        self, job_id: str, reason: str, label: str, cause: str = "", workers: tuple[str, ...] = ()
+    ) -> None: ...
+
+    def endings(self) -> dict[str, int]: ...
+
+    def forget(self, worker_name: str) -> None: ...
+
+    def count_kill(self, key: str, window: float) -> None: ...
+
+    def ask_cull(self, ticket: int, wall: float) -> None: ...
+
+    def answers(self) -> dict[int, bool]: ...
+
+    def tell(self, holding: dict[str, str | None]) -> None: ...
+
+    def drain(self, timeout: float) -> int:
+        """As the master stops: wait up to `timeout` for the requeues; return how many are left."""
+        ...
+
+
+class RecoveryThread:
     def __init__(self, connection: Redis, cfg: Config, sweeping: bool = True) -> None:
         self.connection = connection
         self.configure(cfg)
