@@ -49,7 +49,7 @@ def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLocks, list[
     cfg = replace(SHORT_TIMEOUT_CONFIG, queues=["high", "default"], **settings)  # type: ignore[arg-type]
     m = Master(
         cfg, Launchers(launcher, cfg), clock, recovery=FakeRecovery(), sched=keeper, start=Start(host_id="h1")
-    )  # type: ignore[arg-type]
+    )
     return m, locks, procs, launcher
 
 
