@@ -7,6 +7,10 @@ around it (conftest.py holds only the fixtures and hooks built on it).
   server, spares and the scheduler told apart from workers, zombies reaped.
 - redis-server started on a free loopback port (start_redis, redis_on), never the default one.
 - JobsHelper and the scenarios several modules share (run_jobs_killing_one_holder).
+- What several modules read: /metrics parsed (metrics, sample), an --on-event hook's record
+  (hook_command, read_events), `herder run` to its end (run_herder), the image's Dockerfile
+  (instruction, image_uid). Test modules import each other's helpers never: they live here
+  (the fakes of the unit tests in fakes.py).
 
 Tests wait for the state a user would see: the status from the control socket (Herder.snapshot,
 wait_status, wait_workers), Redis, the process table. A fixed sleep only measures an absence
