@@ -7,7 +7,7 @@ no pools, today's settings are the one pool named `default`. Standard library on
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from herder.common.config.schema import Config, ConfigError, normalize_key
@@ -15,57 +15,10 @@ from herder.common.config.values import coerce, validate
 
 DEFAULT_POOL = "default"
 
-# What belongs to a fleet, and so may differ between pools; host-wide settings (Redis, the
-# state dir, the workers limit, the watchdog's, the HTTP endpoint) do not.
-POOL_KEYS = frozenset(
-    {
-        "queues",
-        "workers",
-        "min_workers",
-        "max_workers",
-        "scale_interval",
-        "scale_down_delay",
-        "drain_target",
-        "max_wait",
-        "cluster_max_workers",
-        "host_ttl",
-        "job_timeout",
-        "job_timeout_grace",
-        "heartbeat_interval",
-        "heartbeat_timeout",
-        "start_timeout",
-        "stop_timeout",
-        "kill_timeout",
-        "max_requeues",
-        "worker_nice",
-        "min_uptime",
-        "backoff_initial",
-        "backoff_max",
-        "paths",
-        "preload",
-        "worker_class",
-        "threads",
-        "job_class",
-        "queue_class",
-        "serializer",
-        "exception_handlers",
-        "disable_default_exception_handler",
-        "results_ttl",
-        "worker_ttl",
-        "maintenance_interval",
-        "dequeue_strategy",
-        "worker_init",
-        "max_jobs",
-        "max_jobs_jitter",
-        "max_age",
-        "max_age_jitter",
-        "max_memory",
-        "max_memory_hard",
-        "recycle_share",
-        "cull_failures",
-        "cull_failure_window",
-    }
-)
+# What belongs to a fleet, and so may differ between pools: the settings the schema marks
+# `pool=True`. Host-wide settings (Redis, the state dir, the workers limit, the watchdog's, the
+# HTTP endpoint) are not.
+POOL_KEYS = frozenset(f.name for f in fields(Config) if f.metadata.get("pool"))
 
 
 def coerce_pools(raw: Any, source: str) -> dict[str, dict[str, Any]]:

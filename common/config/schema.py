@@ -47,10 +47,13 @@ def setting(
     help: str = "",  # noqa: A002
     factory: Any = None,
     reload: str = RESTART,
+    pool: bool = False,
 ) -> Any:
-    """A user setting: its default, the help its flag shows (`herder run --help`) and what a
-    reload does with it (refused unless said otherwise: a reload never claims what it did not do)."""
-    meta = {"help": help, "reload": reload}
+    """A user setting: its default, the help its flag shows (`herder run --help`), what a
+    reload does with it (refused unless said otherwise: a reload never claims what it did not do)
+    and whether a `[pools.NAME]` table may set it (`pool`: it belongs to a fleet; host-wide
+    settings do not). pools.POOL_KEYS is read from these flags."""
+    meta = {"help": help, "reload": reload, "pool": pool}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -76,14 +79,21 @@ class Config:
         help="Queue to work on (repeatable), in priority order.",
         factory=lambda: ["default"],
         reload=WORKERS,
+        pool=True,
     )
-    workers: int = setting(2, "Number of workers (fixed).", reload=APPLY)
+    workers: int = setting(2, "Number of workers (fixed).", reload=APPLY, pool=True)
     # Autoscaling: on when max_workers is set (then `workers` is ignored).
     min_workers: int | None = setting(
-        None, "Autoscale: never fewer workers than this (default 1).", reload=APPLY
+        None,
+        "Autoscale: never fewer workers than this (default 1).",
+        reload=APPLY,
+        pool=True,
     )
     max_workers: int | None = setting(
-        None, "Autoscale up to this many workers (turns autoscaling on).", reload=APPLY
+        None,
+        "Autoscale up to this many workers (turns autoscaling on).",
+        reload=APPLY,
+        pool=True,
     )
     # The hard ceiling on this host's worker processes (docs/operations.md, "Workers limit").
     workers_limit: int | None = setting(
@@ -94,36 +104,61 @@ class Config:
         reload=APPLY,
     )
     scale_interval: float = setting(
-        1.0, "Seconds between load readings (one Redis round trip).", reload=APPLY
+        1.0,
+        "Seconds between load readings (one Redis round trip).",
+        reload=APPLY,
+        pool=True,
     )
     scale_down_delay: float = setting(
-        30.0, "Seconds the need must stay low before workers stop.", reload=APPLY
+        30.0,
+        "Seconds the need must stay low before workers stop.",
+        reload=APPLY,
+        pool=True,
     )
     drain_target: float = setting(
-        30.0, "Size the fleet to empty the backlog within this many seconds.", reload=APPLY
+        30.0,
+        "Size the fleet to empty the backlog within this many seconds.",
+        reload=APPLY,
+        pool=True,
     )
     max_wait: float | None = setting(
         None,
         "Latency target: autoscale so that no job waits in its queue longer than this many seconds.",
         reload=APPLY,
+        pool=True,
     )
     # Several hosts on one Redis: a cap on the whole cluster's workers.
     host_id: str = setting("", "This host's name in a cluster (default hostname:pid).")
     # A new value applies; turning the cap on or off needs a restart (reload_plan).
     cluster_max_workers: int | None = setting(
-        None, "Cap on the workers of all hosts on this Redis.", reload=APPLY
+        None,
+        "Cap on the workers of all hosts on this Redis.",
+        reload=APPLY,
+        pool=True,
     )
-    host_ttl: float = setting(10.0, "Seconds after which a silent host is forgotten.", reload=APPLY)
+    host_ttl: float = setting(
+        10.0, "Seconds after which a silent host is forgotten.", reload=APPLY, pool=True
+    )
     # Deadline for a job whose busy line carries no timeout (RQ's own default is 180 s).
     job_timeout: float = setting(
-        180.0, "Seconds a job may run when it does not set its own timeout.", reload=APPLY
+        180.0,
+        "Seconds a job may run when it does not set its own timeout.",
+        reload=APPLY,
+        pool=True,
     )
     # RQ's in-process alarm fires at the timeout; this is the backstop for code it cannot stop.
     job_timeout_grace: float = setting(
-        10.0, "Seconds past its timeout before herder kills a job.", reload=APPLY
+        10.0,
+        "Seconds past its timeout before herder kills a job.",
+        reload=APPLY,
+        pool=True,
     )
-    heartbeat_interval: float = setting(1.0, "Seconds between a worker's heartbeat lines.", reload=WORKERS)
-    heartbeat_timeout: float = setting(10.0, "Seconds of worker silence before it is killed.", reload=APPLY)
+    heartbeat_interval: float = setting(
+        1.0, "Seconds between a worker's heartbeat lines.", reload=WORKERS, pool=True
+    )
+    heartbeat_timeout: float = setting(
+        10.0, "Seconds of worker silence before it is killed.", reload=APPLY, pool=True
+    )
     # The network is not reliable (docs/design.md): no Redis call of a worker waits unbounded, and
     # a worker whose loop stalls outside a job while its beat goes on is killed.
     redis_timeout: float = setting(
@@ -138,16 +173,21 @@ class Config:
         "call, a dequeue) before it is killed and its job recovered.",
         reload=APPLY,
     )
-    start_timeout: float = setting(30.0, "Seconds a new worker has to say `ready`.", reload=APPLY)
+    start_timeout: float = setting(30.0, "Seconds a new worker has to say `ready`.", reload=APPLY, pool=True)
     # Both only downwards: the watchdog's stop grace was set from them at start (reload_plan).
-    stop_timeout: float = setting(30.0, "Seconds a stopping worker has to finish its job.", reload=APPLY)
-    kill_timeout: float = setting(5.0, "Seconds from SIGTERM to SIGKILL.", reload=APPLY)
-    max_requeues: int = setting(3, "Times a dead worker's job is requeued before it is failed.", reload=APPLY)
+    stop_timeout: float = setting(
+        30.0, "Seconds a stopping worker has to finish its job.", reload=APPLY, pool=True
+    )
+    kill_timeout: float = setting(5.0, "Seconds from SIGTERM to SIGKILL.", reload=APPLY, pool=True)
+    max_requeues: int = setting(
+        3, "Times a dead worker's job is requeued before it is failed.", reload=APPLY, pool=True
+    )
     # The master must win the CPU against its own busy workers to see deaths and hangs at once.
     worker_nice: int = setting(
         WORKER_NICE,
         "Niceness workers run at (0-19), above the master's, so it stays responsive.",
         reload=WORKERS,
+        pool=True,
     )
     # How often a master looks for jobs no live worker holds (docs/design.md, "Jobs are never lost").
     sweep_interval: float = setting(
@@ -159,18 +199,27 @@ class Config:
     )
     kill_budget_window: float = setting(60.0, "Seconds of the kill budget's sliding window.", reload=APPLY)
     min_uptime: float = setting(
-        1.0, "A worker exiting sooner than this died young: its slot backs off.", reload=APPLY
+        1.0,
+        "A worker exiting sooner than this died young: its slot backs off.",
+        reload=APPLY,
+        pool=True,
     )
     backoff_initial: float = setting(
-        0.1, "Seconds a slot waits after its first young death (then doubling).", reload=APPLY
+        0.1,
+        "Seconds a slot waits after its first young death (then doubling).",
+        reload=APPLY,
+        pool=True,
     )
-    backoff_max: float = setting(30.0, "The longest a slot's backoff grows.", reload=APPLY)
+    backoff_max: float = setting(30.0, "The longest a slot's backoff grows.", reload=APPLY, pool=True)
     # Watchdog: master silence deadline and restart intensity.
     master_heartbeat_timeout: float = setting(15.0, "Master silence before a restart.")
     max_restarts: int = setting(5, "Master restarts within --restart-window before giving up.")
     restart_window: float = setting(60.0, "Seconds.")
     paths: list[str] = setting(
-        help="Directory to import job modules from (repeatable).", factory=list, reload=WORKERS
+        help="Directory to import job modules from (repeatable).",
+        factory=list,
+        reload=WORKERS,
+        pool=True,
     )
     worker_command: list[str] | None = setting(
         None, "Run this program as the worker (it must speak the protocol).", reload=WORKERS
@@ -186,29 +235,51 @@ class Config:
     # Self-defense: cull a worker whose jobs keep failing (within a shared budget), and recycle
     # workers by jobs, age and memory, a replacement first (docs/design.md, "Self-defense").
     cull_failures: int = setting(
-        5, "Failed jobs within --cull-failure-window that get a worker culled (0: never).", reload=APPLY
+        5,
+        "Failed jobs within --cull-failure-window that get a worker culled (0: never).",
+        reload=APPLY,
+        pool=True,
     )
     cull_failure_window: float = setting(
-        60.0, "Seconds over which a worker's failed jobs are counted.", reload=APPLY
+        60.0,
+        "Seconds over which a worker's failed jobs are counted.",
+        reload=APPLY,
+        pool=True,
     )
     cull_budget: int = setting(
         10, "Culls allowed per --cull-window, for all hosts on this Redis.", reload=APPLY
     )
     cull_window: float = setting(600.0, "Seconds of the cull budget's sliding window.", reload=APPLY)
-    max_jobs: int | None = setting(None, "Recycle a worker after this many jobs.", reload=APPLY)
+    max_jobs: int | None = setting(None, "Recycle a worker after this many jobs.", reload=APPLY, pool=True)
     max_jobs_jitter: int = setting(
-        0, "Up to this many jobs more, at random per worker, so they recycle apart.", reload=APPLY
+        0,
+        "Up to this many jobs more, at random per worker, so they recycle apart.",
+        reload=APPLY,
+        pool=True,
     )
-    max_age: float | None = setting(None, "Recycle a worker after this many seconds.", reload=APPLY)
-    max_age_jitter: float = setting(0.0, "Up to this many seconds more, at random per worker.", reload=APPLY)
+    max_age: float | None = setting(
+        None, "Recycle a worker after this many seconds.", reload=APPLY, pool=True
+    )
+    max_age_jitter: float = setting(
+        0.0, "Up to this many seconds more, at random per worker.", reload=APPLY, pool=True
+    )
     max_memory: float | None = setting(
-        None, "Recycle a worker, between jobs, past this RSS in MB.", reload=APPLY
+        None,
+        "Recycle a worker, between jobs, past this RSS in MB.",
+        reload=APPLY,
+        pool=True,
     )
     max_memory_hard: float | None = setting(
-        None, "Kill a worker past this RSS in MB (default 1.5 x --max-memory).", reload=APPLY
+        None,
+        "Kill a worker past this RSS in MB (default 1.5 x --max-memory).",
+        reload=APPLY,
+        pool=True,
     )
     recycle_share: float = setting(
-        0.1, "At most this share of the fleet (at least 1) recycles at once.", reload=APPLY
+        0.1,
+        "At most this share of the fleet (at least 1) recycles at once.",
+        reload=APPLY,
+        pool=True,
     )
     # RQ's scheduler (enqueue_at/enqueue_in, Retry intervals): one child per host, RQ's locks
     # pick one per queue across hosts (docs/design.md, "RQ's scheduler").
@@ -232,6 +303,7 @@ class Config:
         help="Module the template imports before forking workers (repeatable; fork-safe code only).",
         factory=list,
         reload=WORKERS,
+        pool=True,
     )
     # Jobs at once per worker process, one per thread (docs/operations.md, "Threads").
     threads: int = setting(
@@ -239,42 +311,68 @@ class Config:
         "Jobs each worker process runs at once, one per thread, each thread an RQ worker of its "
         "own (I/O-bound, thread-safe job code; the workers limit still counts processes).",
         reload=WORKERS,
+        pool=True,
     )
-    # RQ's per-job writes in two round trips instead of about eleven (docs/design.md, "Fast path").
+    # RQ's per-job writes in one round trip instead of about eleven: a job's finish, the next
+    # job's take and its start in one script call (docs/design.md, "Fast path").
     fast_path: bool = setting(
         True,
-        "Do RQ's per-job bookkeeping in 2 round trips (off: RQ's own code path, call by call; "
+        "Do RQ's per-job bookkeeping in 1 round trip (off: RQ's own code path, call by call; "
         "a --worker-class, --queue-class or other dequeue strategy always takes RQ's).",
         reload=WORKERS,
     )
     # `rq worker`'s own options, for users coming from it (docs/migrating-from-rq.md).
     worker_class: str = setting(
-        "", "RQ Worker class (dotted path) to combine with herder's protocol (rq worker -w).", reload=WORKERS
+        "",
+        "RQ Worker class (dotted path) to combine with herder's protocol (rq worker -w).",
+        reload=WORKERS,
+        pool=True,
     )
-    job_class: str = setting("", "RQ Job class, dotted path (rq worker -j).", reload=WORKERS)
-    queue_class: str = setting("", "RQ Queue class, dotted path (rq worker --queue-class).", reload=WORKERS)
+    job_class: str = setting("", "RQ Job class, dotted path (rq worker -j).", reload=WORKERS, pool=True)
+    queue_class: str = setting(
+        "", "RQ Queue class, dotted path (rq worker --queue-class).", reload=WORKERS, pool=True
+    )
     serializer: str = setting(
-        "", "json, pickle, or a serializer's dotted path (rq worker -S).", reload=WORKERS
+        "",
+        "json, pickle, or a serializer's dotted path (rq worker -S).",
+        reload=WORKERS,
+        pool=True,
     )
     exception_handlers: list[str] = setting(
         help="Exception handler, dotted path (repeatable; rq worker --exception-handler).",
         factory=list,
         reload=WORKERS,
+        pool=True,
     )
     disable_default_exception_handler: bool = setting(
-        False, "Do not move failed jobs to the FailedJobRegistry (rq worker -d).", reload=WORKERS
+        False,
+        "Do not move failed jobs to the FailedJobRegistry (rq worker -d).",
+        reload=WORKERS,
+        pool=True,
     )
     results_ttl: int | None = setting(
-        None, "Seconds results are kept (rq worker --results-ttl).", reload=WORKERS
+        None,
+        "Seconds results are kept (rq worker --results-ttl).",
+        reload=WORKERS,
+        pool=True,
     )
     worker_ttl: int | None = setting(
-        None, "RQ's worker key TTL in seconds (rq worker --worker-ttl).", reload=WORKERS
+        None,
+        "RQ's worker key TTL in seconds (rq worker --worker-ttl).",
+        reload=WORKERS,
+        pool=True,
     )
     maintenance_interval: int | None = setting(
-        None, "Seconds between RQ's maintenance passes (rq worker --maintenance-interval).", reload=WORKERS
+        None,
+        "Seconds between RQ's maintenance passes (rq worker --maintenance-interval).",
+        reload=WORKERS,
+        pool=True,
     )
     dequeue_strategy: str = setting(
-        "default", "default, random or round_robin (rq worker --dequeue-strategy).", reload=WORKERS
+        "default",
+        "default, random or round_robin (rq worker --dequeue-strategy).",
+        reload=WORKERS,
+        pool=True,
     )
     rq_config: str = setting(
         "",
@@ -316,6 +414,7 @@ class Config:
         "Call module:function in every worker before its first job (close inherited connections, "
         "a tracer's init); if it raises, the worker fails to start and its slot backs off.",
         reload=WORKERS,
+        pool=True,
     )
     django_settings: str = setting(
         "",
