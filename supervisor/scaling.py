@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from herder.supervisor.redis_side.load import Load  # the load reader's reading, the policy's input
+
 # A scale-down sheds at least this share of the fleet and at least 2 workers, unless the
 # need was perfectly flat for the whole delay (the load is gone, or truly constant): a
 # smaller step down is most likely the noise missing its peak for a while, and comes back.
@@ -42,16 +44,6 @@ class ScaleConfig:
     # Smoothing of the per-worker rate: weight of the newest sample. (The growth rate is
     # smoothed over the drain target instead: see decide.)
     alpha: float = 0.5
-
-
-@dataclass(frozen=True)
-class Load:
-    """One observation, read from Redis in a single round trip."""
-
-    at: float  # monotonic seconds
-    backlog: int  # jobs waiting in the queues herder serves
-    running: int  # jobs started and not finished (RQ's StartedJobRegistry)
-    oldest_age: float = 0.0  # seconds the oldest waiting job has waited (0: none waits)
 
 
 @dataclass(frozen=True)

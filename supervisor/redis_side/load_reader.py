@@ -24,7 +24,7 @@ from herder.common.config import DEFAULT_POOL
 from herder.supervisor.redis_side import hosts
 from herder.supervisor.redis_side.budget import cluster_keys
 from herder.supervisor.redis_side.cluster import HOSTS_KEY, RESERVE, RESERVED_KEY, Grant, parse_grant
-from herder.supervisor.scaling import Load
+from herder.supervisor.redis_side.load import Load
 
 log = logging.getLogger("herder")
 
@@ -117,7 +117,7 @@ class LoadReader:
     ) -> None:
         """A reload's cluster cap, host TTL and kill-budget window, from the next reading on;
         a pool a reload added gets its reservation (`host_id`: this host's). (Turning a pool's
-        cap on or off is a restart: herder.common.config.reload_plan, commands.reload.)"""
+        cap on or off is a restart: herder.common.config.reload_plan, herder.supervisor.reload.)"""
         with self._lock:
             if pool in self.clusters:
                 self.clusters[pool] = replace(self.clusters[pool], cap=cap, ttl=ttl, kill_window=kill_window)
