@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 
 from herder.supervisor.dispatchers import STDERR_LINES_PER_SECOND
 from herder.supervisor.fleet import Worker
@@ -22,13 +22,33 @@ REPORT_INTERVAL = 5.0
 
 
 @dataclass
+class LineProblems:
+    """What a worker's pipes carried that herder could not take: protocol lines malformed or
+    oversized, times its stdout was throttled, stderr lines dropped."""
+
+    malformed: int = 0
+    oversized: int = 0
+    throttled: int = 0
+    stderr_dropped: int = 0
+
+    @classmethod
+    def of(cls, obs: Observations) -> LineProblems:
+        return cls(obs.malformed, obs.oversized, obs.throttled, obs.stderr_dropped)
+
+    def since(self, before: LineProblems) -> LineProblems:
+        return LineProblems(*(a - b for a, b in zip(astuple(self), astuple(before), strict=True)))
+
+    def add(self, more: LineProblems) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(more, f.name))
+
+
+@dataclass
 class Totals:
     spawned: int = 0
     exited: int = 0
     killed: int = 0
-    malformed: int = 0
-    oversized: int = 0
-    throttled: int = 0
+    problems: LineProblems = field(default_factory=LineProblems)  # as reported in the log
     jobs_ok: int = 0
     jobs_failed: int = 0
     busy_seconds: float = 0.0
@@ -39,12 +59,9 @@ class Totals:
 
 @dataclass
 class _Reported:
-    """Counter values already logged for one worker, so logs say what is new."""
+    """A worker's problems already logged, so logs say what is new."""
 
-    malformed: int = 0
-    oversized: int = 0
-    throttled: int = 0
-    stderr_dropped: int = 0
+    problems: LineProblems = field(default_factory=LineProblems)
     at: float = float("-inf")
 
 
@@ -73,32 +90,21 @@ class Counters:
 
     def report(self, w: Worker, obs: Observations, now: float) -> None:
         rep = self._reported.setdefault(w.pid, _Reported())
-        new_malformed = obs.malformed - rep.malformed
-        new_oversized = obs.oversized - rep.oversized
-        new_throttled = obs.throttled - rep.throttled
-        new_dropped = obs.stderr_dropped - rep.stderr_dropped
-        if new_malformed or new_oversized or new_throttled or new_dropped:
+        now_seen = LineProblems.of(obs)
+        new = now_seen.since(rep.problems)
+        if any(astuple(new)):
             log.warning(
                 "slot %d pid %d: %d malformed and %d oversized protocol lines, throttled %d times, "
                 "dropped %d stderr lines over %d/s (totals %d, %d, %d, %d; last problem: %s)",
                 w.slot,
                 w.pid,
-                new_malformed,
-                new_oversized,
-                new_throttled,
-                new_dropped,
+                *astuple(new)[:4],
                 STDERR_LINES_PER_SECOND,
-                obs.malformed,
-                obs.oversized,
-                obs.throttled,
-                obs.stderr_dropped,
+                *astuple(now_seen),
                 obs.last_error or "-",
             )
-            self.totals.malformed += new_malformed
-            self.totals.oversized += new_oversized
-            self.totals.throttled += new_throttled
-        rep.malformed, rep.oversized, rep.throttled = obs.malformed, obs.oversized, obs.throttled
-        rep.stderr_dropped, rep.at = obs.stderr_dropped, now
+            self.totals.problems.add(new)
+        rep.problems, rep.at = now_seen, now
 
     def _base(self, pool: str | None) -> Totals:
         return self.totals if pool is None else self.by_pool.get(pool, Totals())
@@ -137,7 +143,7 @@ class Counters:
             t.jobs_failed,
             requeued,
             failed,
-            t.malformed,
-            t.oversized,
+            t.problems.malformed,
+            t.problems.oversized,
             not_requeued,
         )

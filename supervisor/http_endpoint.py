@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -67,6 +68,19 @@ ROUTES = {
 }
 
 
+@dataclass
+class Feeds:
+    """What the endpoint serves beside the snapshot: the master's events (`journal`), the host
+    records the load reader last read (`hosts`), who may send commands (`controls`) and how
+    one reaches the loop (`submit`, which returns the loop's reply)."""
+
+    journal: Journal | None = None
+    wall: Callable[[], float] = time.time
+    hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, [])
+    controls: Controls | None = None
+    submit: Callable[[dict], dict] | None = None
+
+
 class Publisher:
     """The loop's side: starts the endpoint (again every RETRY_BIND seconds while the port is
     taken, say by a master still draining) and hands it each snapshot the loop publishes."""
@@ -76,20 +90,11 @@ class Publisher:
         address: str,
         clock: Callable[[], float],
         collectors: tuple[Any, ...] = (),
-        journal: Journal | None = None,
-        wall: Callable[[], float] = time.time,
-        hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, []),
-        controls: Controls | None = None,
-        submit: Callable[[dict], dict] | None = None,
+        feeds: Feeds | None = None,
     ) -> None:
-        """`journal`: the master's events; `hosts`: the host records the load reader last read;
-        `controls`: who may send commands, `submit` hands one to the loop and returns its reply."""
         self.address = address
-        self.journal = journal or Journal(wall)
-        self.controls = controls or Controls("")
-        self.endpoint = HttpEndpoint(
-            http_address(address), clock, self.journal, wall, hosts, self.controls, submit
-        )
+        self.endpoint = HttpEndpoint(http_address(address), clock, feeds or Feeds())
+        self.journal, self.controls = self.endpoint.journal, self.endpoint.controls
         host = self.endpoint.address[0]
         if not is_loopback(host) and not self.controls.enabled:
             log.warning(
@@ -140,21 +145,17 @@ class HttpEndpoint:
         self,
         address: tuple[str, int],
         clock: Callable[[], float],
-        journal: Journal | None = None,
-        wall: Callable[[], float] = time.time,
-        hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, []),
-        controls: Controls | None = None,
-        submit: Callable[[dict], dict] | None = None,
+        feeds: Feeds,
     ) -> None:
         self.address = address
-        self.controls = controls or Controls("")
-        self.submit = submit
-        self.clock, self.wall = clock, wall
+        self.controls = feeds.controls or Controls("")
+        self.submit = feeds.submit
+        self.clock, self.wall = clock, feeds.wall
         self.snapshot: HostSnapshot | None = None  # replaced whole by the loop; read by request threads
         self._snapshot_body: tuple[HostSnapshot | None, bytes] = (None, b"")  # encoded once, on demand
         self.history = History()
-        self.journal = journal or Journal(wall)
-        self.hosts = hosts
+        self.journal = feeds.journal or Journal(feeds.wall)
+        self.hosts = feeds.hosts
         self.registry = registry_for(SnapshotCollector(lambda: self.snapshot, clock))
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.refused = 0  # connections closed unserved: MAX_CONNECTIONS were busy
@@ -306,26 +307,12 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self._route("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._route("POST")
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._route("HEAD")
-
-    def do_PUT(self) -> None:  # noqa: N802
-        self._route("PUT")
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._route("DELETE")
-
-    def do_PATCH(self) -> None:  # noqa: N802
-        self._route("PATCH")
-
-    def do_OPTIONS(self) -> None:  # noqa: N802
-        self._route("OPTIONS")
+    def __getattr__(self, name: str) -> Callable[[], None]:
+        """http.server calls do_<METHOD> for a request: every method goes to _route (an unknown
+        one is answered there, 405), never to http.server's bare 501 page."""
+        if name.startswith("do_") and name[3:].isupper():
+            return lambda: self._route(name[3:])
+        raise AttributeError(name)
 
     def _route(self, method: str) -> None:
         try:

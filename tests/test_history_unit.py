@@ -8,14 +8,14 @@ import json
 from herder.supervisor.views.api import encode, history_json
 from herder.supervisor.views.history import SERIES, SPAN, History
 from herder.supervisor.views.journal import KEPT, Journal
-from herder.supervisor.views.model import Health, HostSnapshot, PoolRow
+from herder.supervisor.views.model import WIRE_NAMES, Health, HostSnapshot, PoolRow
 
 T0 = 1_800_000_000.0
 
 
 def pool(name: str, jobs_per_s: float = 0.0, queue_length: int | None = 3) -> PoolRow:
     growth = None if queue_length is None else 0.5
-    return PoolRow(name=name, state="running", autoscale=False, min=1, max=4, wanted=2, running=2,
+    return PoolRow(name=name, state="running", autoscale=False, floor=1, ceiling=4, demand=2, running=2,
                    busy=1, queue_length=queue_length, growth=growth, oldest_age=None, jobs_per_s=jobs_per_s,
                    failed_per_s=0.0, jobs_ok=0, jobs_failed=0, queues=(name,))  # fmt: skip
 
@@ -34,7 +34,7 @@ def test_one_sample_a_second_the_newest_of_its_second() -> None:
     assert out["step"] == 1.0
     assert out["t"] == [T0 + i * 0.5 for i in (1, 3, 5, 7, 9)]
     assert out["pools"]["a"]["jobs_per_s"] == [1.0, 3.0, 5.0, 7.0, 9.0]
-    assert set(out["pools"]["a"]) == set(SERIES)
+    assert set(out["pools"]["a"]) == {WIRE_NAMES.get(k, k) for k in SERIES}  # the wire's names
 
 
 def test_bounded_to_the_last_15_minutes() -> None:

@@ -243,6 +243,11 @@ def pool_option(f):  # noqa: ANN001, ANN201 - a click decorator
     )(f)
 
 
+def pool_command(f):  # noqa: ANN001, ANN201 - a click decorator
+    """A command on this host's pools: every pool, or --pool; --state-dir finds the herder."""
+    return cli.command()(state_dir_option(pool_option(f)))
+
+
 def one_pool_option(f):  # noqa: ANN001, ANN201 - a click decorator
     # `scale` sizes one pool: with several, the master refuses a scale that names none.
     return click.option(
@@ -401,9 +406,7 @@ def enqueue(state_dir: str | None, queue: str | None, func: str, args: tuple[str
     click.echo(f"{reply['job_id']} on {reply['queue']}")
 
 
-@cli.command()
-@state_dir_option
-@pool_option
+@pool_command
 def restart(state_dir: str | None, pool: str | None) -> None:
     """Rolling restart (of every pool, or of --pool): each replacement starts before an old
     worker stops; no job is interrupted."""
@@ -411,9 +414,7 @@ def restart(state_dir: str | None, pool: str | None) -> None:
     click.echo(f"replacing {reply['replacing']} workers, a batch at a time")
 
 
-@cli.command()
-@state_dir_option
-@pool_option
+@pool_command
 def pause(state_dir: str | None, pool: str | None) -> None:
     """This host's workers (of every pool, or of --pool) finish their jobs and take no new
     ones, until `herder resume` (for every host at once, RQ's own `rq suspend` works too)."""
@@ -421,9 +422,7 @@ def pause(state_dir: str | None, pool: str | None) -> None:
     click.echo(f"paused: {reply['workers']} workers finish their jobs and take no new ones")
 
 
-@cli.command()
-@state_dir_option
-@pool_option
+@pool_command
 def resume(state_dir: str | None, pool: str | None) -> None:
     """Undo `herder pause` (of every pool, or of --pool): the workers take jobs again."""
     reply = ask(state_dir, with_pool({"cmd": "resume"}, pool))

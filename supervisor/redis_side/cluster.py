@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # KEYS[1] hosts zset (id -> expiry), KEYS[2] reservations hash (id -> workers)
-# ARGV: host id, wanted, running, ttl seconds, cap
+# ARGV: host id, target (workers this host keeps), running, ttl seconds, cap
 RESERVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local me, wanted, running = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local me, target, running = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for _, id in ipairs(dead) do redis.call('HDEL', KEYS[2], id) end
@@ -38,7 +38,7 @@ local hosts = redis.call('ZRANGE', KEYS[1], 0, -1)
 for _, id in ipairs(hosts) do
   if id ~= me then others = others + tonumber(redis.call('HGET', KEYS[2], id) or '0') end
 end
-local grant = math.max(0, math.min(wanted, cap - others))
+local grant = math.max(0, math.min(target, cap - others))
 redis.call('HSET', KEYS[2], me, math.max(running, grant))
 table.sort(hosts)
 return {grant, others, unpack(hosts)}

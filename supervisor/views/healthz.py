@@ -16,7 +16,7 @@ def healthz(snap: HostSnapshot | None, now: float) -> tuple[int, dict[str, Any]]
     body: dict[str, Any] = {
         "status": "degraded" if problems else "ok",
         "reasons": [text for _, text in problems],
-        "workers": {"ready": snap.ready, "desired": snap.desired},
+        "workers": {"ready": snap.ready, "desired": snap.target},
     }
     if snap.memory_pressure:  # said, not a problem: scale-up waits, the pod keeps its work
         body["memory_pressure"] = f"{snap.memory_pressure}; no scale-up"

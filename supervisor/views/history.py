@@ -13,11 +13,11 @@ import threading
 from collections import deque
 from typing import Any
 
-from herder.supervisor.views.model import HostSnapshot
+from herder.supervisor.views.model import WIRE_NAMES, HostSnapshot
 
 STEP = 1.0  # seconds between two samples
 SPAN = 15 * 60  # seconds kept
-SERIES = ("queue_length", "growth", "wanted", "running", "busy", "jobs_per_s", "failed_per_s")
+SERIES = ("queue_length", "growth", "demand", "running", "busy", "jobs_per_s", "failed_per_s")
 
 Sample = tuple[float, dict[str, tuple[Any, ...]]]  # (wall time, pool -> SERIES' values)
 
@@ -52,5 +52,8 @@ class History:
         out: dict[str, dict[str, list[Any]]] = {}
         for name in names:
             rows = [pools.get(name) for _, pools in samples]
-            out[name] = {k: [None if r is None else r[i] for r in rows] for i, k in enumerate(SERIES)}
+            out[name] = {
+                WIRE_NAMES.get(k, k): [None if r is None else r[i] for r in rows]
+                for i, k in enumerate(SERIES)
+            }
         return {"step": self.step, "t": [t for t, _ in samples], "pools": out}

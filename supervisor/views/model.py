@@ -3,7 +3,12 @@ plain data. The loop builds one (views/build.py, the one builder) and publishes 
 readers on other threads only read it, and every view is a renderer of it.
 
 The dashboard's JSON (supervisor/views/API.md's contract) is the fields not marked VIEW_ONLY,
-under the same names; the VIEW_ONLY fields are what status and /metrics need beside them."""
+under the same names but those WIRE_NAMES renames; the VIEW_ONLY fields are what status and
+/metrics need beside them.
+
+A worker count has one name per meaning here as in the loop: `floor` and `ceiling` (a pool's
+bounds, in worker processes on this host), `target` (how many the loop keeps), `demand` (what
+the queues call for before any bound). The wire keeps the names its readers know: WIRE_NAMES."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import Any
 
 STALE_AFTER = 5.0  # seconds without a new snapshot: the loop is stalled (it passes every 0.25 s)
 VIEW_ONLY = {"json": False}  # a field's metadata: kept out of the dashboard's JSON
+# The one map from the loop's words to the wire's (the dashboard's JSON, status, /metrics).
+WIRE_NAMES = {"floor": "min", "ceiling": "max", "target": "desired", "demand": "wanted"}
 
 
 def view_only(default: Any = None, factory: Any = None) -> Any:
@@ -30,7 +37,7 @@ EVENT_KINDS = (
     "recycled",
     "restart",  # a rolling restart
     "reload",
-    "scale",  # an operator's scale command, or the autoscaler changing `wanted`
+    "scale",  # an operator's scale command, or the autoscaler changing a pool's target
     "paused",
     "resumed",
     "spawned",
@@ -84,9 +91,9 @@ class PoolRow:
     name: str
     state: str  # running, paused, starting, stopping
     autoscale: bool
-    min: int
-    max: int
-    wanted: int
+    floor: int
+    ceiling: int
+    demand: int  # what the pool's queues call for across the cluster, before this host's bounds
     running: int
     busy: int
     queue_length: int | None  # None: not read yet
@@ -97,7 +104,7 @@ class PoolRow:
     jobs_ok: int
     jobs_failed: int
     queues: tuple[str, ...]
-    desired: int = view_only(0)  # this host's target for the pool
+    target: int = view_only(0)  # this host's target for the pool
     ready: int = view_only(0)  # idle or busy
     by_state: dict[str, int] = view_only(factory=dict)  # every worker state but exited
     scaled: dict[str, int] = view_only(factory=dict)  # `herder scale`'s bounds over the file's
@@ -157,13 +164,13 @@ class HostSnapshot:
     started_at: float = view_only(0.0)  # wall clock the master started
     redis_url: str | None = view_only()  # password redacted
     autoscale: bool = view_only(False)
-    min: int = view_only(0)
-    max: int = view_only(0)
+    floor: int = view_only(0)
+    ceiling: int = view_only(0)
     workers_limit: int = view_only(0)
     workers_limit_reason: str = view_only("")
     cluster_max: int | None = view_only()
     cluster_grant: int | None = view_only()  # the pools' cluster grants summed; None: none
-    desired: int = view_only(0)
+    target: int = view_only(0)
     actual: int = view_only(0)  # workers counting towards the target
     ready: int = view_only(0)  # workers idle or busy
     paused: bool = view_only(False)
@@ -203,7 +210,11 @@ class HostSnapshot:
 
 def _json(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _json(getattr(value, f.name)) for f in fields(value) if f.metadata.get("json", True)}
+        return {
+            WIRE_NAMES.get(f.name, f.name): _json(getattr(value, f.name))
+            for f in fields(value)
+            if f.metadata.get("json", True)
+        }
     if isinstance(value, list | tuple):
         return [_json(v) for v in value]
     if isinstance(value, dict):

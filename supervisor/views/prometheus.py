@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from herder.supervisor.views.model import HostSnapshot
+from herder.supervisor.views.model import HostSnapshot, PoolRow
 
 # Every label value a counter can take, shown from the start at 0 (so rate() works at once).
 KILL_REASONS = ("silent", "no_ready", "no_progress", "stdout_closed", "stop_timeout", "job_timeout",
@@ -20,6 +20,20 @@ HEALTH_KINDS = ("kill_budget_spent", "cull_budget_spent", "starting", "stopping"
                 "redis_unreachable", "loop_lagging", "loop_stalled")  # fmt: skip
 RECYCLE_REASONS = ("culled", "recycled after max jobs", "recycled after max age", "recycled after max memory",
                    "killed over hard memory limit")  # fmt: skip
+# The counters by (reason, pool) and by pool: each a pool row's field.
+BY_REASON = (
+    ("requeued_by", REQUEUE_REASONS, "herder_requeues", "Jobs put back on their queue, by why."),
+    ("killed_by", KILL_REASONS, "herder_kills", "Workers herder killed, by why."),
+    ("recycled_by", RECYCLE_REASONS, "herder_recycles", "Planned recycles and culls, by why."),
+)
+PER_POOL = (
+    ("failed_by_herder", "herder_jobs_failed_by_herder", "Jobs failed past --max-requeues."),
+    (
+        "died",
+        "herder_workers_died",
+        "Worker exits herder did not ask for: crashes, os._exit, kills from outside, OOM kills.",
+    ),
+)
 
 
 class SnapshotCollector:
@@ -51,15 +65,15 @@ class SnapshotCollector:
                 g.add_metric([state, p.name], n)
         yield g
         for metric, key, text in (
-            ("herder_workers_desired", "desired", "The target worker count on this host."),
+            ("herder_workers_desired", "target", "The target worker count on this host."),
             (
                 "herder_workers_wanted",
-                "wanted",
+                "demand",
                 "Workers the pool's queues call for across the cluster, before this host's bounds.",
             ),
             (
                 "herder_workers_max",
-                "max",
+                "ceiling",
                 "The most workers this host runs for the pool (max_workers or its size).",
             ),
             ("herder_workers_running", "running", "Workers counting towards the target."),
@@ -77,38 +91,10 @@ class SnapshotCollector:
             c.add_metric(["failed", p.name], p.jobs_failed)
         yield c
         yield _counter("herder_workers_spawned", "Workers spawned.", v.totals.get("spawned", 0))
-        yield _by_pool(
-            {p.name: p.requeued_by for p in pools},
-            REQUEUE_REASONS,
-            "herder_requeues",
-            "Jobs put back on their queue, by why.",
-        )
-        c = CounterMetricFamily(
-            "herder_jobs_failed_by_herder", "Jobs failed past --max-requeues.", labels=["pool"]
-        )
-        for p in pools:
-            c.add_metric([p.name], p.failed_by_herder)
-        yield c
-        yield _by_pool(
-            {p.name: p.killed_by for p in pools},
-            KILL_REASONS,
-            "herder_kills",
-            "Workers herder killed, by why.",
-        )
-        c = CounterMetricFamily(
-            "herder_workers_died",
-            "Worker exits herder did not ask for: crashes, os._exit, kills from outside, OOM kills.",
-            labels=["pool"],
-        )
-        for p in pools:
-            c.add_metric([p.name], p.died)
-        yield c
-        yield _by_pool(
-            {p.name: p.recycled_by for p in pools},
-            RECYCLE_REASONS,
-            "herder_recycles",
-            "Planned recycles and culls, by why.",
-        )
+        for field, reasons, name, doc in BY_REASON:
+            yield _by_reason(pools, field, reasons, name, doc)
+        for field, name, doc in PER_POOL:
+            yield _per_pool(pools, field, name, doc)
         yield _counter(
             "herder_master_restarts", "Times the watchdog restarted the master.", v.master_restarts
         )
@@ -175,14 +161,23 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def _by_pool(
-    counts: dict[str, dict[str, int]], reasons: tuple[str, ...], name: str, doc: str
+def _per_pool(pools: tuple[PoolRow, ...], field: str, name: str, doc: str) -> CounterMetricFamily:
+    """A counter by pool: each pool row's `field`."""
+    c = CounterMetricFamily(name, doc, labels=["pool"])
+    for p in pools:
+        c.add_metric([p.name], getattr(p, field))
+    return c
+
+
+def _by_reason(
+    pools: tuple[PoolRow, ...], field: str, reasons: tuple[str, ...], name: str, doc: str
 ) -> CounterMetricFamily:
-    """A counter by (reason, pool), every one of `reasons` shown from the start at 0."""
+    """A counter by (reason, pool) from each pool row's `field`, every one of `reasons` shown
+    from the start at 0."""
     c = CounterMetricFamily(name, doc, labels=["reason", "pool"])
-    for pool, by_reason in counts.items():
-        for reason, n in sorted((dict.fromkeys(reasons, 0) | by_reason).items()):
-            c.add_metric([reason, pool], n)
+    for p in pools:
+        for reason, n in sorted((dict.fromkeys(reasons, 0) | getattr(p, field)).items()):
+            c.add_metric([reason, p.name], n)
     return c
 
 

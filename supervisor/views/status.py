@@ -28,7 +28,7 @@ def build_status(snap: HostSnapshot) -> dict[str, Any]:
     degraded = "; ".join(snap.health.reasons)
     stopping = snap.state == "stopping"
     running = (
-        snap.actual >= snap.desired
+        snap.actual >= snap.target
         and not snap.backoff
         and not stopping
         and not degraded
@@ -48,13 +48,13 @@ def build_status(snap: HostSnapshot) -> dict[str, Any]:
         "watchdog": {"pid": watchdog_pid, "uptime": _uptime(watchdog_pid)},
         "redis_url": snap.redis_url,
         "autoscale": snap.autoscale,
-        "min": snap.min,
-        "max": snap.max,
+        "min": snap.floor,
+        "max": snap.ceiling,
         "workers_limit": snap.workers_limit,
         "workers_limit_reason": snap.workers_limit_reason,
         "cluster_max": snap.cluster_max,
         "cluster_grant": snap.cluster_grant,
-        "desired": snap.desired,
+        "desired": snap.target,
         "actual": snap.actual,
         "stopping": stopping,
         "paused": snap.paused,
@@ -116,13 +116,13 @@ def _pool(p: PoolRow) -> dict[str, Any]:
     return {
         "queues": list(p.queues),
         "autoscale": p.autoscale,
-        "min": p.min,
-        "max": p.max,
+        "min": p.floor,
+        "max": p.ceiling,
         "scaled": p.scaled,  # `herder scale`'s bounds over the file's, {}: none
         "threads": p.threads,  # jobs each of its workers runs at once
-        "desired": p.desired,
+        "desired": p.target,
         # What the pool's queues call for across the cluster before this host's bounds.
-        "wanted": p.wanted,
+        "wanted": p.demand,
         "actual": p.running,
         "ready": p.ready,
         "cluster_max": p.cluster_max,
