@@ -33,7 +33,7 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # Version 8: a worker process running jobs in several threads tags `busy`, `beat` and `done`
 # with the thread they are about: `t<i> busy ...` (no tag: thread 0, as every older worker).
 VERSION = 8
-SUPPORTED_VERSIONS = ("1", "2", "3", "4", "5", "6", "7", "8")
+SUPPORTED_VERSIONS = tuple(str(v) for v in range(1, VERSION + 1))  # `ready` accepts each of them
 MAX_THREADS = 256  # a tag past this is malformed
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
 # Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one).

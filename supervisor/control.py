@@ -13,9 +13,9 @@ until it gives up, and a healthy new fleet with it. Only a socket nobody answers
 dead master's) is unlinked.
 
 This thread only accepts and parses. Whatever reads or changes the fleet is handed to
-the reconcile loop (`Master.handle_requests`) and answered from there, so replies are
-consistent with what the loop decides, and a hung loop shows up as a timeout instead
-of a stale answer.
+the reconcile loop (`Commands.handle_requests`, supervisor/commands.py) and answered from
+there, so replies are consistent with what the loop decides, and a hung loop shows up as a
+timeout instead of a stale answer.
 """
 
 from __future__ import annotations

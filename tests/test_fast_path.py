@@ -188,7 +188,7 @@ def test_a_running_job_sees_what_it_sees_under_rqs_simple_worker(herder, two_red
     each job snapshots every key while it runs (its hash, the started registry, its execution,
     the worker's hash, the intermediate list), with TTLs and time scores to ten seconds. On the
     fast path the first job starts in a round trip of its own, the next ones are started by the
-    script that takes them (herder.worker.start_template), and a job with another timeout (so
+    script that takes them (herder.worker.fast_path.start_template), and a job with another timeout (so
     another heartbeat TTL) starts on its own again before its template is used."""
     (by_rq, by_herder), (rq_port, herder_port) = two_redis
     ids = ["first", "second", "third", "longer", "longer-too", "back"]
