@@ -80,7 +80,7 @@ class Endings:
         return (
             w.state == WorkerState.IDLE
             and current(w)
-            and not w.retire_reason
+            and not w.retiring
             and not w.culled
             and not w.proc.snapshot().paused
         )

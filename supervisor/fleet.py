@@ -5,8 +5,6 @@ they keep dying young). Plain data and pure rules; only the reconcile loop chang
 
 from __future__ import annotations
 
-import logging
-import signal
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -14,9 +12,7 @@ from typing import Protocol
 
 from herder.common.config import Config, host_cpus
 from herder.supervisor.observations import FinishedJob, Observations
-from herder.supervisor.states import Cull, WorkerState, change_state
-
-log = logging.getLogger("herder")
+from herder.supervisor.states import Cull, KillKind, KillStage, Retire, WorkerState
 
 # Spawn pacing (figures: docs/operations.md, "Workers limit"). A spawn costs the master little
 # CPU but can take long in wall time once the host is busy starting other workers (Popen waits
@@ -67,12 +63,12 @@ class Worker:
     state: WorkerState = WorkerState.STARTING
     stop_sent_at: float | None = None
     kill_started_at: float | None = None
-    kill_reason: str = ""
-    kill_kind: str = ""  # the kill reason's class (liveness's kinds): why, for a given-up job's ending
-    sigkilled: bool = False
-    spared: bool = False  # judged hung, but the kill budget was spent
+    kill_reason: str = ""  # why herder killed it, as a sentence (its kill's log line and events)
+    kill_kind: KillKind | None = None  # and as a class: what the code branches on, the metrics' label
+    kill_stage: KillStage = KillStage.NONE  # spared, SIGTERM sent, SIGKILL sent (states.KILL_TRANSITIONS)
     # Retirement (herder.supervisor.retirement): replaced first, then sent `stop`.
-    retire_reason: str = ""  # why: a planned recycle, or a cull
+    retire: Retire | None = None  # why it retires: a planned recycle, or a cull
+    retire_reason: str = ""  # the same, as a sentence with its figures
     stop_reason: str = ""  # why herder sent it `stop` (its exit's event says so)
     jobs_limit: int | None = None  # max_jobs plus this worker's jitter
     age_limit: float | None = None  # max_age plus this worker's jitter
@@ -95,24 +91,33 @@ class Worker:
         """What its log lines start with: `slot 3 pid 1234`, `scheduler pid 1234`."""
         return f"{self.title or f'slot {self.slot}'} pid {self.pid}"
 
-    def begin_kill(self, reason: str, kind: str, now: float) -> None:
-        """KILLING: SIGTERM to its process group now, SIGKILL after kill_timeout (escalate)."""
-        change_state(self, WorkerState.KILLING, f"SIGTERM to its process group: {reason}", logging.WARNING)
-        self.kill_reason, self.kill_kind, self.kill_started_at = reason, kind, now
-        self.proc.signal_group(signal.SIGTERM)
-        self.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+    @property
+    def killed(self) -> bool:
+        """herder killed it (SIGTERM sent; herder.supervisor.lifecycle.kill)."""
+        return self.kill_stage in (KillStage.TERM, KillStage.SIGKILLED)
 
-    def escalate(self, now: float, kill_timeout: float) -> None:
-        """A worker being killed and still alive kill_timeout after its SIGTERM: SIGKILL, once."""
-        due = now - (self.kill_started_at or now) >= kill_timeout
-        if self.state == WorkerState.KILLING and not self.sigkilled and due:
-            log.warning("%s: still alive %.1f s after SIGTERM: SIGKILL", self.label, kill_timeout)
-            self.proc.signal_group(signal.SIGKILL)
-            self.sigkilled = True
+    @property
+    def spared(self) -> bool:
+        """Judged hung, but the kill budget was spent: left alone (guard.py)."""
+        return self.kill_stage == KillStage.SPARED
+
+    @property
+    def sigkilled(self) -> bool:
+        return self.kill_stage == KillStage.SIGKILLED
 
     @property
     def culled(self) -> bool:
         return self.cull == Cull.CULLED
+
+    @property
+    def retiring(self) -> bool:
+        """Marked to retire (recycled or culled): replaced, then sent `stop`."""
+        return self.retire is not None
+
+    @property
+    def recycling(self) -> bool:
+        """A planned recycle (not a cull): no fault, no budget spent."""
+        return self.retire is not None and self.retire != Retire.CULLED
 
 
 @dataclass

@@ -13,6 +13,7 @@ from herder.common.config import Config
 from herder.supervisor.fleet import Worker
 from herder.supervisor.redis_side.budget import ClusterView, KillBudget, cluster_keys
 from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.states import KillStage, change_kill
 
 log = logging.getLogger("herder")
 
@@ -50,10 +51,11 @@ class KillGuard:
         if self.budget.take(fleet, now=wall, cluster=cluster):
             if cluster is not None and self.recovery is not None:
                 self.recovery.count_kill(cluster_keys(wall, self.budget.window)[0], self.budget.window)
-            w.spared = False
+            if w.spared:
+                change_kill(w, KillStage.NONE)  # its kill follows
             return True
         if not w.spared:
-            w.spared = True
+            change_kill(w, KillStage.SPARED)
             where = "cluster-wide" if cluster else "on this host"
             self.degraded = (
                 f"kill budget spent {where}: {self.budget.limit(fleet)} kills per "
@@ -71,7 +73,7 @@ class KillGuard:
 
     def responsive(self, w: Worker) -> None:
         if w.spared:
-            w.spared = False
+            change_kill(w, KillStage.NONE)
             log.warning("slot %d pid %d: responsive again", w.slot, w.pid)
 
     def settle(self, workers: Iterable[Worker]) -> None:

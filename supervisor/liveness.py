@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from herder.common.config import Config
 from herder.supervisor.fleet import Worker
 from herder.supervisor.observations import Held, Observations
-from herder.supervisor.states import WorkerState
+from herder.supervisor.states import KillKind, WorkerState
 
 EOF_GRACE = 1.0  # seconds a worker may live on after closing its stdout
 
@@ -23,7 +23,7 @@ EOF_GRACE = 1.0  # seconds a worker may live on after closing its stdout
 class Verdict:
     reason: str
     judged_hung: bool  # takes a kill token (see the module doc)
-    kind: str  # the reason's class, a metric label: silent, no_ready, stdout_closed, ...
+    kind: KillKind  # the reason's class, a metric label: silent, no_ready, stdout_closed, ...
 
 
 def derived_state(w: Worker, obs: Observations) -> WorkerState:
@@ -54,7 +54,7 @@ def stuck_since(obs: Observations) -> float | None:
 def read_late(verdict: Verdict | None, w: Worker) -> bool:
     """A silence the master's own reader explains: the worker's lines wait unread in its pipe
     (a master starved of CPU by its busy fleet reads late). Never a reason to kill."""
-    return verdict is not None and verdict.kind == "silent" and w.proc.unread() > 0
+    return verdict is not None and verdict.kind == KillKind.SILENT and w.proc.unread() > 0
 
 
 def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | None:
@@ -68,13 +68,15 @@ def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | No
         grace = cfg.kill_timeout if obs.said_stop else EOF_GRACE
         if now - obs.eof_at > grace:
             how = " after saying stop" if obs.said_stop else " but kept running"
-            return Verdict("closed its stdout" + how, judged_hung=hung, kind="stdout_closed")
+            return Verdict("closed its stdout" + how, judged_hung=hung, kind=KillKind.STDOUT_CLOSED)
         return None
     stopping_for = now - w.stop_sent_at if w.stop_sent_at is not None else 0.0
     if w.state == WorkerState.STOPPING and stopping_for > cfg.stop_timeout:
         busy = f", job {obs.job_id} still running" if obs.job_id else ""
         return Verdict(
-            f"still running {cfg.stop_timeout:g} s after `stop`{busy}", judged_hung=False, kind="stop_timeout"
+            f"still running {cfg.stop_timeout:g} s after `stop`{busy}",
+            judged_hung=False,
+            kind=KillKind.STOP_TIMEOUT,
         )
     if not obs.ready:
         if obs.last_seen > w.spawned_at:
@@ -82,16 +84,16 @@ def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | No
             silent = now - obs.last_seen
             if silent > cfg.heartbeat_timeout:
                 why = f"silent for {silent:.1f} s before `ready` (limit {cfg.heartbeat_timeout:g} s)"
-                return Verdict(why, judged_hung=hung, kind="silent")
+                return Verdict(why, judged_hung=hung, kind=KillKind.SILENT)
             return None
         if now - w.spawned_at > cfg.start_timeout:
             why = f"no `ready` within the start timeout of {cfg.start_timeout:g} s"
-            return Verdict(why, judged_hung=hung, kind="no_ready")
+            return Verdict(why, judged_hung=hung, kind=KillKind.NO_READY)
         return None
     silent = now - obs.last_seen
     if silent > cfg.heartbeat_timeout:
         why = f"silent for {silent:.1f} s (heartbeat timeout {cfg.heartbeat_timeout:g} s)"
-        return Verdict(why, judged_hung=hung, kind="silent")
+        return Verdict(why, judged_hung=hung, kind=KillKind.SILENT)
     stuck = stuck_since(obs)
     if stuck is not None and now - stuck > cfg.progress_timeout:
         # Alive (its beat goes on) but its loop is stuck outside the job: a Redis call that
@@ -100,11 +102,11 @@ def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | No
             f"its loop made no progress for {now - stuck:.0f} s outside the job's own code "
             f"(progress timeout {cfg.progress_timeout:g} s)"
         )
-        return Verdict(why, judged_hung=hung, kind="no_progress")
+        return Verdict(why, judged_hung=hung, kind=KillKind.NO_PROGRESS)
     if late is not None:
         over, held = late
         timeout = held.timeout if held.timeout is not None else cfg.job_timeout
         which = f"job {held.job_id} " if len(obs.jobs) > 1 else ""  # a threaded worker: which one
         why = f"busy {over:.0f} s past its {which}{timeout:g} s timeout"
-        return Verdict(why, judged_hung=False, kind="job_timeout")
+        return Verdict(why, judged_hung=False, kind=KillKind.JOB_TIMEOUT)
     return None

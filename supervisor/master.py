@@ -23,13 +23,14 @@ from herder.common import rq_seam, rq_support
 from herder.common.config import DEFAULT_POOL, Config, all_queues, pool_configs, redact_url
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
-from herder.supervisor import fleet
+from herder.common.transitions import move
+from herder.supervisor import fleet, lifecycle
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
 from herder.supervisor.endings import Endings
 from herder.supervisor.events import Events
-from herder.supervisor.fleet import Slot, Worker, died_young
+from herder.supervisor.fleet import Slot, Worker
 from herder.supervisor.fleetview import short_pools
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.health import HealthWatch
@@ -47,7 +48,7 @@ from herder.supervisor.states import (
     LEAVING,
     PHASES,
     WORKING,
-    IllegalTransition,
+    KillKind,
     MasterPhase,
     WorkerState,
     change_state,
@@ -203,9 +204,7 @@ class Master:
 
     def enter(self, new: MasterPhase) -> None:
         """The one place the master's phase changes, checked against PHASES."""
-        if new not in PHASES[self.phase]:
-            raise IllegalTransition(f"master: {self.phase} -> {new} is not allowed")
-        self.phase = new
+        self.phase = move(PHASES, self.phase, new, "master")
 
     @property
     def paused(self) -> bool:
@@ -421,18 +420,15 @@ class Master:
         for slot_index, w in list(self.workers.items()):
             if not w.proc.has_exited():
                 continue
-            code = w.proc.reap()
-            obs = w.proc.snapshot()
-            del self.workers[slot_index]
             now = self.clock.monotonic()
-            lived, how = now - w.spawned_at, describe(code)
-            oom = code == -signal.SIGKILL and not w.kill_reason and self.oom.killed(w.proc.pid)
+            ex = lifecycle.reap(w, now)
+            del self.workers[slot_index]
+            code, obs, lived, how, graceful = ex.code, ex.obs, ex.lived, ex.how, ex.graceful
+            oom = code == -signal.SIGKILL and not w.killed and self.oom.killed(w.proc.pid)
             if oom:  # said as such in the exit line, the event, the requeue and herder_kills_total
                 how = "killed by the kernel's OOM killer (SIGKILL)"
-                self.counters.totals.killed_by["oom"] += 1
-                self.counters.totals.killed_by_pool["oom", w.pool] += 1
-            # Asked to stop (by herder, or by RQ's shutdown command: it said `stop`) and exited 0.
-            graceful = code == 0 and not w.kill_reason and (w.stop_sent_at is not None or obs.said_stop)
+                self.counters.totals.killed_by[KillKind.OOM] += 1
+                self.counters.totals.killed_by_pool[KillKind.OOM, w.pool] += 1
             why = "stopped as asked" if graceful else w.kill_reason or "unexpected"
             pool = self.pool_of(w)
             if not graceful and self.recovery is not None and pool.cfg.worker_command is None:
@@ -442,32 +438,26 @@ class Master:
             self.counters.fold_exit(w, obs, now)
             self.fold_finished(w)
             life = f"lived {lived:.1f} s, {obs.jobs_ok} jobs ok, {obs.jobs_failed} failed"
-            change_state(
-                w, WorkerState.EXITED, f"{how}; {why}; {life}", logging.INFO if graceful else logging.WARNING
-            )
-            cause = f"killed by herder: {w.kill_reason}" if w.kill_reason else f"worker died ({how})"
-            label = "killed" if w.kill_reason else "died"  # the metrics' reason
+            lifecycle.exited(w, ex, f"{how}; {why}; {life}")
+            cause = f"killed by herder: {w.kill_reason}" if w.killed else f"worker died ({how})"
+            label = "killed" if w.killed else "died"  # the metrics' reason
             for held in obs.jobs.values():  # every job it ran: one per thread of a threaded worker
                 self.requeue(
                     held.job_id,
                     f"{cause} while running the job",
                     label,
-                    w.kill_kind or "died",
+                    w.kill_kind or KillKind.DIED,
                     self.rq_names(w),
                 )
-            slot = self.slots.get(w.slot)
-            backs_off = slot is not None and not self.stopping
-            young = backs_off and died_young(graceful, obs.ready, lived, pool.cfg)
-            if backs_off and not young:
-                assert slot is not None
-                slot.lived(now)
-            if young:
-                assert slot is not None
-                delay = slot.died_young(now, pool.cfg)
-                log.warning("slot %d: backoff (died %d times in a row, before `ready` or within %.1f s "
-                            "of its start); next spawn in %.2f s", w.slot, slot.young_deaths,
-                            pool.cfg.min_uptime, delay)  # fmt: skip
-            if not graceful and not w.kill_reason:  # an exit herder did not ask for
+            slot, delay = self.slots.get(w.slot), None
+            if slot is not None and not self.stopping:  # a stop's exits are no crash loop
+                delay = lifecycle.back_off(slot, ex, pool.cfg, now)
+                if delay is not None:
+                    log.warning("slot %d: backoff (died %d times in a row, before `ready` or within %.1f s "
+                                "of its start); next spawn in %.2f s", w.slot, slot.young_deaths,
+                                pool.cfg.min_uptime, delay)  # fmt: skip
+            young = delay is not None
+            if not graceful and not w.killed:  # an exit herder did not ask for
                 self.counters.totals.died_by_pool[w.pool] += 1  # herder_workers_died_total
                 self.report_death(w, code, obs, slot.young_deaths if young and slot else 1, oom)
             self.record_exit(w, how, graceful, oom, obs)
@@ -486,7 +476,7 @@ class Master:
             record("stopped", w.pool, f"{who} stopped ({w.stop_reason or 'as asked'})", w.slot, w.pid)
         elif oom:
             record("oom", w.pool, f"{who} killed by the kernel's OOM killer{jobs}", w.slot, w.pid)
-        elif w.kill_reason:
+        elif w.killed:
             record("killed", w.pool, f"{who} exited ({how}) after herder's kill{jobs}", w.slot, w.pid)
         else:
             record("died", w.pool, f"{who} died ({how}){jobs}", w.slot, w.pid)
@@ -558,7 +548,7 @@ class Master:
             obs, cfg = w.proc.snapshot(), self.pool_of(w).cfg  # judged by its pool's deadlines
             change_state(w, derived_state(w, obs), f"job {obs.job_id}" if obs.job_id else "ready")
             if w.state == WorkerState.KILLING:
-                w.escalate(now, cfg.kill_timeout)
+                lifecycle.escalate(w, now, cfg.kill_timeout)
                 continue
             verdict, fleet = judge(w, obs, now, cfg), max(self.target, len(self.live_workers()))
             if read_late(verdict, w):
@@ -577,9 +567,9 @@ class Master:
                 self.kill(w, verdict.reason, verdict.kind)
         self.guard.settle(self.workers.values())
 
-    def kill(self, w: Worker, reason: str, kind: str) -> None:
+    def kill(self, w: Worker, reason: str, kind: KillKind) -> None:
         """SIGTERM now (SIGKILL after kill_timeout, in murder); `kind` is the reason's class."""
-        w.begin_kill(reason, kind, self.clock.monotonic())
+        lifecycle.kill(w, reason, kind, self.clock.monotonic())
         self.counters.totals.killed += 1
         self.counters.totals.killed_by[kind] += 1
         self.counters.totals.killed_by_pool[kind, w.pool] += 1
@@ -638,7 +628,7 @@ class Master:
         if self.roll(pool, live, target):
             return
         if len(live) > target:
-            states = {w.slot: str(w.state) for w in live}
+            states = {w.slot: w.state for w in live}
             for slot in pick_idle_to_stop(states, len(live) - target):
                 self.stop_worker(self.workers[slot], f"scale down to {target}")
             return
@@ -692,11 +682,14 @@ class Master:
     def spawn(self, slot: Slot, pool: Pool) -> None:
         cfg = pool.cfg
         argv, env = worker_argv(cfg), worker_env(cfg, slot.index, pool.name)
-        try:  # from the warm template (forkserver.py), or a new interpreter
-            proc = self.launcher_for(pool).spawn(argv, env, slot.index, self.events.wake)
-        except OSError as exc:
-            delay = slot.died_young(self.clock.monotonic(), cfg)
-            log.error("slot %d: cannot spawn worker (%s); next try in %.2f s", slot.index, exc, delay)
+        proc = lifecycle.start(  # from the warm template (forkserver.py), or a new interpreter
+            slot,
+            cfg,
+            self.clock.monotonic(),
+            lambda: self.launcher_for(pool).spawn(argv, env, slot.index, self.events.wake),
+            f"slot {slot.index}: cannot spawn worker",
+        )
+        if proc is None:
             return
         w = Worker(
             slot.index,
@@ -717,9 +710,7 @@ class Master:
 
     def stop_worker(self, w: Worker, why: str) -> None:
         w.stop_reason = w.stop_reason or why
-        w.proc.send_stop()
-        w.stop_sent_at = self.clock.monotonic()
-        change_state(w, WorkerState.STOPPING, why)
+        lifecycle.ask_stop(w, why, self.clock.monotonic())
 
     # ---- stop -----------------------------------------------------------------------------
 
@@ -738,4 +729,4 @@ class Master:
             self.sched.hurry()
             for w in list(self.workers.values()):
                 if w.state != WorkerState.KILLING:
-                    self.kill(w, f"herder is stopping in a hurry ({why})", "hurried_stop")
+                    self.kill(w, f"herder is stopping in a hurry ({why})", KillKind.HURRIED_STOP)

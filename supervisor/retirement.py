@@ -33,11 +33,11 @@ from herder.supervisor.fleet import Worker
 from herder.supervisor.observations import Observations
 from herder.supervisor.redis_side.budget import SlidingWindow
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.states import Cull, change_cull
+from herder.supervisor.states import Cull, KillKind, Retire, change_cull
 
 log = logging.getLogger("herder")
 
-Killer = Callable[[Worker, str, str], None]  # (worker, reason, the reason's class)
+Killer = Callable[[Worker, str, KillKind], None]  # (worker, reason, the reason's class)
 
 ASK_AGAIN = 10.0  # seconds before a worker denied a cull asks again (the window moves on)
 RSS_EVERY = 2.0  # seconds between RSS readings of one worker
@@ -69,7 +69,7 @@ class Retirement:
         self.rss_of = rss_of
         self.local = SlidingWindow(cfg.cull_window)
         self.degraded = ""  # why health is degraded (the cull budget is spent), or ""
-        self.recycled: Counter[str] = Counter()  # planned recycles and culls, by kind
+        self.recycled: Counter[str] = Counter()  # planned recycles and culls (Retire), hard kills
         self._asking = 0  # cull tokens asked for and not yet answered
 
     def configure(self, cfg: Config) -> None:
@@ -93,7 +93,7 @@ class Retirement:
         target: int,
         now: float,
         wall: float,
-        kill: Callable[[Worker, str, str], None],
+        kill: Killer,
         answers: dict[int, bool] | None = None,
     ) -> None:
         """Decide retirements for the live (not yet leaving) workers. `answers`: the cull
@@ -101,43 +101,45 @@ class Retirement:
         if answers is None:
             answers = self.recovery.answers() if self.recovery else {}
         self._asking = sum(1 for w in live if w.cull == Cull.ASKED)
-        planned = sum(1 for w in live if w.retire_reason and not w.culled)
+        planned = sum(1 for w in live if w.recycling)
         room = max(1, math.floor(self.cfg.recycle_share * target)) - planned
         for w in live:
             obs = w.proc.snapshot()
             self._count_failures(w, obs, now)
             if w.cull == Cull.ASKED and w.cull_ticket in answers:
                 self._answered(w, answers[w.cull_ticket], now, wall)
-            if w.retire_reason:
+            if w.retiring:
                 continue
             hard = self._memory(w, now)
             if hard:
-                kill(w, hard, "memory_hard")
+                kill(w, hard, KillKind.MEMORY_HARD)
                 continue
             self._consider_cull(w, now, wall)
-            if w.retire_reason or room <= 0:
+            if w.retiring or room <= 0:
                 continue
-            reason = self.planned_reason(w, obs, now)
-            if reason:
-                w.retire_reason = reason
-                self.recycled[reason.split(":")[0]] += 1
+            planned = self.planned(w, obs, now)
+            if planned is not None:
+                w.retire, w.retire_reason = planned
+                self.recycled[w.retire] += 1
                 room -= 1
-                log.info("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, reason)
+                log.info("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, w.retire_reason)
         denied = [w for w in live if w.cull == Cull.DENIED]
         if self.degraded and not denied:
             log.warning("health ok again: no worker is waiting on the cull budget")
             self.degraded = ""
 
-    def planned_reason(self, w: Worker, obs: Observations, now: float) -> str:
+    def planned(self, w: Worker, obs: Observations, now: float) -> tuple[Retire, str] | None:
+        """A planned recycle due now, and its sentence; None if none is."""
         done = obs.jobs_ok + obs.jobs_failed
         if w.jobs_limit is not None and done >= w.jobs_limit:
-            return f"recycled after max jobs: {done} jobs done (limit {w.jobs_limit})"
-        if w.age_limit is not None and now - w.spawned_at >= w.age_limit:
-            return f"recycled after max age: {now - w.spawned_at:.0f} s old (limit {w.age_limit:.0f} s)"
+            return Retire.MAX_JOBS, f"{Retire.MAX_JOBS}: {done} jobs done (limit {w.jobs_limit})"
+        age = now - w.spawned_at
+        if w.age_limit is not None and age >= w.age_limit:
+            return Retire.MAX_AGE, f"{Retire.MAX_AGE}: {age:.0f} s old (limit {w.age_limit:.0f} s)"
         limit = self.cfg.max_memory
         if w.rss is not None and limit is not None and w.rss >= limit:
-            return f"recycled after max memory: RSS {w.rss:.0f} MB (limit {limit:g} MB)"
-        return ""
+            return Retire.MAX_MEMORY, f"{Retire.MAX_MEMORY}: RSS {w.rss:.0f} MB (limit {limit:g} MB)"
+        return None
 
     # ---- parts -------------------------------------------------------------------------
 
@@ -187,8 +189,11 @@ class Retirement:
             return
         self.local.add(wall)
         change_cull(w, Cull.CULLED)
-        w.retire_reason = f"culled: {len(w.failures)} failed jobs within {self.cfg.cull_failure_window:g} s"
-        self.recycled["culled"] += 1
+        w.retire = Retire.CULLED
+        w.retire_reason = (
+            f"{Retire.CULLED}: {len(w.failures)} failed jobs within {self.cfg.cull_failure_window:g} s"
+        )
+        self.recycled[Retire.CULLED] += 1
         log.warning("slot %d pid %d: %s; stopped as its replacement starts", w.slot, w.pid, w.retire_reason)
 
     def _deny(self, w: Worker, where: str) -> None:

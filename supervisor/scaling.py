@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 from herder.supervisor.redis_side.load import Load  # the load reader's reading, the policy's input
+from herder.supervisor.states import WorkerState
 
 # A scale-down sheds at least this share of the fleet and at least 2 workers, unless the
 # need was perfectly flat for the whole delay (the load is gone, or truly constant): a
@@ -181,7 +182,7 @@ def decide(
     return Decision(hold, need, f"need {need}: holding {hold}, {spread}", wanted), state
 
 
-def pick_idle_to_stop(states: dict[int, str], excess: int) -> list[int]:
+def pick_idle_to_stop(states: dict[int, WorkerState], excess: int) -> list[int]:
     """Which slots to stop for `excess` fewer workers: idle ones only, highest slot first.
 
     Never a busy worker: a scale-down must not interrupt a job, so it may take longer
@@ -189,5 +190,5 @@ def pick_idle_to_stop(states: dict[int, str], excess: int) -> list[int]:
     """
     if excess <= 0:
         return []
-    idle = sorted((slot for slot, state in states.items() if state == "idle"), reverse=True)
+    idle = sorted((slot for slot, state in states.items() if state == WorkerState.IDLE), reverse=True)
     return idle[:excess]

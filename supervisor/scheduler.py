@@ -22,13 +22,13 @@ from typing import Any
 
 from herder.common import worker_protocol as wp
 from herder.common.config import Config
-from herder.common.exits import describe
 from herder.common.rq_names import ENV_SCHEDULER_NAME, rq_scheduler_name
-from herder.supervisor.fleet import ProcessHandle, Slot, Worker, died_young
+from herder.supervisor import lifecycle
+from herder.supervisor.fleet import ProcessHandle, Slot, Worker
 from herder.supervisor.launcher import Clock, worker_env
 from herder.supervisor.liveness import judge, read_late
 from herder.supervisor.redis_side.scheduler_locks import LockReading, SchedulerLocks
-from herder.supervisor.states import LEAVING, WorkerState, change_state
+from herder.supervisor.states import LEAVING, KillKind, WorkerState, change_state
 from herder.supervisor.workerproc import WorkerProcess
 
 log = logging.getLogger("herder")
@@ -124,11 +124,11 @@ class SchedulerKeeper:
         env = worker_env(replace(cfg, host_id=self.host_id), 0)  # its Config names this host
         env.pop(wp.ENV_SLOT, None)
         env[ENV_SCHEDULER_NAME] = name
-        try:
-            proc = self._spawn_process([sys.executable, "-P", "-m", "herder.worker.scheduler"], env, wake)
-        except OSError as exc:
-            delay = self.slot.died_young(now, cfg)
-            log.error("cannot spawn the scheduler (%s); next try in %.2f s", exc, delay)
+        argv = [sys.executable, "-P", "-m", "herder.worker.scheduler"]
+        proc = lifecycle.start(
+            self.slot, cfg, now, lambda: self._spawn_process(argv, env, wake), "cannot spawn the scheduler"
+        )
+        if proc is None:
             return
         self.w = Worker(self.slot.index, proc, spawned_at=now, title="scheduler")
         self.name, self.queues, self.settings = name, list(cfg.queues), settings_of(cfg)
@@ -136,50 +136,48 @@ class SchedulerKeeper:
         log.info("scheduler pid %d: spawned as %s", proc.pid, name)
 
     def _watch(self, w: Worker, now: float, cfg: Config) -> None:
-        # Not a fleet worker, but its states change through the same funnel, and its kill
-        # escalates as a worker's does (fleet.Worker); its lines say `scheduler pid N`.
+        # Not a fleet worker, but it lives the workers' life (lifecycle.py): the same state
+        # funnel, kill and escalation; its lines say `scheduler pid N`.
         obs = w.proc.snapshot()
         if w.state == WorkerState.STARTING and obs.ready:
             change_state(w, WorkerState.IDLE, "ready")
         if w.state == WorkerState.KILLING:
-            w.escalate(now, cfg.kill_timeout)
+            lifecycle.escalate(w, now, cfg.kill_timeout)
             return
         verdict = judge(w, obs, now, cfg)
         if verdict is not None and not read_late(verdict, w):
             self._kill(w, verdict.reason)
 
     def _stop(self, w: Worker, why: str) -> None:
-        change_state(w, WorkerState.STOPPING, f"`stop`: {why}")
-        w.proc.send_stop()
-        w.stop_sent_at = self.clock.monotonic()
+        lifecycle.ask_stop(w, f"`stop`: {why}", self.clock.monotonic())
 
     def _kill(self, w: Worker, reason: str) -> None:
-        w.begin_kill(reason, "scheduler", self.clock.monotonic())
+        lifecycle.kill(w, reason, KillKind.SCHEDULER, self.clock.monotonic())
 
     def _reap(self, w: Worker, now: float, cfg: Config) -> None:
-        code = w.proc.reap()
-        obs = w.proc.snapshot()
+        ex = lifecycle.reap(w, now)
         self.w = None
-        lived = now - w.spawned_at
-        graceful = w.stop_sent_at is not None and code == 0 and not w.kill_reason
         assert self.locks is not None
         self.locks.release(self.name, self.queues)  # owner-checked: only what it still held
-        why = "after `stop`" if graceful else w.kill_reason or "unexpected"
+        why = "after `stop`" if ex.graceful else w.kill_reason or "unexpected"
+        # The exit's one line is the one below, in the form docs and operators know; the
+        # state's own line says it again only at DEBUG.
+        lifecycle.exited(w, ex, f"{ex.how}; {why}", logging.DEBUG)
         log.log(
-            logging.INFO if graceful else logging.WARNING,
+            logging.INFO if ex.graceful else logging.WARNING,
             "scheduler pid %d: exited (%s, %s) after %.1f s; freeing its scheduler locks",
             w.pid,
-            describe(code),
+            ex.how,
             why,
-            lived,
+            ex.lived,
         )
-        if not died_young(graceful, obs.ready, lived, cfg):
-            self.slot.lived(now)
-            return
-        delay = self.slot.died_young(now, cfg)
-        log.warning(
-            "scheduler: backoff (died %d times in a row); next spawn in %.2f s", self.slot.young_deaths, delay
-        )
+        delay = lifecycle.back_off(self.slot, ex, cfg, now)
+        if delay is not None:
+            log.warning(
+                "scheduler: backoff (died %d times in a row); next spawn in %.2f s",
+                self.slot.young_deaths,
+                delay,
+            )
 
     # ---- for `herder status` -----------------------------------------------------------------
 

@@ -35,6 +35,9 @@ import logging
 from enum import StrEnum
 from typing import Protocol
 
+from herder.common.transitions import IllegalTransition as IllegalTransition  # re-exported
+from herder.common.transitions import move
+
 log = logging.getLogger("herder")
 
 
@@ -59,10 +62,6 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
 # On their way out: they no longer count towards the target.
 LEAVING = frozenset({S.STOPPING, S.KILLING})
 WORKING = frozenset({S.IDLE, S.BUSY})
-
-
-class IllegalTransition(RuntimeError):
-    pass
 
 
 class MasterPhase(StrEnum):
@@ -107,9 +106,58 @@ CULL_TRANSITIONS: dict[Cull, frozenset[Cull]] = {
 
 def change_cull(w: HasCull, new: Cull) -> None:
     """The one place a worker's culling moves, checked against CULL_TRANSITIONS."""
-    if w.cull != new and new not in CULL_TRANSITIONS[w.cull]:
-        raise IllegalTransition(f"{w.label}: cull {w.cull} -> {new} is not allowed")
-    w.cull = new
+    if w.cull != new:
+        w.cull = move(CULL_TRANSITIONS, w.cull, new, f"{w.label} cull")
+
+
+class KillKind(StrEnum):
+    """Why herder killed a worker, as a class: liveness.judge's verdicts, then the master's own.
+    The values are label values (herder_kills_total, the `worker_killed` event's `kind`) and a
+    given-up job's cause (herder.worker.abandoned.CAUSES): never rename one."""
+
+    STDOUT_CLOSED = "stdout_closed"
+    STOP_TIMEOUT = "stop_timeout"
+    SILENT = "silent"
+    NO_READY = "no_ready"
+    NO_PROGRESS = "no_progress"
+    JOB_TIMEOUT = "job_timeout"
+    MEMORY_HARD = "memory_hard"  # over the hard memory limit (retirement.py)
+    HURRIED_STOP = "hurried_stop"
+    SCHEDULER = "scheduler"  # the scheduler process, whatever the verdict (scheduler.py)
+    OOM = "oom"  # not herder's kill: the kernel's OOM killer's SIGKILL, counted beside them
+    DIED = "died"  # no kill at all: a death herder did not ask for (a requeued job's cause)
+
+
+class KillStage(StrEnum):
+    """Where herder's kill of a worker stands (the KILLING state's sub-states, and the one
+    before a kill the budget refused):
+
+    NONE --judged hung, no kill token--> SPARED --responsive again--> NONE
+    NONE, SPARED --SIGTERM to its group--> TERM --still alive after kill_timeout--> SIGKILLED
+    """
+
+    NONE = "none"
+    SPARED = "spared"  # judged hung, but the kill budget was spent: left alone (guard.py)
+    TERM = "term"  # SIGTERM sent: the worker is KILLING
+    SIGKILLED = "sigkilled"  # SIGKILL sent, once: final
+
+
+KILL_TRANSITIONS: dict[KillStage, frozenset[KillStage]] = {
+    KillStage.NONE: frozenset({KillStage.SPARED, KillStage.TERM}),
+    KillStage.SPARED: frozenset({KillStage.NONE, KillStage.TERM}),
+    KillStage.TERM: frozenset({KillStage.SIGKILLED}),
+    KillStage.SIGKILLED: frozenset(),
+}
+
+
+class Retire(StrEnum):
+    """Why a worker retires (herder.supervisor.retirement): a planned recycle, or a cull. The
+    values are label values (herder_recycled_total's reason): never rename one."""
+
+    MAX_JOBS = "recycled after max jobs"
+    MAX_AGE = "recycled after max age"
+    MAX_MEMORY = "recycled after max memory"
+    CULLED = "culled"
 
 
 class HasState(Protocol):
@@ -130,13 +178,26 @@ class HasCull(Protocol):
     def label(self) -> str: ...
 
 
+class HasKillStage(Protocol):
+    """What change_kill reads and changes of a worker (herder.supervisor.fleet.Worker)."""
+
+    kill_stage: KillStage
+
+    @property
+    def label(self) -> str: ...
+
+
+def change_kill(w: HasKillStage, new: KillStage) -> None:
+    """The one place a worker's kill stage moves, checked against KILL_TRANSITIONS."""
+    w.kill_stage = move(KILL_TRANSITIONS, w.kill_stage, new, f"{w.label} kill")
+
+
 def change_state(w: HasState, new: WorkerState, reason: str, level: int = logging.INFO) -> None:
     """The one place a worker's state changes: checked against TRANSITIONS, and logged, once,
     with everything known about why (`level`: WARNING for a fault). No other line repeats it."""
     if w.state == new:
         return
-    if new not in TRANSITIONS[w.state]:
-        raise IllegalTransition(f"{w.label}: {w.state} -> {new} is not allowed ({reason})")
+    move(TRANSITIONS, w.state, new, w.label, reason)
     if {w.state, new} <= WORKING:
         level = logging.DEBUG  # one IDLE<->BUSY flip per job: or a busy fleet's log is nothing else
     log.log(level, "%s: %s -> %s (%s)", w.label, w.state, new, reason)

@@ -28,6 +28,7 @@ from herder.common import handover
 from herder.common.exits import EX_CONFIG, describe
 from herder.common.lines import LineSplitter
 from herder.common.prctl import become_subreaper
+from herder.common.transitions import move
 from herder.common.uplink_protocol import MASTER_RESTARTS_ENV, parse_uplink
 from herder.watchdog.notify import Notifier
 
@@ -47,6 +48,28 @@ class MasterState(StrEnum):
     STARTING = "starting"
     READY = "ready"
     KILLED = "killed"
+
+
+MASTER_TRANSITIONS: dict[MasterState, frozenset[MasterState]] = {
+    # STARTING again: a master that died is replaced by a new one, ready or not.
+    MasterState.STARTING: frozenset({MasterState.STARTING, MasterState.READY, MasterState.KILLED}),
+    MasterState.READY: frozenset({MasterState.STARTING, MasterState.KILLED}),
+    MasterState.KILLED: frozenset(),  # only while stopping: no master starts after it
+}
+
+
+class Phase(StrEnum):
+    """The watchdog's own life: RUNNING (it keeps a master alive) --a stop (a signal, the
+    master's `stopping`, or giving up)--> STOPPING (no new master; it waits for the children)."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+
+
+PHASES: dict[Phase, frozenset[Phase]] = {
+    Phase.RUNNING: frozenset({Phase.STOPPING}),
+    Phase.STOPPING: frozenset(),
+}
 
 
 class Watchdog:
@@ -81,11 +104,11 @@ class Watchdog:
         self._last_extend = 0.0
         self.master: subprocess.Popen[bytes] | None = None
         self.master_seen = 0.0
-        self.master_state = MasterState.STARTING
+        self.master_state = MasterState.STARTING  # changed only through master_becomes()
         self.restarts: deque[float] = deque()
         self.master_starts = 0
         self.next_start = 0.0
-        self.stopping = False
+        self.phase = Phase.RUNNING  # changed only through begin_stop()
         self.stop_started = 0.0
         self.exit_code = 0
         self._lines = LineSplitter()
@@ -93,6 +116,18 @@ class Watchdog:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase == Phase.STOPPING
+
+    def begin_stop(self, now: float) -> None:
+        """STOPPING: no master starts again; the one running drains its workers."""
+        self.phase = move(PHASES, self.phase, Phase.STOPPING, "watchdog")
+        self.stop_started = now
+
+    def master_becomes(self, new: MasterState) -> None:
+        self.master_state = move(MASTER_TRANSITIONS, self.master_state, new, "watchdog: master")
 
     # ---- signals ---------------------------------------------------------------------
 
@@ -116,8 +151,7 @@ class Watchdog:
                 continue
             name = signal.Signals(sig).name
             if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT) and not self.stopping:
-                self.stopping = True
-                self.stop_started = time.monotonic()
+                self.begin_stop(time.monotonic())
                 self.notify.stopping()
                 log.info("%s: stopping (the master drains its workers)", name)
             if self.master and self.master.returncode is None:
@@ -151,7 +185,7 @@ class Watchdog:
         assert self.master.stdout
         os.set_blocking(self.master.stdout.fileno(), False)
         self.master_seen = time.monotonic()
-        self.master_state = MasterState.STARTING
+        self.master_becomes(MasterState.STARTING)
         self._lines = LineSplitter()
         log.info("master %d started", self.master.pid)
 
@@ -177,14 +211,13 @@ class Watchdog:
         verb = msg.verb
         if verb == "stopping" and not self.stopping:
             # A stop asked of the master itself (herder stop): do not restart it.
-            self.stopping = True
-            self.stop_started = time.monotonic()
+            self.begin_stop(time.monotonic())
             self.notify.stopping()
             log.info("master %d is stopping on request", self.master.pid if self.master else -1)
         elif verb == "ready":
             if self.master_state == MasterState.STARTING:
                 log.info("master %d ready", self.master.pid if self.master else -1)
-                self.master_state = MasterState.READY
+                self.master_becomes(MasterState.READY)
             self.notify.ready()
         elif verb == "status":
             self.notify.status(msg.text)
@@ -237,8 +270,7 @@ class Watchdog:
         except (OSError, RuntimeError) as exc:
             log.error("cannot restart the embedded redis: %s; giving up", exc)
             self.exit_code = 1
-            self.stopping = True
-            self.stop_started = time.monotonic()
+            self.begin_stop(time.monotonic())
 
     def on_master_exit(self, code: int) -> None:
         assert self.master
@@ -263,8 +295,7 @@ class Watchdog:
                 self.restart_window,
             )
             self.exit_code = 1
-            self.stopping = True
-            self.stop_started = now
+            self.begin_stop(now)
             return
         delay = min(self.backoff_max, self.backoff_initial * 2 ** len(self.restarts))
         self.restarts.append(now)
@@ -348,7 +379,7 @@ class Watchdog:
                         self.stop_grace,
                     )
                     self.master.kill()
-                    self.master_state = MasterState.KILLED
+                    self.master_becomes(MasterState.KILLED)
             if not self.stopping:
                 self.check_silence()
             self.feed_service_manager(now)
