@@ -46,8 +46,8 @@ class Autoscaler:
         self.host_id = host_id
         self.policy = policy_config(cfg)
         self.state = ScaleState()
-        self.cluster_desired = cfg.floor * cfg.threads  # job slots, as the policy counts
-        self.wanted: int | None = None  # what the load calls for before any bound; None: not read yet
+        self.slot_target = cfg.floor * cfg.threads  # the policy's target: job slots, cluster-wide with a cap
+        self.demand: int | None = None  # workers the load calls for before any bound; None: not read yet
         # The cluster's grant: None without a cluster cap; 0 (spawn nothing) until it answers.
         self.grant: int | None = 0 if cfg.cluster_max_workers is not None else None
         self.queues: dict[str, QueueStats] = {}
@@ -69,7 +69,7 @@ class Autoscaler:
         """New bounds or timings (herder scale, reload): clamp what was decided into them."""
         self.cfg = cfg
         self.policy = policy_config(cfg)
-        self.cluster_desired = clamp(self.cluster_desired, self.policy)
+        self.slot_target = clamp(self.slot_target, self.policy)
         self.queues = {k: v for k, v in self.queues.items() if k in cfg.queues}
 
     def fold(
@@ -89,14 +89,14 @@ class Autoscaler:
             completions = load.running * state.per_worker  # cluster-wide: every host's busy workers
         else:
             completions = (jobs - seen_jobs) / self.cfg.scale_interval
-        decision, self.state = decide(state, load, self.cluster_desired, completions, self.policy)
-        self.cluster_desired = decision.desired
+        decision, self.state = decide(state, load, self.slot_target, completions, self.policy)
+        self.slot_target = decision.target
         if load is not None:
-            self.wanted = self.workers(decision.wanted)
-        target = self.workers(decision.desired)
+            self.demand = self.workers(decision.demand)
+        target = self.workers(decision.target)
         if self.cfg.cluster_max_workers is not None:
             hosts = reading.grant.hosts if reading.grant else (self.host_id,)
-            share = share_of(self.workers(decision.desired), hosts, self.host_id)  # this host's share
+            share = share_of(target, hosts, self.host_id)  # this host's share
             target = self.cfg.bound(share)
             if reading.grant is not None:
                 self.grant = reading.grant.granted

@@ -15,8 +15,8 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from herder.common import rq_seam, rq_support
@@ -24,21 +24,21 @@ from herder.common.config import DEFAULT_POOL, Config, all_queues, pool_configs,
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
 from herder.common.transitions import move
-from herder.supervisor import fleet, lifecycle
+from herder.supervisor import fleet, lifecycle, reload
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
 from herder.supervisor.endings import Endings
 from herder.supervisor.events import Events
 from herder.supervisor.fleet import Slot, Worker
-from herder.supervisor.fleetview import short_pools
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.health import HealthWatch
 from herder.supervisor.hooks import EventHooks, HealthChanges
 from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
+from herder.supervisor.launchers import Launchers
 from herder.supervisor.liveness import derived_state, judge, read_late
 from herder.supervisor.observations import Observations
-from herder.supervisor.pool import Pool, share_limit
+from herder.supervisor.pool import Pool, active, host_floor, host_target, live, share_limit
 from herder.supervisor.pressure import KernelLog, MemoryWatch, OomWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
@@ -57,6 +57,7 @@ from herder.supervisor.uplink import Uplink
 from herder.supervisor.views.build import PUBLISH_EVERY, Snapshots
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
+from herder.supervisor.views.sources import Sources, short_pools
 from herder.supervisor.views.usage import SHARED
 
 if TYPE_CHECKING:  # imported with --http only (Master.__init__)
@@ -70,43 +71,49 @@ HEALTH_EVENTS_EVERY = 1.0  # seconds between two looks at health for the event h
 HOST_RECORD_EVERY = 1.0  # seconds between two records of this host for the host list (hosts.py)
 
 
+@dataclass
+class Start:
+    """How this master was started (__main__ fills it in; unit tests take the defaults).
+    `control`: the control socket, already answering `starting` (__main__ opens it first
+    thing); the loop takes it over (without one, the master opens its own). `http_token`:
+    HERDER_HTTP_TOKEN, which __main__ took out of the environment (http_auth.py)."""
+
+    host_id: str = ""
+    restarts: int = 0  # times the watchdog restarted the master before this one
+    started_at: float | None = None  # wall time; now, without
+    control: ControlServer | None = None
+    uplink: Uplink | None = None  # the pipe to the watchdog
+    http_token: str = ""
+
+
 class Master:
     def __init__(
         self,
         cfg: Config,
-        launcher: Launcher,
+        launchers: Launchers,
         clock: Clock,
         recovery: Recovery | None = None,
         reader: LoadReader | None = None,
-        uplink: Uplink | None = None,
-        host_id: str = "",
         sched: SchedulerKeeper | None = None,
-        restarts: int = 0,
-        control: ControlServer | None = None,
-        started_at: float | None = None,
-        new_launcher: Callable[[Config], Launcher] | None = None,
-        memory: MemoryWatch | None = None,
-        http_token: str = "",
+        start: Start | None = None,
     ) -> None:
-        """`control`: the control socket, already answering `starting` (__main__ opens it
-        first thing); the loop takes it over. Without one, the master opens its own.
-        `new_launcher`: makes the fork server of a pool whose imports differ from the first
-        pool's (without it, every pool shares `launcher`). `http_token`: HERDER_HTTP_TOKEN, which
-        __main__ took out of the environment (http_auth.py)."""
+        """`launchers`: where workers come from (one fork server per set of imports);
+        `recovery` and `reader`: the threads that talk to Redis (None without Redis);
+        `sched`: RQ's scheduler process's keeper."""
+        start = start or Start()
+        control, http_token = start.control, start.http_token
         self.cfg = self.started_cfg = cfg  # started_cfg: the watchdog's, which it never re-reads
         self.clock = clock
-        self.recovery, self.reader, self.uplink = recovery, reader, uplink
+        self.recovery, self.reader, self.uplink = recovery, reader, start.uplink
         self.hostname = socket.gethostname()
-        self.host_id = host_id or cfg.host_id or f"{self.hostname}:{os.getpid()}"
+        self.host_id = start.host_id or cfg.host_id or f"{self.hostname}:{os.getpid()}"
         # The fleets: one pool per [pools.NAME] of the file, or the one pool `default` (pool.py).
         self.tickets = itertools.count(1)  # cull tickets: unique across pools (retirement.py)
         self.pools = {
             name: Pool.build(name, pc, self.host_id, recovery, self.tickets)
             for name, pc in pool_configs(cfg).items()
         }
-        # One fork server per set of imports (paths, preload); pools that agree share it.
-        self.launchers = {(tuple(cfg.paths), tuple(cfg.preload)): launcher}
-        self.new_launcher = new_launcher
+        self.launchers = launchers  # one fork server per set of imports; pools that agree share it
         self.workers: dict[int, Worker] = {}  # by slot
         self.slots: dict[int, Slot] = {}
         self.counters = Counters()
@@ -116,8 +123,8 @@ class Master:
         self.phase = MasterPhase.STARTING  # changed only through enter()
         self.ready_at: float | None = None  # wall time the fleet was first ready (`ready` to the watchdog)
         self.spawns_pending = False  # pacing left spawns for the next pass: it comes soon
-        self.started_at = clock.wall() if started_at is None else started_at
-        self.restarts = restarts  # times the watchdog restarted the master before this one
+        self.started_at = clock.wall() if start.started_at is None else start.started_at
+        self.restarts = start.restarts  # times the watchdog restarted the master before this one
         self.lagging_reads, self._lag_said_at = 0, float("-inf")  # silences the reader's lag explained
         self.health = HealthWatch()
         # What happened, as sentences (views/journal.py): recorded once, where the loop decides it.
@@ -132,7 +139,7 @@ class Master:
         # master import prometheus-client and http.server (a master without is 1 MB smaller).
         self.jobstats: JobStats | None = None
         self.http: Publisher | None = None
-        self.memory = memory or MemoryWatch()  # the cgroup near its memory limit: no scale-up
+        self.memory = MemoryWatch()  # the cgroup near its memory limit: no scale-up
         self.oom = OomWatch(kernel_log=KernelLog())  # a SIGKILL herder did not send: the OOM killer's?
         self.hooks = EventHooks(cfg, self.host_id, counted=bool(cfg.http))  # --on-event, --on-event-url
         self.health_changes, self._health_read_at = HealthChanges(), float("-inf")
@@ -142,7 +149,7 @@ class Master:
             )
         if cfg.http:
             from herder.supervisor.http_auth import Controls, read_token
-            from herder.supervisor.http_endpoint import Publisher
+            from herder.supervisor.http_endpoint import Feeds, Publisher
             from herder.supervisor.jobstats import JobStats
 
             try:
@@ -156,15 +163,23 @@ class Master:
                 cfg.http,
                 clock.monotonic,
                 (self.jobstats.histogram, self.hooks.counts),
-                journal=self.journal,
-                wall=clock.wall,
-                hosts=reader.host_records if reader is not None else lambda: (0.0, []),
-                controls=Controls(token),
-                submit=lambda body: self.commands.submit(body, self.events.wake),
+                Feeds(
+                    journal=self.journal,
+                    wall=clock.wall,
+                    hosts=reader.host_records if reader is not None else lambda: (0.0, []),
+                    controls=Controls(token),
+                    submit=lambda body: self.commands.submit(body, self.events.wake),
+                ),
             )
         self._last_alive = float("-inf")
         self.events = Events(clock)
-        self.commands = Commands(self)
+        self.commands = Commands(self, self)
+        # What the snapshot's builder reads: these parts, not the master (views/sources.py).
+        self.sources = Sources(
+            clock, self.host_id, self.started_at, self.restarts, lambda: self.cfg, lambda: self.stopping,
+            lambda: self.ever_ready, self.pools, self.workers, self.slots, self.counters, self.guard,
+            recovery, reader, self.sched, self.health, self.memory,
+        )  # fmt: skip
         answer = self.commands.answer_directly
         if control is None and cfg.state_dir:
             control = ControlServer(cfg.state_dir, self.events.wake, answer)
@@ -177,6 +192,10 @@ class Master:
     def pool_list(self) -> list[Pool]:
         return list(self.pools.values())
 
+    def active_pools(self) -> list[Pool]:
+        """The pools that run (not draining away after a reload removed them)."""
+        return active(self.pools.values())
+
     def pool_of(self, w: Worker) -> Pool:
         return self.pools[w.pool]
 
@@ -186,12 +205,40 @@ class Master:
 
     def pool_workers(self, pool: Pool) -> list[Worker]:
         """A pool's live workers (not on their way out)."""
-        return [w for w in self.live_workers() if w.pool == pool.name]
+        return live(self.workers.values(), pool.name)
+
+    def workers_of(self, pools: Iterable[str] | None = None) -> list[Worker]:
+        """Every worker process of these pools (of all, for None), those leaving too."""
+        names = None if pools is None else set(pools)
+        return [w for w in self.workers.values() if names is None or w.pool in names]
+
+    def new_pool(self, name: str, cfg: Config) -> Pool:
+        """A pool of this host (its cull tickets unique across pools: retirement.py)."""
+        return Pool.build(name, cfg, self.host_id, self.recovery, self.tickets)
+
+    @property
+    def settings_readers(self) -> list[Callable[[Config], None]]:
+        """Every part that keeps settings of its own: a reload hands each the new Config."""
+        readers: list[Callable[[Config], None]] = [
+            lambda new: self.guard.configure(new, self.clock.wall()),
+            self.hooks.configure,
+        ]
+        if self.recovery is not None:
+            readers.append(self.recovery.configure)
+        if self.reader is not None:
+            readers.append(reload.reader_settings(self.reader, self.host_id))
+        return readers
+
+    def set_stop_timeout(self, seconds: float) -> None:
+        """`herder stop --timeout`: a new Config (the one herder started with stays as it was)."""
+        self.cfg = replace(self.cfg, stop_timeout=seconds)
+        for pool in self.pool_list():
+            pool.cfg = replace(pool.cfg, stop_timeout=seconds)
 
     @property
     def target(self) -> int:
-        """Workers wanted on this host: every pool's target."""
-        return sum(p.target for p in self.pools.values() if not p.draining)
+        """The workers this host keeps: every pool's target."""
+        return host_target(self.pools.values())
 
     @property
     def stopping(self) -> bool:
@@ -212,18 +259,8 @@ class Master:
         return all(p.paused for p in self.pools.values())
 
     def launcher_for(self, pool: Pool) -> Launcher:
-        key = pool.launch_key
-        if key not in self.launchers:
-            if self.new_launcher is None:
-                return self.launcher
-            self.launchers[key] = self.new_launcher(pool.cfg)
-            self.launchers[key].tend(self.events.wake)  # its template starts importing now
-        return self.launchers[key]
-
-    @property
-    def launcher(self) -> Launcher:
-        """The first pool's launcher (the one the master was built with)."""
-        return next(iter(self.launchers.values()))
+        pool.launcher = self.launchers.for_pool(pool, self.events.wake)  # a restart renews it
+        return pool.launcher
 
     # ---- signals ------------------------------------------------------------------------
 
@@ -300,8 +337,7 @@ class Master:
 
     @property
     def sched_cfg(self) -> Config:
-        """RQ's scheduler serves every pool's queues."""
-        return replace(self.cfg, queues=all_queues(self.cfg)) if self.cfg.pools else self.cfg
+        return self.sources.sched_cfg()
 
     def retire(self) -> None:
         """Recycling and culling, each pool by its own rules (retirement.py)."""
@@ -322,7 +358,8 @@ class Master:
         now = self.clock.monotonic()
         ready = sum(w.state in WORKING for w in self.workers.values())
         down = self.reader is not None and self.reader.outage_since is not None
-        self.health.observe(now, ready, self.floor, short_pools(self), redis_down=down)
+        self.health.observe(now, ready, self.floor, short_pools(self.pool_list(), self.workers.values()),
+                            redis_down=down)  # fmt: skip
         for w in self.workers.values():
             self.fold_finished(w)
         if self.http:
@@ -346,7 +383,7 @@ class Master:
         Workers' RSS and CPU are sampled (at most once a second) for status and the dashboard
         only: without --http a pass does not read every worker's /proc."""
         controls = self.http.controls.enabled if self.http else False
-        snap = self.snapshots.build(self, controls, usage=usage or self.http is not None)
+        snap = self.snapshots.build(self.sources, controls, usage=usage or self.http is not None)
         self.snapshot, self._published_at = snap, snap.taken_at
         if self.http:
             self.http.publish(snap)
@@ -363,7 +400,7 @@ class Master:
             self.control.close()
         left = self.recovery.drain(timeout=10.0) if self.recovery else 0
         self.sched.close()
-        for launcher in self.launchers.values():
+        for launcher in self.launchers.all():
             launcher.close()
         if left:
             log.error("%d jobs could not be requeued (Redis unreachable); RQ's abandoned-job sweep will "
@@ -398,7 +435,7 @@ class Master:
     @property
     def floor(self) -> int:
         """The fewest workers this host runs: every pool's minimum."""
-        return sum(p.cfg.floor for p in self.pools.values() if not p.draining)
+        return host_floor(self.pools.values())
 
     def fleet_ready(self) -> bool:
         """In every pool, every worker wanted (within the cluster's grant, after a first load
@@ -407,8 +444,8 @@ class Master:
             if pool.draining:
                 continue
             live, grant = self.pool_workers(pool), pool.scaler.grant
-            wanted = pool.target if grant is None else min(pool.target, grant)
-            if (pool.cfg.autoscale and not pool.scaler.has_reading) or len(live) < wanted:
+            due = pool.target if grant is None else min(pool.target, grant)  # the count to be ready
+            if (pool.cfg.autoscale and not pool.scaler.has_reading) or len(live) < due:
                 return False
             if any(w.state == WorkerState.STARTING for w in live):
                 return False
@@ -461,7 +498,7 @@ class Master:
                 self.counters.totals.died_by_pool[w.pool] += 1  # herder_workers_died_total
                 self.report_death(w, code, obs, slot.young_deaths if young and slot else 1, oom)
             self.record_exit(w, how, graceful, oom, obs)
-        for launcher in self.launchers.values():
+        for launcher in self.launchers.all():
             launcher.tend(self.events.wake)  # the fork server's life; strays a subreaper inherits
         self.forget_drained_pools()
 
@@ -597,13 +634,13 @@ class Master:
                                     f"{target} workers ({queued})")  # fmt: skip
             pool.target = target
             if pool.cfg.cluster_max_workers is not None:
-                self.reader.tell(wanted=pool.target, running=len(mine), pool=pool.name)
+                self.reader.tell(target=pool.target, running=len(mine), pool=pool.name)
 
     # ---- manage: towards the target -------------------------------------------------------
 
     def live_workers(self) -> list[Worker]:
         """Workers that count towards the target: not on their way out."""
-        return [w for w in self.workers.values() if w.state not in LEAVING]
+        return live(self.workers.values())
 
     def manage(self) -> None:
         self.spawns_pending = False
@@ -618,9 +655,9 @@ class Master:
                 self.stop_worker(w, f"pool {w.pool} removed by a reload")
         active = [p for p in self.pool_list() if not p.draining]
         # The host's workers limit, shared: every pool its minimum, the rest in turn (pool.py).
-        caps = share_limit([(p.name, p.cfg.floor, p.target) for p in active], self.cfg.limit)
+        shares = share_limit([(p.name, p.cfg.floor, p.target) for p in active], self.cfg.limit)
         for pool in active:
-            self.manage_pool(pool, min(pool.target, caps[pool.name]))
+            self.manage_pool(pool, min(pool.target, shares[pool.name]))
 
     def manage_pool(self, pool: Pool, target: int) -> None:
         """One pool towards its target: a rolling step, or scale down idle workers, or spawn."""
@@ -646,7 +683,7 @@ class Master:
         `stop` (it finishes its job) only once a new one is ready to take its place, so
         capacity never dips. If replacements keep failing, the old workers keep working.
         """
-        old = [w for w in live if w.generation < pool.generation or w.retire_reason]
+        old = [w for w in live if w.generation < pool.generation or w.retiring]
         if not old:
             return False
         mine = [w for w in self.workers.values() if w.pool == pool.name]  # stopping ones too
@@ -654,7 +691,7 @@ class Master:
         ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
         surplus = len(old) + len(ready_new) - target
         for w in sorted(old, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]:
-            if w.retire_reason and not w.culled:
+            if w.recycling:
                 self.journal.record(
                     "recycled", w.pool, f"{w.label} {w.retire_reason}; replaced", w.slot, w.pid
                 )

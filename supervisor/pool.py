@@ -14,11 +14,12 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from herder.common.config import Config
+from herder.common.transitions import move
 from herder.supervisor.autoscaler import Autoscaler
-from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.fleet import Worker
+from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.retirement import Retirement
-from herder.supervisor.states import LEAVING, IllegalTransition
+from herder.supervisor.states import LEAVING
 
 if TYPE_CHECKING:
     from herder.supervisor.launcher import Launcher
@@ -74,9 +75,8 @@ class Pool:
 
     def change_state(self, new: PoolState) -> None:
         """The one place a pool's state changes, checked against POOL_TRANSITIONS."""
-        if new != self.state and new not in POOL_TRANSITIONS[self.state]:
-            raise IllegalTransition(f"pool {self.name}: {self.state} -> {new} is not allowed")
-        self.state = new
+        if new != self.state:
+            self.state = move(POOL_TRANSITIONS, self.state, new, f"pool {self.name}")
 
     @classmethod
     def build(
@@ -141,7 +141,7 @@ def active(pools: Iterable[Pool]) -> list[Pool]:
 
 
 def host_target(pools: Iterable[Pool]) -> int:
-    """Workers wanted on this host: every running pool's target."""
+    """The workers this host keeps: every running pool's target."""
     return sum(p.target for p in active(pools))
 
 
@@ -156,8 +156,8 @@ def live(workers: Iterable[Worker], pool: str | None = None) -> list[Worker]:
 
 
 def share_limit(wants: list[tuple[str, int, int]], limit: int) -> dict[str, int]:
-    """How many workers each pool may run under the host's workers limit. `wants`: (pool,
-    floor, target). Each pool gets its floor first (the config guarantees the floors fit),
+    """How many workers each pool may run under the host's workers limit (its share). `wants`:
+    (pool, floor, target). Each pool gets its floor first (the config guarantees the floors fit),
     then what is left goes one worker at a time, in turn, to the pools that want more, so a
     surge in one pool never starves another below its minimum nor takes all the room."""
     caps = {name: min(floor, target) for name, floor, target in wants}

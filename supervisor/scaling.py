@@ -33,11 +33,13 @@ DOWN_STEP = 0.1
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    # Bounds of the count the policy decides, the pool's min_workers and max_workers (Config's
-    # floor and ceiling); with a cluster cap, the ceiling is the whole cluster's (each host then
-    # runs its share; see herder.supervisor.autoscaler).
-    floor: int
-    ceiling: int
+    """The policy's settings. It counts JOB SLOTS (a worker runs `threads` jobs at once): its
+    floor and ceiling are the pool's (Config's floor and ceiling, in workers) times threads,
+    and with a cluster cap the ceiling is the whole cluster's; the autoscaler turns its target
+    back into this host's workers (herder.supervisor.autoscaler)."""
+
+    floor: int  # job slots
+    ceiling: int  # job slots
     scale_down_delay: float = 30.0
     drain_target: float = 30.0
     # The latency target (`max_wait`): no waiting job should wait longer than this; None: none.
@@ -61,12 +63,12 @@ class ScaleState:
 
 @dataclass(frozen=True)
 class Decision:
-    desired: int
+    target: int  # job slots, within the bounds
     need: int
     reason: str
     # What the load calls for before any bound (floor, ceiling): for a scaler outside herder
     # (KEDA: herder_workers_wanted) that adds hosts when one host's ceiling is not enough.
-    wanted: int = 0
+    demand: int = 0
 
 
 def clamp(value: int, cfg: ScaleConfig) -> int:
@@ -126,7 +128,7 @@ def decide(
     completions_per_s: float,
     cfg: ScaleConfig,
 ) -> tuple[Decision, ScaleState]:
-    """The desired worker count for `current` workers, and the policy's new memory.
+    """The target count (job slots) for `current`, and the policy's new memory.
 
     `load` None means Redis did not answer: hold the current count.
     `completions_per_s` is the fleet's job completion rate over the last interval.
@@ -135,15 +137,15 @@ def decide(
         return Decision(clamp(current, cfg), current, "no load reading: holding"), state
     growth = smoothed_growth(state.growth, state.last, load, cfg.drain_target)
     raw = unrounded_need(load, growth, state.per_worker, completions_per_s, cfg)
-    wanted = math.ceil(raw - 1e-9)
-    need = clamp(wanted, cfg)
+    demand = math.ceil(raw - 1e-9)
+    need = clamp(demand, cfg)
     since = load.at - cfg.scale_down_delay
     recent = (*((at, n) for at, n in state.recent if at >= since), (load.at, raw))
     state = replace(state, last=load, growth=growth, recent=recent)
 
     late = cfg.max_wait is not None and load.backlog > 0 and load.oldest_age > cfg.max_wait
     if late:  # a job already waits past the target, whatever the formula says: one more worker
-        wanted = max(wanted, current + 1)
+        demand = max(demand, current + 1)
         need = clamp(max(need, current + 1), cfg)
     if need >= current:
         state = replace(state, low_since=None)
@@ -153,7 +155,7 @@ def decide(
             need,
             need,
             f"{reason}: backlog {load.backlog}, running {load.running}, growth {growth:+.1f}/s{waited}",
-            wanted,
+            demand,
         ), state
 
     # need < current: only after it has stayed so for the whole scale-down delay, and then
@@ -170,7 +172,7 @@ def decide(
             hold,
             need,
             f"need {need}: holding {hold} for {cfg.scale_down_delay - waited:.0f} s more before scaling down",
-            wanted,
+            demand,
         ), state
     earlier = [n for _, n in recent[:-1]] or [raw]
     noise = max(earlier) - min(earlier)
@@ -178,8 +180,8 @@ def decide(
     target = clamp(min(current, math.ceil(peak + noise - 1e-9)), cfg)
     spread = f"need {min(earlier):.1f} to {peak:.1f} over the last {cfg.scale_down_delay:.0f} s"
     if target < hold and (noise == 0 or hold - target >= max(2, math.ceil(DOWN_STEP * hold))):
-        return Decision(target, need, f"scale down: {spread}", wanted), state
-    return Decision(hold, need, f"need {need}: holding {hold}, {spread}", wanted), state
+        return Decision(target, need, f"scale down: {spread}", demand), state
+    return Decision(hold, need, f"need {need}: holding {hold}, {spread}", demand), state
 
 
 def pick_idle_to_stop(states: dict[int, WorkerState], excess: int) -> list[int]:

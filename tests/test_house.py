@@ -24,7 +24,7 @@ TESTS = REPO / "tests"
 MAX_MEMBERS = 8
 MAX_CONSTRUCTOR_ARGS = 7  # besides self
 # Names a state lives under; a string compared with one of these is a state compared with a string.
-STATE_NAMES = {"state", "phase", "master_state", "cull"}
+STATE_NAMES = {"state", "phase", "master_state", "cull", "kill_kind", "kill_stage", "retire", "kind"}
 
 
 def sources(roots: list[Path]) -> Iterator[tuple[Path, ast.Module]]:
@@ -127,9 +127,8 @@ def names_a_state(node: ast.expr) -> bool:
     """`w.state`, `self.phase`, `state`, or `str(w.state)`."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" and node.args:
         return names_a_state(node.args[0])
-    if isinstance(node, ast.Attribute):
-        return node.attr in STATE_NAMES
-    return isinstance(node, ast.Name) and node.id in STATE_NAMES
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name in STATE_NAMES or name.endswith(("_state", "_phase"))
 
 
 def is_text(node: ast.expr) -> bool:
@@ -171,3 +170,11 @@ def test_no_state_is_compared_with_a_string() -> None:
 def test_the_state_rule_catches_a_string_comparison(source: str, tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text(source)
     assert state_string_comparisons([tmp_path])
+
+
+def test_the_kill_reasons_metrics_shows_from_the_start_are_the_kill_kinds() -> None:
+    """/metrics (a renderer: it reads no state module) lists every kind herder kills for."""
+    from herder.supervisor.states import KillKind
+    from herder.supervisor.views.prometheus import KILL_REASONS
+
+    assert set(KILL_REASONS) == {str(k) for k in KillKind} - {"scheduler", "died"}

@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     # django: worker/hooks.py sets Django up when the user names a settings module.
     # setproctitle: the template and what it forks name themselves for ps.
     "herder.worker": {"herder.common", "rq", "redis", "django", "setproctitle"},
-    "herder.supervisor.redis_side": {"herder.common", "herder.supervisor.scaling", "rq", "redis"},
+    "herder.supervisor.redis_side": {"herder.common", "rq", "redis"},
     "herder.supervisor": {"herder.common", "herder.supervisor", "rq", "redis", "psutil", "prometheus_client"},
     "herder.supervisor.ctl": {
         "herder.common",

@@ -584,7 +584,7 @@ class FakeReader:
         reading, self.next = self.next, None
         return reading
 
-    def tell(self, wanted: int, running: int, pool: str = "default") -> None:
+    def tell(self, target: int, running: int, pool: str = "default") -> None:
         pass
 
 

@@ -127,10 +127,10 @@ class Sim:
         """One interval. `lag`: how many workers short of a scale-down the fleet stops (busy ones)."""
         decision, self.state = decide(self.state, load, self.current, completions, self.cfg)
         step = Step(self.at, load, self.current, decision)
-        if decision.desired >= self.current:
-            self.current = decision.desired
+        if decision.target >= self.current:
+            self.current = decision.target
         else:  # only idle workers are stopped: `lag` busy ones may outlive a scale-down
-            self.current = min(self.current, decision.desired + lag)
+            self.current = min(self.current, decision.target + lag)
         self.at += self.cfg.interval
         return step
 
@@ -176,19 +176,19 @@ def test_desired_is_always_within_min_and_max(cfg, rate, data, steps):
         load = None if obs is None else Load(sim.at, obs[0], obs[1])
         step = sim.observe(load, 0.0 if obs is None else obs[2], lag)
         d = step.decision
-        assert cfg.floor <= d.desired <= cfg.ceiling, d
+        assert cfg.floor <= d.target <= cfg.ceiling, d
         hold = max(cfg.floor, min(cfg.ceiling, step.current))
         if load is None:
-            assert d.desired == hold  # Redis silent: hold the count, clamped
+            assert d.target == hold  # Redis silent: hold the count, clamped
         else:
             if d.need >= step.current:
                 low_since = None
             elif low_since is None:
                 low_since = step.at
-            if d.desired < hold:  # a scale-down ...
+            if d.target < hold:  # a scale-down ...
                 # ... only after need stayed below the count for the whole delay (4: down slowly)
                 assert low_since is not None and step.at - low_since >= cfg.scale_down_delay
-                assert d.desired >= d.need
+                assert d.target >= d.need
         if learned is not None:
             sim.state = learn_rate(sim.state, *learned, cfg)
 
@@ -198,7 +198,7 @@ def test_no_reading_holds_the_count_clamped():
     state = ScaleState(per_worker=1.0, growth=3.0)
     for current, held in [(0, 2), (2, 2), (5, 5), (8, 8), (50, 8)]:
         decision, after = decide(state, None, current, 4.0, cfg)
-        assert decision.desired == held
+        assert decision.target == held
         assert after == state  # a missing reading teaches the policy nothing
 
 
@@ -207,7 +207,7 @@ def test_holding_above_max_is_clamped():
     # (max was lowered) and an idle queue: decide() held at 6 while waiting out the delay.
     cfg = SimConfig(floor=0, ceiling=4)
     decision, _ = decide(ScaleState(), Load(0.0, 0, 0), 6, 0.0, cfg)
-    assert decision.desired == 4
+    assert decision.target == 4
 
 
 # ---------------------------------------------------------------- 2. pick_idle_to_stop
@@ -255,7 +255,7 @@ def test_big_backlog_step_reaches_max_at_once(cfg, data):
         backlog = data.draw(st.integers(enough, 3 * enough + 10))
         running = data.draw(st.integers(0, 300))
         completions = data.draw(st.floats(0.0, 500.0))
-        desired.append(sim.step(backlog, running, completions).decision.desired)
+        desired.append(sim.step(backlog, running, completions).decision.target)
     # Required: max within two intervals. The policy does it in one, whatever it remembered.
     assert desired == [cfg.ceiling, cfg.ceiling]
 
@@ -264,12 +264,12 @@ def test_up_fast_examples():
     cfg = SimConfig(floor=1, ceiling=20, drain_target=30.0)
     # Cold start: one worker per waiting job.
     decision, _ = decide(ScaleState(), Load(0.0, 20, 0), 1, 0.0, cfg)
-    assert decision.desired == 20
+    assert decision.target == 20
     # Learned 0.5 job/s per worker: 20 workers drain 300 jobs in 30 s.
     decision, _ = decide(ScaleState(per_worker=0.5), Load(0.0, 300, 0), 1, 0.0, cfg)
-    assert decision.desired == 20
+    assert decision.target == 20
     decision, _ = decide(ScaleState(per_worker=0.5), Load(0.0, 150, 0), 1, 0.0, cfg)
-    assert decision.desired == 10
+    assert decision.target == 10
 
 
 def test_a_latency_target_grows_a_fleet_the_length_rule_keeps():
@@ -279,17 +279,17 @@ def test_a_latency_target_grows_a_fleet_the_length_rule_keeps():
     load = Load(1.0, 4, 1, oldest_age=6.0)
     plain = ScaleConfig(floor=1, ceiling=8, drain_target=30.0)
     decision, _ = decide(state, load, 1, 1.0, plain)
-    assert decision.desired == 1
+    assert decision.target == 1
     # A 2 s latency target drains the backlog within 2 s: 1 running + 4 waiting / (1/s * 2 s).
     target = ScaleConfig(floor=1, ceiling=8, drain_target=30.0, max_wait=2.0)
     decision, _ = decide(state, load, 1, 1.0, target)
-    assert decision.desired == 3 and "oldest job waited 6.0 s (max wait 2 s)" in decision.reason
+    assert decision.target == 3 and "oldest job waited 6.0 s (max wait 2 s)" in decision.reason
     # A job older than the target adds a worker even where the backlog formula would not.
     decision, _ = decide(state, Load(1.0, 1, 3, oldest_age=9.0), 3, 3.0, target)
-    assert decision.desired == 4
+    assert decision.target == 4
     # Nothing waits: the target asks for nothing.
     decision, _ = decide(state, Load(1.0, 0, 1, oldest_age=0.0), 1, 1.0, target)
-    assert decision.desired == 1
+    assert decision.target == 1
 
 
 # ---------------------------------------------------------------- 4. down slowly
@@ -327,7 +327,7 @@ def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, pre
     # The code goes to min at the first observation >= scale_down_delay after the drop;
     # one interval more for float rounding of `at`.
     reach = math.ceil(cfg.scale_down_delay / cfg.interval) + 1
-    desired = [sim.step(0, 0, 0.0).decision.desired for _ in range(reach + 5)]
+    desired = [sim.step(0, 0, 0.0).decision.target for _ in range(reach + 5)]
     for i, d in enumerate(desired):
         elapsed = i * cfg.interval
         if elapsed < cfg.scale_down_delay - 1e-6:
@@ -350,9 +350,9 @@ def test_a_load_fading_to_zero_reaches_min_a_delay_after_it_is_gone(cfg, rate, p
     burst(sim, extra)
     held = sim.current
     top = sim.state.last.backlog
-    desired = [sim.step(top * (fade - j) // fade, 0, 0.0).decision.desired for j in range(1, fade + 1)]
+    desired = [sim.step(top * (fade - j) // fade, 0, 0.0).decision.target for j in range(1, fade + 1)]
     reach = math.ceil(cfg.scale_down_delay / cfg.interval) + 1
-    desired += [sim.step(0, 0, 0.0).decision.desired for _ in range(reach + 5)]
+    desired += [sim.step(0, 0, 0.0).decision.target for _ in range(reach + 5)]
     for i, d in enumerate(desired):
         if i * cfg.interval < cfg.scale_down_delay - 1e-6:
             assert d == held, (i, desired)
@@ -367,7 +367,7 @@ def test_down_slowly_example():
     sim = Sim(cfg, ScaleState(per_worker=1.0), 1)
     sim.step(300, 0, 0.0)
     assert sim.current == 10
-    desired = [sim.step(0).decision.desired for _ in range(35)]
+    desired = [sim.step(0).decision.target for _ in range(35)]
     assert desired[:30] == [10] * 30  # 0 s .. 29 s after the drop: holding
     assert desired[30:] == [1] * 5  # 30 s after the drop: min
 
@@ -412,7 +412,7 @@ def noisy_scenarios(draw: st.DrawFn, workers_from_backlog: float):
 def test_noisy_constant_load_changes_desired_only_a_few_times(scenario):
     cfg, rate, running, level, seed = scenario
     steps = noisy_constant_load(cfg, rate, running, level, seed, start=cfg.floor)
-    desired = [s.decision.desired for s in steps]
+    desired = [s.decision.target for s in steps]
     later = changes(desired, start=10)
     assert len(later) <= 3, (later, desired)
     # Grows to the top of the noise and stays: never a step down, so never up-down-up.
@@ -425,7 +425,7 @@ def test_noisy_load_never_goes_up_down_up_within_a_delay(scenario, data):
     cfg, rate, running, level, seed = scenario
     start = data.draw(st.integers(cfg.floor, cfg.ceiling), label="start")
     steps = noisy_constant_load(cfg, rate, running, level, seed, start=start)
-    desired = [s.decision.desired for s in steps]
+    desired = [s.decision.target for s in steps]
     moves = changes(desired)
     for (i, a), (_, b), (k, c) in zip(moves, moves[1:], moves[2:], strict=False):
         if (a, b, c) == (1, -1, 1):
@@ -442,7 +442,7 @@ def test_noisy_load_regression():
     cfg = SimConfig(floor=1, ceiling=200)
     for seed in range(5):
         steps = noisy_constant_load(cfg, 0.1, 10, 60, seed, start=1)
-        desired = [s.decision.desired for s in steps]
+        desired = [s.decision.target for s in steps]
         later = changes(desired, start=10)
         # Now: a step or two up, each to a new top of the noise, and never down.
         assert len(later) <= 3 and all(direction > 0 for _, direction in later), (seed, later)
@@ -469,7 +469,7 @@ def test_a_larger_backlog_never_gives_fewer_workers(cfg, data, backlogs_, runnin
     d_small, _ = decide(state, Load(now, small, running), current, completions, cfg)
     d_large, _ = decide(state, Load(now, large, running), current, completions, cfg)
     assert d_small.need <= d_large.need
-    assert d_small.desired <= d_large.desired
+    assert d_small.target <= d_large.target
     for growth in (state.growth, 0.0):
         assert workers_needed(
             Load(now, small, running), growth, state.per_worker, completions, cfg

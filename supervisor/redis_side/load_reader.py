@@ -82,7 +82,7 @@ class LoadReader:
         self._lock = threading.Lock()
         self.set_queues(queues)
         self._reading: Reading | None = None
-        self._told: dict[str, tuple[int, int]] = {}  # pool -> (wanted, running)
+        self._told: dict[str, tuple[int, int]] = {}  # pool -> (target, running)
         self._outage_since: float | None = None
         self._host: dict[str, Any] | None = None  # this host's record for the host list (hosts.py)
         self._hosts: tuple[float, list[dict[str, Any]]] = (0.0, [])  # (read at, wall; records)
@@ -132,10 +132,10 @@ class LoadReader:
     def stop(self) -> None:
         self._stop.set()
 
-    def tell(self, wanted: int, running: int, pool: str = DEFAULT_POOL) -> None:
+    def tell(self, target: int, running: int, pool: str = DEFAULT_POOL) -> None:
         """What the loop wants and runs now in a pool, for its next cluster reservation."""
         with self._lock:
-            self._told[pool] = (wanted, running)
+            self._told[pool] = (target, running)
 
     def tell_host(self, record: dict[str, Any]) -> None:
         """This host's record (hosts.py), written with the next reading."""
@@ -212,10 +212,10 @@ class LoadReader:
             if cluster:
                 pipe.mget(*cluster_keys(read_at, cluster.kill_window))
             for pool, c in clusters.items():
-                wanted, running = told.get(pool, (0, 0))
+                target, running = told.get(pool, (0, 0))
                 self._reserve(
                     keys=[cluster_key(HOSTS_KEY, pool), cluster_key(RESERVED_KEY, pool)],
-                    args=[c.host_id, wanted, running, c.ttl, c.cap],
+                    args=[c.host_id, target, running, c.ttl, c.cap],
                     client=pipe,
                 )
             if host is not None:

@@ -31,8 +31,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, fields
+from typing import ClassVar, Protocol
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -108,6 +108,12 @@ class Task:
 
     attempts: int = field(default=0, kw_only=True)
     due: float = field(default=0.0, kw_only=True)  # monotonic: not before
+    VERB: ClassVar[str] = ""  # how the logs name it: `requeue <job id>`, `forget <worker>`
+
+    def __str__(self) -> str:
+        """The verb and the task's own first field (its subject)."""
+        subject = next(f.name for f in fields(self) if not f.kw_only)
+        return f"{self.VERB} {getattr(self, subject)}"
 
 
 @dataclass
@@ -119,9 +125,7 @@ class Requeue(Task):
     label: str  # the reason's class, for the metrics: "killed" or "died"
     cause: str  # for a given-up job's ending: a kill's kind, or "died"
     workers: tuple[str, ...] = ()  # the reaped worker's RQ names: only its own start is moved
-
-    def __str__(self) -> str:
-        return f"requeue {self.job_id}"
+    VERB = "requeue"
 
 
 @dataclass
@@ -129,9 +133,7 @@ class Forget(Task):
     """A dead worker: its RQ registration and its lease go."""
 
     worker_name: str
-
-    def __str__(self) -> str:
-        return f"forget {self.worker_name}"
+    VERB = "forget"
 
 
 @dataclass
@@ -140,9 +142,7 @@ class CountKill(Task):
 
     key: str
     window: float
-
-    def __str__(self) -> str:
-        return f"count_kill {self.key}"
+    VERB = "count_kill"
 
 
 @dataclass
@@ -151,9 +151,7 @@ class AskCull(Task):
 
     ticket: int
     wall: float
-
-    def __str__(self) -> str:
-        return f"cull {self.ticket}"
+    VERB = "cull"
 
 
 @dataclass
