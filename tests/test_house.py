@@ -178,3 +178,53 @@ def test_the_kill_reasons_metrics_shows_from_the_start_are_the_kill_kinds() -> N
     from herder.supervisor.views.prometheus import KILL_REASONS
 
     assert set(KILL_REASONS) == {str(k) for k in KillKind} - {"scheduler", "died"}
+
+
+# What only the lifecycle does to a supervised child's process: signal it, send it `stop`, reap it.
+LIFECYCLE_CALLS = {"signal_group", "send_stop", "reap"}
+LIFECYCLE = {"start", "ask_stop", "kill", "escalate", "reap", "exited", "back_off"}
+
+
+def on_a_process(call: ast.Call) -> bool:
+    """`w.proc.reap()`, `proc.signal_group(...)`: a call on a child's process handle."""
+    target = call.func.value if isinstance(call.func, ast.Attribute) else None
+    return (isinstance(target, ast.Attribute) and target.attr == "proc") or (
+        isinstance(target, ast.Name) and target.id == "proc"
+    )
+
+
+def lifecycle_bypasses(path: Path) -> list[str]:
+    """Calls in `path` that do the lifecycle's work on a process without it."""
+    return [
+        f"{where(path, node)}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in LIFECYCLE_CALLS
+        and on_a_process(node)
+    ]
+
+
+def lifecycle_calls(path: Path) -> set[str]:
+    return {
+        node.func.attr
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "lifecycle"
+    }
+
+
+@pytest.mark.parametrize("name", ["master.py", "scheduler.py"])
+def test_the_workers_and_the_scheduler_live_one_lifecycle(name: str) -> None:
+    """The master's workers and RQ's scheduler process are spawned, stopped, killed and reaped
+    by supervisor/lifecycle.py alone: one graceful rule, one escalation, one reap."""
+    path = REPO / "supervisor" / name
+    assert lifecycle_calls(path) == LIFECYCLE, name
+    assert not lifecycle_bypasses(path)
+
+
+def test_the_lifecycle_rule_catches_a_bypass(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("w.proc.reap()\nself.reap()\nlifecycle.reap(w, now)\n")
+    assert len(lifecycle_bypasses(tmp_path / "m.py")) == 1
