@@ -102,10 +102,6 @@ class Worker:
         return self.kill_stage == KillStage.SPARED
 
     @property
-    def sigkilled(self) -> bool:
-        return self.kill_stage == KillStage.SIGKILLED
-
-    @property
     def culled(self) -> bool:
         return self.cull == Cull.CULLED
 

@@ -134,7 +134,7 @@ def test_a_kill_escalates_to_sigkill_once_after_kill_timeout() -> None:
     for _ in range(3):
         lifecycle.escalate(w, clock.t, CFG.kill_timeout)
         clock.advance(CFG.kill_timeout)
-    assert proc.signals.count(signal.SIGKILL) == 1 and w.sigkilled
+    assert proc.signals.count(signal.SIGKILL) == 1 and w.kill_stage == KillStage.SIGKILLED
 
 
 def test_a_spared_worker_can_still_be_killed_and_a_killed_one_not_spared() -> None:
