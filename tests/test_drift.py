@@ -76,13 +76,9 @@ ALLOWED: set[str] = {
     "scheduler.where",
 }
 
-# Stale references in files this change does not own, found by this test: (file, name). The
-# owners fix them and remove the entry; an entry that no longer fails fails the test.
-PENDING: set[tuple[str, str]] = {
-    # The fleet view module made way for views/sources.py (`Sources`): the map of the code (its
-    # table and the paragraph after it, the lead's) still names it.
-    ("docs/design.md", "fleetview.py"),
-}
+# Stale references known and not fixed yet: (file, name). Whoever fixes one removes its entry;
+# an entry that no longer fails fails the test.
+PENDING: set[tuple[str, str]] = set()
 
 
 def rel(path: Path) -> str:
