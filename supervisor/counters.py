@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from dataclasses import astuple, dataclass, field, fields
+from dataclasses import dataclass, field
 
 from herder.supervisor.dispatchers import STDERR_LINES_PER_SECOND
 from herder.supervisor.fleet import Worker
@@ -36,11 +36,15 @@ class LineProblems:
         return cls(obs.malformed, obs.oversized, obs.throttled, obs.stderr_dropped)
 
     def since(self, before: LineProblems) -> LineProblems:
-        return LineProblems(*(a - b for a, b in zip(astuple(self), astuple(before), strict=True)))
+        return LineProblems(*(a - b for a, b in zip(self.counts(), before.counts(), strict=True)))
 
     def add(self, more: LineProblems) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(more, f.name))
+        self.malformed, self.oversized, self.throttled, self.stderr_dropped = (
+            a + b for a, b in zip(self.counts(), more.counts(), strict=True)
+        )
+
+    def counts(self) -> tuple[int, int, int, int]:
+        return self.malformed, self.oversized, self.throttled, self.stderr_dropped
 
 
 @dataclass
@@ -92,15 +96,15 @@ class Counters:
         rep = self._reported.setdefault(w.pid, _Reported())
         now_seen = LineProblems.of(obs)
         new = now_seen.since(rep.problems)
-        if any(astuple(new)):
+        if any(new.counts()):
             log.warning(
                 "slot %d pid %d: %d malformed and %d oversized protocol lines, throttled %d times, "
                 "dropped %d stderr lines over %d/s (totals %d, %d, %d, %d; last problem: %s)",
                 w.slot,
                 w.pid,
-                *astuple(new)[:4],
+                *new.counts(),
                 STDERR_LINES_PER_SECOND,
-                *astuple(now_seen),
+                *now_seen.counts(),
                 obs.last_error or "-",
             )
             self.totals.problems.add(new)

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import IO, Any, Protocol
 
 from herder.common.worker_protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
@@ -29,10 +30,13 @@ class Piped(Protocol):
     """What the readers use of a watched worker process (herder.supervisor.workerproc)."""
 
     label: str  # the prefix of its relayed stderr
-    obs: Observations
     lock: threading.Lock  # the readers write obs and finished under it; the loop reads under it
     finished: deque[FinishedJob]
     stdout_done: threading.Event
+
+    def changing(self) -> AbstractContextManager[Observations]:
+        """Its Observations to change, under `lock` (the loop's next snapshot sees the change)."""
+        ...
 
     @property
     def stdout(self) -> IO[bytes]: ...
@@ -58,16 +62,16 @@ class StdoutReader:
         for raw, truncated in self.splitter.feed(chunk):
             self.lines += 1
             if truncated:
-                with proc.lock:
-                    proc.obs.oversized += 1
-                    proc.obs.last_error = f"line longer than {MAX_LINE_BYTES} bytes"
+                with proc.changing() as obs:
+                    obs.oversized += 1
+                    obs.last_error = f"line longer than {MAX_LINE_BYTES} bytes"
                 continue
             important |= self.record(raw)
         if now - self.window_start >= 1.0:
             self.window_start, self.lines = now, 0
         elif self.lines > STDOUT_LINES_PER_SECOND:  # a flood: unread for the rest of the second
-            with proc.lock:
-                proc.obs.throttled += 1
+            with proc.changing() as obs:
+                obs.throttled += 1
             return important, self.window_start + 1.0
         return important, None
 
@@ -77,18 +81,18 @@ class StdoutReader:
         try:
             msg = parse_line(raw)
         except ProtocolError as exc:
-            with proc.lock:
-                proc.obs.malformed += 1
-                proc.obs.last_error = str(exc)
+            with proc.changing() as obs:
+                obs.malformed += 1
+                obs.last_error = str(exc)
             return False
-        with proc.lock:
-            return record(proc.obs, proc.finished, msg, time.monotonic())
+        with proc.changing() as obs:
+            return record(obs, proc.finished, msg, time.monotonic())
 
     def eof(self) -> None:
         proc = self.proc
-        with proc.lock:
-            proc.obs.stdout_eof = True
-            proc.obs.eof_at = time.monotonic()
+        with proc.changing() as obs:
+            obs.stdout_eof = True
+            obs.eof_at = time.monotonic()
         proc.stdout.close()  # the reader owns its pipe: no fd is closed under a read
         proc.stdout_done.set()
 
@@ -111,8 +115,8 @@ class StderrReader:
         lines = []
         for raw, truncated in self.splitter.feed(chunk):
             if self.logged >= STDERR_LINES_PER_SECOND:  # the master reports the count
-                with proc.lock:
-                    proc.obs.stderr_dropped += 1
+                with proc.changing() as obs:
+                    obs.stderr_dropped += 1
                 continue
             self.logged += 1
             text = raw.decode("utf-8", "replace").rstrip()

@@ -587,7 +587,7 @@ class Master:
             if w.state == WorkerState.KILLING:
                 lifecycle.escalate(w, now, cfg.kill_timeout)
                 continue
-            verdict, fleet = judge(w, obs, now, cfg), max(self.target, len(self.live_workers()))
+            verdict = judge(w, obs, now, cfg)
             if read_late(verdict, w):
                 # Its lines wait in the pipe: the master's reader is behind (starved of CPU by
                 # a busy fleet), the worker is not silent. Never kill on the master's own lag.
@@ -600,7 +600,9 @@ class Master:
                 verdict = None
             if verdict is None:
                 self.guard.responsive(w)
-            elif not verdict.judged_hung or self.guard.allow(w, verdict.reason, fleet, self.clock.wall()):
+            elif not verdict.judged_hung or self.guard.allow(
+                w, verdict.reason, max(self.target, len(self.live_workers())), self.clock.wall()
+            ):  # the fleet the kill budget is a share of: counted only for a verdict (O(n) a worker)
                 self.kill(w, verdict.reason, verdict.kind)
         self.guard.settle(self.workers.values())
 

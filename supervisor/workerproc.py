@@ -17,7 +17,8 @@ import termios
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
@@ -86,10 +87,21 @@ class WorkerProcess:
     lock: threading.Lock = field(default_factory=threading.Lock)
     finished: deque[FinishedJob] = field(default_factory=lambda: deque(maxlen=FINISHED_KEPT))
     stdout_done: threading.Event = field(default_factory=threading.Event)  # its reader saw EOF
+    # The loop's last snapshot, until a reader changes obs: a pass reads each worker several
+    # times (murder, retire, scale, the sweep's list, the snapshot), and an idle worker's
+    # Observations change about once a second, not once a pass.
+    _snap: Observations | None = None
 
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    @contextmanager
+    def changing(self) -> Iterator[Observations]:
+        """The readers' one way to change obs: under the lock, and the next snapshot is new."""
+        with self.lock:
+            self._snap = None
+            yield self.obs
 
     @classmethod
     def spawn(
@@ -164,8 +176,11 @@ class WorkerProcess:
     # ---- the ProcessHandle (called by the master loop only) --------------------------------
 
     def snapshot(self) -> Observations:
+        """A copy the readers do not change (every caller only reads it)."""
         with self.lock:
-            return self.obs.copy()
+            if self._snap is None:
+                self._snap = self.obs.copy()
+            return self._snap
 
     def unread(self) -> int:
         """Bytes waiting in its stdout pipe that the hub has not read yet (a starved master's

@@ -7,6 +7,7 @@ multiplies every budget for a long run (docs/fuzzing.md gives the command and th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import socket
 import string
 import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,11 @@ class FakeWorker:
         self.stdout_done = threading.Event()
 
     stdout = stderr = None
+
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[Observations]:
+        with self.lock:
+            yield self.obs
 
     def json_fields(self) -> dict[str, Any]:
         return {}
