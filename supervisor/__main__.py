@@ -55,7 +55,14 @@ def open_control(cfg: Config, started_at: float) -> ControlServer | None:
     return control
 
 
+# `herder run` blocks these across its exec of the watchdog (a PID 1 would drop them meanwhile);
+# a master the watchdog starts first thing (watchdog/early.py) inherits that mask. Unblocked
+# before anything is forked: the template and its workers must take a SIGTERM.
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+
+
 def main() -> int:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     cfg = Config.handed_over()
     # The dashboard's token (HERDER_HTTP_TOKEN, which `herder run` moved into the config): out of
     # the config before any child (the fork server first) is handed it (herder.supervisor.http_auth).

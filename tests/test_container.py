@@ -59,7 +59,7 @@ METRICS_SOURCE = REPO / "supervisor" / "views" / "prometheus.py"  # /metrics' re
 # The gauge KEDA scales on: "the workers this pool's queues call for across the cluster,
 # before this host's caps" (every pod reports the same figure, read from Redis).
 WANTED_METRIC = "herder_workers_wanted"
-# The watchdog SIGKILLs a master still running this long past the drain (watchdog/__main__.py:
+# The watchdog SIGKILLs a master still running this long past the drain (watchdog/entry.py:
 # stop_grace = drain_seconds + 10): the pod's grace period must leave room for it.
 WATCHDOG_BACKSTOP = 10.0
 

@@ -151,7 +151,7 @@ def test_the_watchdog_process_loads_only_the_standard_library_and_the_shared_fol
     import subprocess
 
     probe = (
-        "import sys, herder.watchdog.core, herder.watchdog.__main__;print('\\n'.join(sorted(sys.modules)))"
+        "import sys, herder.watchdog.__main__, herder.watchdog.entry;print('\\n'.join(sorted(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, check=True)
     loaded = out.stdout.split()

@@ -113,3 +113,27 @@ def test_master_drains_when_its_watchdog_is_killed(herder, jobs):
     h.assert_nothing_left()
     (summary,) = h.master_summaries()  # its last words, once its workers were done
     assert (summary["pid"], summary["killed"], summary["jobs_ok"]) == (master.pid, 0, 1)
+
+
+def blocked_signals(pid: int) -> set[int]:
+    """The signals `pid` blocks (its SigBlk mask, from /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    return {sig for sig in range(1, 65) if mask & (1 << (sig - 1))}
+
+
+def test_the_master_starts_before_the_watchdog_loads_and_takes_every_stop_signal(herder, jobs):
+    """The watchdog starts the master first thing (watchdog/early.py), then adopts it: the
+    master, its fork server and its workers block none of the stop signals `herder run`
+    blocks across its exec, and a stop through the watchdog drains as always."""
+    h = herder(workers="2")
+    h.wait_workers(2)
+    master = h.master()
+    assert master is not None
+    assert re.search(rf"master {master.pid} started \(before the watchdog loaded\)", h.log())
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+    for p in [master, h.fork_server(), *h.workers(master)]:
+        assert p is not None and not stops & blocked_signals(p.pid), p
+    job = jobs.enqueue("record", "early")
+    wait_for(lambda: jobs.finished("early") == [job.id], 10, what="the fleet to work")
+    h.stop_and_check()

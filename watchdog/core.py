@@ -169,9 +169,8 @@ class Watchdog:
         env = dict(kwargs.get("env", os.environ), **{MASTER_RESTARTS_ENV: str(self.master_starts)})
         if self.config is not None:
             env[handover.ENV_RESOLVED] = self.config
-        self.master_starts += 1
         with handover.handed(env) as (kwargs["env"], fds):
-            self.master = subprocess.Popen(
+            master = subprocess.Popen(
                 self.master_argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -182,12 +181,19 @@ class Watchdog:
                 process_group=0,
                 **kwargs,
             )
-        assert self.master.stdout
-        os.set_blocking(self.master.stdout.fileno(), False)
+        self.adopt_master(master)
+
+    def adopt_master(self, master: subprocess.Popen[bytes], early: bool = False) -> None:
+        """Watch a master just started: by start_master, or (`early`) by watchdog/early.py
+        before the watchdog loaded, with the same pipe, group and settings."""
+        assert master.stdout
+        self.master = master
+        self.master_starts += 1
+        os.set_blocking(master.stdout.fileno(), False)
         self.master_seen = time.monotonic()
         self.master_becomes(MasterState.STARTING)
         self._lines = LineSplitter()
-        log.info("master %d started", self.master.pid)
+        log.info("master %d started%s", master.pid, " (before the watchdog loaded)" if early else "")
 
     def read_master(self) -> None:
         assert self.master and self.master.stdout

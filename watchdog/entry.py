@@ -1,0 +1,88 @@
+"""The watchdog, set up (`python -P -m herder.watchdog [-- MASTER_ARGV...]` comes here once
+__main__.py has started the master: early.py).
+
+Settings come from the resolved Config that `herder run` hands over on a descriptor
+(herder.common.handover; the schema in herder.common.config, standard library only); the
+master command defaults to herder's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+from herder.common import handover, jsonlog, statelock
+from herder.common.config import Config, ConfigError
+from herder.common.exits import EX_CONFIG, EX_TEMPFAIL
+from herder.watchdog.core import Watchdog
+from herder.watchdog.early import master_argv
+
+if TYPE_CHECKING:
+    from herder.watchdog.embedded_redis import EmbeddedRedis
+
+
+def main(argv: list[str], master: subprocess.Popen[bytes] | None = None) -> int:
+    """`master`: one already started (early.py), which the watchdog adopts; ended if the
+    watchdog cannot go on (nothing of it has run a job yet)."""
+    try:
+        cfg = Config.handed_over()
+    except ConfigError:
+        print("herder watchdog: start herder with `herder run`", file=sys.stderr)
+        return refuse(EX_CONFIG, master)
+    jsonlog.setup(
+        cfg.log_level,
+        cfg.log_format,
+        "watchdog",
+        "%(asctime)s herder-watchdog[%(process)d] %(levelname)s %(message)s",
+    )
+    if cfg.state_dir:
+        try:
+            hold_state_dir(cfg.state_dir)
+        except statelock.Locked as exc:
+            logging.error("%s", exc)
+            return refuse(EX_TEMPFAIL, master)
+        except OSError as exc:
+            logging.error("cannot lock the state dir: %s", exc)
+            return refuse(EX_CONFIG, master)
+    dog = Watchdog(
+        master_argv(argv, sys.executable),
+        heartbeat_timeout=cfg.master_heartbeat_timeout,
+        max_restarts=cfg.max_restarts,
+        restart_window=cfg.restart_window,
+        stop_grace=cfg.drain_seconds + 10.0,
+        ping_grace=3 * cfg.heartbeat_interval,
+        redis=embedded_redis(cfg.state_dir) if cfg.embedded_redis else None,
+        user=cfg.user,
+        config=handover.receive(),
+    )
+    if master is not None:
+        dog.adopt_master(master, early=True)
+    return dog.run()
+
+
+def refuse(code: int, master: subprocess.Popen[bytes] | None) -> int:
+    """Exit `code`, and take the early master (and what it forked: its group) along."""
+    if master is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(master.pid, signal.SIGKILL)
+        master.wait()
+    return code
+
+
+def embedded_redis(state_dir: str) -> EmbeddedRedis:
+    """Imported only when asked for: the watchdog starts without shutil, bz2 and lzma."""
+    from herder.watchdog.embedded_redis import EmbeddedRedis
+
+    return EmbeddedRedis(state_dir)
+
+
+def hold_state_dir(state_dir: str) -> int:
+    """The state dir's lock, held for the watchdog's life: the one `herder run` took and
+    handed over through the exec, or (started some other way) taken here."""
+    fd = statelock.adopt(os.environ.pop(statelock.ENV_LOCK_FD, ""), state_dir)
+    return fd if fd is not None else statelock.acquire(state_dir)
