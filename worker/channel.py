@@ -51,6 +51,9 @@ class Channel(Progress):
         os.dup2(2, 1)  # fd 1 -> stderr, for stray prints and child processes
         self._lock = threading.Lock()
         self._job_id: str | None = None
+        # A `done` whose job's next `busy` follows at once (hold=True): both go in one write,
+        # one wake-up of the master instead of two. Any line sent, or send_held(), takes it along.
+        self._held = b""
         # The master; a worker the fork server made may still be its middle process's child.
         parents = [int(p) for p in os.environ.get(wp.ENV_PARENT_PIDS, "").split(",") if p]
         self._parent = parents[0] if parents else os.getppid()
@@ -78,10 +81,12 @@ class Channel(Progress):
 
     def _send(self, data: bytes) -> None:
         with self._lock:
+            held, self._held = self._held, b""
             if self._orphaned:
                 return
             try:
-                os.write(self._fd, data)  # < PIPE_BUF, so one atomic write
+                if held or data:  # < PIPE_BUF together, so one atomic write
+                    os.write(self._fd, held + data if held else data)
             except (BrokenPipeError, OSError):
                 self._master_gone("protocol pipe closed")
 
@@ -106,17 +111,29 @@ class Channel(Progress):
     ) -> None:
         self.job_line(self, job_id, wp.busy_line(job_id, time.time(), timeout, queue, func))
 
-    def done(self, job_id: str, ok: bool | None) -> None:
-        """ok: the job's outcome; None: an ending (`end`) is over."""
-        self.job_line(self, None, wp.done_line(job_id, time.time(), ok))
+    def done(self, job_id: str, ok: bool | None, hold: bool = False) -> None:
+        """ok: the job's outcome; None: an ending (`end`) is over. `hold`: the line goes with the
+        next one (a `busy` that follows at once), or at send_held()."""
+        self.job_line(self, None, wp.done_line(job_id, time.time(), ok), hold)
 
-    def job_line(self, owner: Channel | ThreadChannel, job_id: str | None, line: bytes) -> None:
+    def job_line(
+        self, owner: Channel | ThreadChannel, job_id: str | None, line: bytes, hold: bool = False
+    ) -> None:
         """A `busy` (the job `owner` now runs) or a `done` (job_id None: it runs none), for the
         process itself or one thread of it (the line then names the thread)."""
+        line = wp.for_thread(line, owner.index)
         with self._lock:
             owner._job_id = job_id
+            if hold:
+                self._held += line
         owner.progress()
-        self._send(wp.for_thread(line, owner.index))
+        if not hold:
+            self._send(line)
+
+    def send_held(self) -> None:
+        """A held `done` out now (its `busy` did not follow)."""
+        if self._held:
+            self._send(b"")
 
     def stopped(self) -> None:
         self._send(wp.stop_line(time.time()))
@@ -260,8 +277,11 @@ class ThreadChannel(Progress):
     ) -> None:
         self.process.job_line(self, job_id, wp.busy_line(job_id, time.time(), timeout, queue, func))
 
-    def done(self, job_id: str, ok: bool | None) -> None:
-        self.process.job_line(self, None, wp.done_line(job_id, time.time(), ok))
+    def done(self, job_id: str, ok: bool | None, hold: bool = False) -> None:
+        self.process.job_line(self, None, wp.done_line(job_id, time.time(), ok), hold)
+
+    def send_held(self) -> None:
+        self.process.send_held()
 
     def stopped(self) -> None:
         """A thread's own end says nothing: the process says `stop` once all are done."""

@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -461,12 +462,39 @@ class ToMaster(logging.StreamHandler):
     """RQ's two handlers in one: records below ERROR to stdout, the rest to stderr (both are
     the master's pipes). One handler, not two filtered ones: half the dispatch per line."""
 
+    # While a thread holds it (hold(): the fast path, for RQ's two lines at a job's success, back
+    # to back, nothing run between them) its records are written, not flushed: one write for both.
+    # Another thread's record flushes as always (taking the held lines along).
+    _holder: int | None = None
+
     def __init__(self) -> None:
         super().__init__(sys.stdout)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stdout if record.levelno < logging.ERROR else sys.stderr
         super().emit(record)
+
+    def flush(self) -> None:
+        if self._holder is None or self._holder != threading.get_ident():
+            super().flush()
+
+    def hold(self) -> None:
+        self._holder = threading.get_ident()
+
+    def unhold(self) -> None:
+        """The held lines out (stdout's; stderr is line-buffered)."""
+        if self._holder == threading.get_ident():
+            self._holder = None
+            self.stream = sys.stdout
+            self.flush()
+
+
+_to_master: ToMaster | None = None  # the handler log_to_master installed, if it did
+
+
+def held_log_lines() -> ToMaster | None:
+    """herder's own log handler, to hold lines with; None under a user's logging config."""
+    return _to_master
 
 
 def _no_caller(*args: object, **kwargs: object) -> tuple[str, int, str, None]:
@@ -486,7 +514,8 @@ def log_to_master(log_format: str) -> None:
         if node.handlers:
             return
         node = node.parent
-    handler = ToMaster()
+    global _to_master
+    handler = _to_master = ToMaster()
     handler.setFormatter(logging.Formatter(fmt=log_format, datefmt=DEFAULT_LOGGING_DATE_FORMAT))
     logger.addHandler(handler)
     logger.propagate = False

@@ -59,7 +59,7 @@ from herder.worker.fast_path.recording import Discard, NotRecordable, Recorder, 
 from herder.worker.fast_path.script import ScriptConnection
 from herder.worker.fast_path.start_template import FrozenClock, NotTemplatable, StartTemplate, timeout_key
 from herder.worker.fast_path.wire import make_encoder, resp_request, text, unpack_hash
-from herder.worker.rq_worker import HerderMixin
+from herder.worker.rq_worker import HerderMixin, held_log_lines
 
 
 @dataclass
@@ -220,6 +220,9 @@ class FastPathMixin(HerderMixin):
         finally:
             self._deferring = None
             self._job_beat = None
+            lines = held_log_lines()
+            if lines is not None:
+                lines.unhold()  # RQ's two lines of the success, held since its finish began
 
     @staticmethod
     def _can_defer(job: Job, return_value: Any) -> bool:
@@ -241,6 +244,9 @@ class FastPathMixin(HerderMixin):
     ) -> None:
         if self._deferring is not job or self._job_beat is None:
             return super().handle_job_success(job, queue, started_job_registry, execution)
+        lines = held_log_lines()  # from here to "Job OK" RQ runs none of the user's code
+        if lines is not None:
+            lines.hold()  # its two log lines go in one write (unheld in _finalize_success)
         real, recorder = self.connection, Recorder(self.connection)
         self.connection = recorder  # type: ignore[assignment]
         try:
@@ -308,8 +314,8 @@ class FastPathMixin(HerderMixin):
                 "has run elsewhere, whose outcome stands",
                 self.name, pending.job.id,
             )  # fmt: skip
-        if pending.done is not None:
-            self.channel.done(*pending.done)
+        if pending.done is not None:  # held when a job was taken: its `busy` follows at once
+            self.channel.done(*pending.done, hold=code in (2, 4))
         if code == 3:
             raise ResponseError(text(reply[1]))
         if code in (2, 4):
@@ -407,9 +413,12 @@ class FastPathMixin(HerderMixin):
     ) -> tuple[Job, Queue] | None:
         if self._pending is not None:
             channel = self.channel
-            result = self.flush(take=not (channel.stop_reason or channel.endings or channel.paused))
-            if result is not None:
-                return self._took(result)
+            try:
+                result = self.flush(take=not (channel.stop_reason or channel.endings or channel.paused))
+                if result is not None:
+                    return self._took(result)  # its `busy` takes the held `done` along
+            finally:
+                channel.send_held()  # if no `busy` went out (none taken, or it raised)
             self.check_for_suspension(burst=timeout is None)  # the script took none: maybe suspended
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
