@@ -463,30 +463,46 @@ class ToMaster(logging.StreamHandler):
     the master's pipes). One handler, not two filtered ones: half the dispatch per line."""
 
     # While a thread holds it (hold(): the fast path, for RQ's two lines at a job's success, back
-    # to back, nothing run between them) its records are written, not flushed: one write for both.
-    # Another thread's record flushes as always (taking the held lines along).
+    # to back, nothing run between them) that thread's records below ERROR are kept, then written
+    # together: one write for both (the worker's stdout is unbuffered, PYTHONUNBUFFERED, so each
+    # record is otherwise a write of its own). Other threads' records are written as always.
     _holder: int | None = None
 
     def __init__(self) -> None:
         super().__init__(sys.stdout)
+        self._held: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        if (
+            self._holder is not None
+            and record.levelno < logging.ERROR
+            and self._holder == threading.get_ident()
+        ):
+            try:
+                self._held.append(self.format(record) + self.terminator)
+            except Exception:
+                self.handleError(record)
+            return
         self.stream = sys.stdout if record.levelno < logging.ERROR else sys.stderr
         super().emit(record)
-
-    def flush(self) -> None:
-        if self._holder is None or self._holder != threading.get_ident():
-            super().flush()
 
     def hold(self) -> None:
         self._holder = threading.get_ident()
 
     def unhold(self) -> None:
-        """The held lines out (stdout's; stderr is line-buffered)."""
-        if self._holder == threading.get_ident():
-            self._holder = None
-            self.stream = sys.stdout
-            self.flush()
+        """The held records out, in one write."""
+        if self._holder != threading.get_ident():
+            return
+        self._holder = None
+        with self.lock:  # type: ignore[union-attr]  # Handler.createLock made it
+            held, self._held = "".join(self._held), []
+            if held:
+                self.stream = sys.stdout
+                try:
+                    self.stream.write(held)
+                    self.flush()
+                except Exception:  # as logging's own emit: a broken stream never fails the worker
+                    pass
 
 
 _to_master: ToMaster | None = None  # the handler log_to_master installed, if it did
