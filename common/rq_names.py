@@ -5,6 +5,8 @@ master's recovery sweep reads it (herder.supervisor.redis_side.recovery). Stdlib
 
 from __future__ import annotations
 
+import os
+
 WORKER_PREFIX = "herder."
 LEASE_PREFIX = "herder:alive:"
 
@@ -14,6 +16,12 @@ def rq_worker_name(host: str, slot: int | str, pid: int, thread: int = 0) -> str
     threaded worker: `.t<i>` after the first), and marked as herder's, so a sweep knows whose
     job it may judge."""
     return f"{WORKER_PREFIX}{host}.{slot}.{pid}" + (f".t{thread}" if thread else "")
+
+
+def client_name() -> str:
+    """The name each Redis connection of a herder worker process gives itself (CLIENT
+    SETNAME), so the process can find its own blocked dequeue to wake (worker/rq_worker.py)."""
+    return f"herder-worker-{os.getpid()}"
 
 
 def is_herder_worker(name: str) -> bool:

@@ -212,3 +212,20 @@ def test_a_worker_that_starts_while_redis_hangs_waits_without_being_killed(herde
         "recycled": {},
     }
     h.stop_and_check()
+
+
+def test_a_stop_wakes_an_idle_workers_blocking_dequeue_at_once(herder, conn):
+    """An idle worker blocks in RQ's dequeue for a whole heartbeat interval (here 10 s); the
+    master's `stop` wakes it at once (CLIENT UNBLOCK of its own named connection), so the
+    fleet stops gracefully long before the dequeue would have timed out."""
+    h = herder(workers="1", heartbeat_interval="10", heartbeat_timeout="60")
+    h.wait_workers(1)
+    (worker,) = h.workers()
+    name = f"herder-worker-{worker.pid}"
+
+    def blocked() -> bool:
+        return any(c.get("name") == name and c.get("cmd") == "blmove" for c in conn.client_list())
+
+    wait_for(blocked, 20, what="the idle worker blocked in its dequeue")
+    took = h.stop_and_check(timeout=30)
+    assert took < 8, f"the stop waited for the dequeue's 10 s timeout ({took:.1f} s)"

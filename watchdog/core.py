@@ -193,7 +193,9 @@ class Watchdog:
         self.master_seen = time.monotonic()
         self.master_becomes(MasterState.STARTING)
         self._lines = LineSplitter()
-        log.info("master %d started%s", master.pid, " (before the watchdog loaded)" if early else "")
+        log.info("master %d started", master.pid)
+        if early:
+            log.debug("master %d was started before the watchdog loaded (watchdog/early.py)", master.pid)
 
     def read_master(self) -> None:
         assert self.master and self.master.stdout

@@ -8,6 +8,7 @@ the Redis password: the process list and a job's code cannot read it there.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -53,10 +54,12 @@ def wait_for_redis(connection, channel) -> bool:
 def connections(cfg: Config) -> tuple[Redis, Redis]:
     """RQ's connection and the probe that waits for Redis at the start (not connected yet)."""
     from herder.common.redis_connect import connect, retry_resets
+    from herder.common.rq_names import client_name
 
     # RQ's own calls (its dequeue, its bookkeeping on RQ's path): one whose connection broke or
     # went silent is tried again on a new connection, rather than a finished job failed for it.
-    connection = connect(cfg.redis_url, **retry_resets(timeouts=True))
+    # Named, every connection: a request from the master wakes the one blocked in a dequeue.
+    connection = connect(cfg.redis_url, client_name=client_name(), **retry_resets(timeouts=True))
     beat = max(0.5, cfg.heartbeat_interval)  # each ping answers or gives up within a beat
     return connection, connect(cfg.redis_url, socket_timeout=beat, socket_connect_timeout=beat)
 
@@ -163,8 +166,8 @@ def main() -> int:
     # replacement is listed by RQ in milliseconds even among busy workers.
     w.nice_when_ready = cfg.worker_nice
     # After RQ raised it to minutes for its own dequeue; a slice of herder's blocking dequeue is
-    # a quarter second (whole seconds before Redis 6), and a call may wait that and more.
-    bound_calls(w.connection, max(cfg.redis_timeout, max(1, int(cfg.heartbeat_interval)) + 1))
+    # a heartbeat interval (whole seconds before Redis 6), and a call may wait that and more.
+    bound_calls(w.connection, max(cfg.redis_timeout, math.ceil(cfg.heartbeat_interval) + 1))
     log_format = "%(levelname)s %(message)s"
     log_to_master(log_format)
     w.work(

@@ -68,6 +68,7 @@ class Channel(Progress):
         # Called each beat while a job runs (the worker's lease), on a thread of its own: a Redis
         # call that hangs there must never hold up the beat itself.
         self.on_beat: Callable[[], None] | None = None
+        self._wakers: list[Callable[[], None]] = []  # each RQ worker's wake_dequeue (on_request)
         self._beat_due = threading.Event()
         self._beat_hook = threading.Thread(target=self._run_beat_hook, name="herder-beat-hook", daemon=True)
         self._progress_at = time.monotonic()  # the main loop's last step (monotonic)
@@ -150,6 +151,11 @@ class Channel(Progress):
             self.requests.set()
             print(f"herder worker: stopping after the current job ({reason})", file=sys.stderr, flush=True)
 
+    def on_request(self, wake: Callable[[], None]) -> None:
+        """Call `wake` on each request from the master (stop, pause, resume, end), on a thread
+        of its own: it may wait on Redis, and this thread must go on beating."""
+        self._wakers.append(wake)
+
     def _on_request(self, request: tuple[str, str | None] | None) -> None:
         if request is None:
             return
@@ -161,6 +167,8 @@ class Channel(Progress):
             case ("end", job_id) if job_id:
                 self.endings.append(job_id)
         self.requests.set()
+        for wake in self._wakers:
+            threading.Thread(target=wake, name="herder-wake", daemon=True).start()
 
     def _master_gone(self, reason: str) -> None:
         """The master is dead: stop after this job, and move our output off its pipes.
@@ -258,6 +266,9 @@ class ThreadChannel(Progress):
 
     def request_stop(self, reason: str) -> None:
         self.process.request_stop(reason)
+
+    def on_request(self, wake: Callable[[], None]) -> None:
+        self.process.on_request(wake)  # a request reaches every thread's dequeue
 
     def idle(self, paused: str | None = None) -> None:
         self.progress()

@@ -44,12 +44,12 @@ from rq.worker import BaseWorker, SimpleWorker, WorkerStatus
 
 from herder.common import rq_seam
 from herder.common.redis_connect import RETRIES
-from herder.common.rq_names import lease_key
+from herder.common.rq_names import client_name, lease_key
 from herder.worker.abandoned import end_abandoned
 from herder.worker.channel import Channel
 
-# One blocking dequeue's wait: an idle worker looks for `stop` (and RQ's suspension) this often.
-DEQUEUE_SLICE = 0.25
+# What an idle worker's connection is blocked in, as CLIENT LIST names it.
+BLOCKING_DEQUEUES = frozenset({"blmove", "blpop", "brpoplpush", "bzpopmin"})
 STOP_JOB_SIGNAL = signal.SIGUSR1  # the pubsub thread asks the main thread to stop the job
 
 
@@ -62,6 +62,11 @@ def raise_in_thread(ident: int, exc: type[BaseException]) -> None:
     RQ's TimerDeathPenalty does; a blocking C call finishes first)."""
     if ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc)) > 1:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+
+
+class Woken(Exception):  # noqa: N818 - a state, not a mistake
+    """A request from the master woke the blocking dequeue: out of RQ's dequeue loop (which
+    would block again for the rest of its idle time) to herder's, which looks at the request."""
 
 
 class RedisAway(Exception):  # noqa: N818 - a state, not a mistake
@@ -95,6 +100,31 @@ class HerderMixin(BaseWorker):
         self.lease = lease_key(self.name)
         self.lease_renewed = float("-inf")  # monotonic
         channel.on_beat = self.renew_lease  # while a job runs, from the channel's thread
+        channel.on_request(self.wake_dequeue)  # the process's channel, a threaded worker's too
+
+    def wake_dequeue(self) -> None:
+        """A request came from the master: end this worker's blocking dequeue now, as its
+        timeout would (CLIENT UNBLOCK: Redis returns nothing, or the job it already moved),
+        so the loop sees the request at once, not at the end of the slice. Best effort: where
+        CLIENT LIST or UNBLOCK is denied, the slice's end does it. Called on a thread of its own."""
+        if not self._dequeuing:
+            return
+        self._woken = True  # RQ's loop would block again for the rest of its idle time: heartbeat()
+        names = {self.name, client_name()}  # RQ names one of its connections; herder names every one
+        for _ in range(3):  # the loop may be between two calls: a moment later it blocks
+            try:
+                blocked = [
+                    int(c["id"])
+                    for c in self.connection.client_list()
+                    if c.get("name") in names and c.get("cmd") in BLOCKING_DEQUEUES
+                ]
+                for client_id in blocked:
+                    self.connection.client_unblock(client_id)
+            except RedisError:
+                return
+            if blocked or not (self._dequeuing and self._woken):
+                return
+            time.sleep(0.02)
 
     def renew_lease(self, pipeline=None) -> None:  # noqa: ANN001 - a redis Pipeline or None
         """The lease says this process is alive; an error here only delays it a beat.
@@ -311,6 +341,8 @@ class HerderMixin(BaseWorker):
             self._dequeuing = True
             try:
                 result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
+            except Woken:
+                continue
             except (RedisConnectionError, RedisTimeoutError, RedisAway) as exc:  # RQ's writes, its retry
                 self.redis_away(exc)
                 continue
@@ -338,10 +370,13 @@ class HerderMixin(BaseWorker):
                 self.channel.done(job_id, None)
 
     def dequeue_slice(self) -> float:
-        """How long one blocking dequeue waits: a `stop` reaches an idle worker within it.
-        Redis 6 takes fractions of a second; before it, whole seconds."""
+        """How long one blocking dequeue waits: a heartbeat interval, so an idle worker says
+        `idle`, renews RQ's heartbeat and looks at RQ's suspension that often, and no more (at
+        256 idle workers, more often would be a core's worth of Redis calls). A request from
+        the master (stop, pause, end) ends the wait at once (wake_dequeue); where Redis denies
+        that, the slice's end does. Redis 6 takes fractions of a second; before it, whole seconds."""
         if self.get_redis_server_version() >= (6, 0, 0):
-            return min(DEQUEUE_SLICE, self.channel.heartbeat_interval)
+            return self.channel.heartbeat_interval
         return max(1, int(self.channel.heartbeat_interval))
 
     def pause_reason(self) -> str | None:
@@ -386,6 +421,9 @@ class HerderMixin(BaseWorker):
         # RQ calls this on its main loop before every dequeue attempt, including each retry
         # while Redis is down: the `idle` line goes first, so an outage does not make a
         # healthy worker look hung. Calls inside a job's bookkeeping come with a pipeline.
+        if pipeline is None and timeout is None and self._dequeuing and self._woken:
+            self._woken = False
+            raise Woken()  # no job taken: back to herder's loop, which reads the request
         self.channel.progress()  # the main loop (RQ's retries while Redis is away too)
         if pipeline is None and self.get_state() != "busy":
             self.channel.idle()
@@ -411,6 +449,7 @@ class HerderMixin(BaseWorker):
         self.renew_lease()
 
     _dequeuing = False  # in RQ's dequeue loop and no job taken yet (see RedisAway)
+    _woken = False  # a request woke the dequeue (wake_dequeue): leave RQ's loop at its next turn
 
     def reorder_queues(self, reference_queue: Queue) -> None:
         """RQ calls it once its dequeue has taken a job: from here a failed heartbeat must not

@@ -12,6 +12,7 @@ the grace still takes the whole process. docs/operations.md, "Threads", says whe
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -58,7 +59,7 @@ def run_threads(
         w = make_worker(cfg, rq_worker_name(host, slot, pid, index), connection)
         w.attach(ThreadChannel(channel, index, cfg.threads), cfg.lease_seconds)  # type: ignore[arg-type]
         w.death_penalty_class = TimerDeathPenalty  # SIGALRM reaches only the main thread
-        bound_calls(w.connection, max(cfg.redis_timeout, max(1, int(cfg.heartbeat_interval)) + 1))
+        bound_calls(w.connection, max(cfg.redis_timeout, math.ceil(cfg.heartbeat_interval) + 1))
         workers.append(w)
     workers[0].nice_when_ready = cfg.worker_nice  # the process's niceness, once
     # herder's signals mean "now" for the whole process (rq_worker.py, _install_signal_handlers).
