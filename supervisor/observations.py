@@ -52,8 +52,13 @@ class Observations:
     endings: int = 0  # given-up jobs this worker ended (`end`), which count as no job
 
     def copy(self) -> Observations:
-        """A snapshot the loop may read while the reader records on (Held is immutable)."""
-        return replace(self, jobs=dict(self.jobs))
+        """A snapshot the loop may read while the reader records on (Held is immutable).
+        Field by field, not dataclasses.replace (a tenth of its cost: an idle worker's
+        Observations change, and are copied, once a second, each of a big fleet's)."""
+        snap = object.__new__(Observations)
+        snap.__dict__.update(self.__dict__)
+        snap.jobs = dict(self.jobs)
+        return snap
 
     @property
     def oldest(self) -> Held | None:
