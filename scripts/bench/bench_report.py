@@ -19,7 +19,7 @@ from bench_floor import FLOOR_KEY, FLOOR_LABEL
 # Throughput: x rq worker-pool with SimpleWorker (each a row), and share of the floor's.
 TARGET_X_SIMPLE = (1.0, 2.5, 3.0)
 TARGET_X_SUPERVISORD = 1.0
-TARGET_FLOOR_SHARE = 0.25
+TARGET_FLOOR_SHARES = (0.25, 0.45)
 # Crash to replacement: kill -> listed by RQ, median, in seconds, by crash test variant.
 TARGET_LISTED = {"crash": (0.030,), "busy": (0.030,), "noisy": (0.050,), "load": (0.050, 0.030)}
 # Launch: -> first job done no slower than rq's pool (each class), and within this x of it;
@@ -33,6 +33,12 @@ TARGET_POOL_USS_X = 1.5  # an idle pool's whole USS within this x rq's pool's
 # at the largest size at most 2 + a fixed few.
 TARGET_CPU_SIZES = (4, 64)
 TARGET_CPU_GROWTH = 1.5
+# A big fleet: the master's CPU per job at each size within this x its figure at 4; all
+# workers registered at the largest size within this x the time at 64 (linear: 4x for 4x
+# the workers); the master idle under this share of a core at the largest size.
+TARGET_CPU_GROWTH_BIG = 1.3
+TARGET_READY_GROWTH = 4.5
+TARGET_IDLE_CPU = 0.02
 TARGET_THREADS = 8
 
 
@@ -347,12 +353,14 @@ def scaling_section(args: argparse.Namespace, scaling: dict) -> list[str]:
         "the queue at once when all N workers are registered and the pool has idled "
         f"{args.idle_settle:g} s. jobs/s as in the throughput table. Supervisor: herder's master, rq's pool "
         "process, supervisord (that process alone, not its children): its CPU time (user + system) from "
-        "the release to the last job done, per 1,000 jobs; its RSS when idle; its threads when idle and "
+        "the release to the last job done, per 1,000 jobs; its CPU while the pool idles (a share of one "
+        "core, over 3 s before the release); its RSS when idle; its threads when idle and "
         "at most during the run. One run per size. herder gets `--workers-limit N` above 16 workers. " + ran,
         "",
-        "| contender | workers | jobs | jobs/s | supervisor CPU per 1,000 jobs | supervisor RSS "
-        "| supervisor threads: idle, peak | worker USS / PSS (median) | launch -> all registered | stop |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| contender | workers | jobs | jobs/s | supervisor CPU per 1,000 jobs | supervisor CPU idle "
+        "| supervisor RSS | supervisor threads: idle, peak | worker USS / PSS (median) "
+        "| launch -> all registered | stop |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, by_size in scaling.items():
         c = BY_KEY[key]
@@ -360,12 +368,13 @@ def scaling_section(args: argparse.Namespace, scaling: dict) -> list[str]:
             r = by_size.get(size)
             if not r:
                 why = "skipped" if not c.is_herder and 0 < peers_max < size else "failed"
-                out.append(f"| {c.label} | {size} | {why} | | | | | | | |")
+                out.append(f"| {c.label} | {size} | {why} | | | | | | | | |")
                 continue
             mem = r["memory"]
             out.append(
                 f"| {c.label} | {size} | {r['jobs']} | {r['jobs_per_s']:.0f} "
-                f"| {r['sup_cpu_per_1000'] * 1000:.0f} ms | {fmt_mb(mem['sup_rss'])} "
+                f"| {r['sup_cpu_per_1000'] * 1000:.0f} ms | {fmt_share(r.get('sup_idle_cpu', math.nan))} "
+                f"| {fmt_mb(mem['sup_rss'])} "
                 f"| {r['threads_idle']}, {r['threads_peak']} "
                 f"| {fmt_mb(mem['worker_uss'])} / {fmt_mb(mem['worker_pss'])} "
                 f"| {fmt_ms(r['ready'])} | {fmt_ms(r['stop'].seconds)} |"
@@ -437,9 +446,12 @@ def target_section(args: argparse.Namespace, contenders: list[Contender], m: Med
 
         return cell
 
-    def share(h: Contender) -> tuple[str, str]:
-        x = m.floor_share(h.key)
-        return fmt_share(x), yn(x, x >= TARGET_FLOOR_SHARE)
+    def share(least: float) -> Cell:
+        def cell(h: Contender) -> tuple[str, str]:
+            x = m.floor_share(h.key)
+            return fmt_share(x), yn(x, x >= least)
+
+        return cell
 
     def listed(mode: str, limit: float) -> Cell:
         def cell(h: Contender) -> tuple[str, str]:
@@ -482,6 +494,30 @@ def target_section(args: argparse.Namespace, contenders: list[Contender], m: Med
             r, r <= TARGET_CPU_GROWTH
         )
 
+    def cpu_growth_at(size: int) -> Cell:
+        def cell(h: Contender) -> tuple[str, str]:
+            a, b = m.scaling(h.key, small, "sup_cpu_per_1000"), m.scaling(h.key, size, "sup_cpu_per_1000")
+            r = ratio(b, a)
+            if math.isnan(r):
+                return "n/a", "n/a"
+            shown = f"{b * 1000:.0f} ms vs {a * 1000:.0f} ms: {fmt_ratio(r)}"
+            return shown, yn(r, r <= TARGET_CPU_GROWTH_BIG)
+
+        return cell
+
+    def ready_growth(h: Contender) -> tuple[str, str]:
+        a, b = m.scaling(h.key, big, "ready"), m.scaling(h.key, largest, "ready")
+        r = ratio(b, a)
+        if math.isnan(r) or largest <= big:
+            return "n/a", "n/a"
+        return f"{fmt_ms(b)} vs {fmt_ms(a)}: {fmt_ratio(r)}", yn(r, r <= TARGET_READY_GROWTH)
+
+    def idle_cpu(h: Contender) -> tuple[str, str]:
+        x = m.scaling(h.key, largest, "sup_idle_cpu") if largest else math.nan
+        if math.isnan(x):
+            return "n/a", "n/a"
+        return f"{x * 100:.1f}% at {largest} workers", yn(x, x < TARGET_IDLE_CPU)
+
     def threads(h: Contender) -> tuple[str, str]:
         peak, idle = m.scaling(h.key, largest, "threads_peak"), m.scaling(h.key, largest, "threads_idle")
         if math.isnan(peak):
@@ -496,7 +532,8 @@ def target_section(args: argparse.Namespace, contenders: list[Contender], m: Med
               for x in TARGET_X_SIMPLE),
             (f"throughput at least {TARGET_X_SUPERVISORD:g}x supervisord + rq worker (SimpleWorker)",
              x_jobs_per_s(SUPERVISORD, TARGET_X_SUPERVISORD)),
-            (f"throughput at least {TARGET_FLOOR_SHARE:.0%} of the floor", share),
+            *((f"throughput at least {least:.0%} of the floor", share(least))
+              for least in TARGET_FLOOR_SHARES),
         ],
     )  # fmt: skip
     table(
@@ -542,6 +579,11 @@ def target_section(args: argparse.Namespace, contenders: list[Contender], m: Med
              cpu_growth),
             (f"master threads at the largest scaling size at most {TARGET_THREADS} "
              f"(2 + {TARGET_THREADS - 2})", threads),
+            *((f"master CPU per job at {size} workers within {TARGET_CPU_GROWTH_BIG:g}x of its figure "
+               f"at {small}", cpu_growth_at(size)) for size in sorted({big, largest}) if size > small),
+            (f"all workers registered at the largest size within {TARGET_READY_GROWTH:g}x the time at {big}",
+             ready_growth),
+            (f"master idle under {TARGET_IDLE_CPU:.0%} of a core at the largest size", idle_cpu),
         ],
     )  # fmt: skip
     return out

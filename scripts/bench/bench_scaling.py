@@ -28,6 +28,8 @@ from bench_cpu import CpuMeter, process_cpu
 from bench_memory import pool_memory
 from bench_throughput import enqueue, job_times, release, wait_done
 
+IDLE_CPU_WINDOW = 3.0  # seconds the supervising process's idle CPU is read over
+
 
 class ScalingTest(Scenario):
     def contenders(self) -> list[Contender]:
@@ -80,6 +82,10 @@ class ScalingTest(Scenario):
             master = pool.master()
             if master is None:
                 raise BenchError(f"no master process; see {pool.log_path}")
+            # The supervising process's CPU while the pool idles (a share of one core).
+            idle_cpu0, idle_at = process_cpu(master), time.monotonic()
+            time.sleep(IDLE_CPU_WINDOW)
+            idle_cpu = (process_cpu(master) - idle_cpu0) / (time.monotonic() - idle_at)
             memory = pool_memory(pool.popen.pid, master, pool.workers(self.redis))
             threads = [master.num_threads()]
             polls = 0
@@ -109,6 +115,7 @@ class ScalingTest(Scenario):
             "ready": ready,
             "jobs_per_s": n / (last - first) if last > first else math.nan,
             "sup_cpu_per_1000": (cpu1 - cpu0) / n * 1000,
+            "sup_idle_cpu": idle_cpu,
             "threads_idle": threads[0],
             "threads_peak": max(threads),
             "memory": memory,
