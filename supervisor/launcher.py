@@ -39,7 +39,8 @@ class SystemClock:
 
 class Launcher(Protocol):
     """Where workers come from: SubprocessLauncher, forkserver.ForkServerLauncher; unit tests
-    use a fake that spawns fake processes."""
+    use a fake that spawns fake processes. A launcher with no template to look after takes the
+    do-nothing tend, renew and close below by naming this protocol as its base."""
 
     def spawn(
         self, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]
@@ -53,16 +54,17 @@ class Launcher(Protocol):
 
     def tend(self, wake: Callable[[], None]) -> None:
         """Housekeeping each loop pass (the template's life, reaping strays)."""
-        ...
+        return None
 
     def renew(self, cfg: Config) -> None:
         """A rolling restart begins: new workers must start from new code and settings."""
-        ...
+        return None
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        return None
 
 
-class SubprocessLauncher:
+class SubprocessLauncher(Launcher):
     """Every worker a new interpreter (--no-fork-server; herder.supervisor.forkserver has
     the default, warm one)."""
 
@@ -73,15 +75,6 @@ class SubprocessLauncher:
 
     def warming(self) -> bool:
         return False
-
-    def tend(self, wake: Callable[[], None]) -> None:
-        pass
-
-    def renew(self, cfg: Config) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def worker_argv(cfg: Config) -> list[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from herder.common.config import Config
+from herder.supervisor.launcher import Launcher
 from herder.supervisor.launchers import Launchers
 from herder.supervisor.master import Master, Start
 from herder.supervisor.observations import Held, Observations
@@ -100,7 +101,7 @@ class FakeProc:
             self.code = code
 
 
-class FakeLauncher:
+class FakeLauncher(Launcher):
     """A Launcher whose workers are FakeProcs; it has no template to tend, renew or close."""
 
     def __init__(self, clock: FakeClock) -> None:
@@ -118,15 +119,6 @@ class FakeLauncher:
         proc = FakeProc(100 + len(self.spawned), self.clock)
         self.spawned.append(proc)
         return proc
-
-    def tend(self, wake: Callable[[], None]) -> None:
-        pass
-
-    def renew(self, cfg: Config) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class FakeRecovery:
