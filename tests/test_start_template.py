@@ -30,7 +30,9 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def worker(conn: Redis) -> HerderFastWorker:
     w = HerderFastWorker([Queue("default", connection=conn)], connection=conn, name="unit-worker")
-    w.attach(SimpleNamespace(progress=lambda: None), lease_seconds=3)  # no master: nothing reads it
+    # No master: nothing reads what it says, and no request comes.
+    channel = SimpleNamespace(progress=lambda: None, on_request=lambda wake: None)
+    w.attach(channel, lease_seconds=3)
     return w
 
 
