@@ -9,6 +9,7 @@ them with the test extra)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -297,8 +298,13 @@ def test_the_page_rides_out_a_master_restart(herder, browser) -> None:
     open_page(browser, base)
     old = h.master()
     assert old is not None
-    os.kill(old.pid, signal.SIGKILL)  # the watchdog starts another master, which serves the page again
-    until(browser, 10, lambda d: d.find_element("id", "conn").text == "reconnecting", "'reconnecting'")
+    # Frozen first, so the page's requests go unanswered (a master restarted between two of its
+    # polls would never be missed); then killed, if the watchdog has not already replaced it for
+    # its silence: a new master serves the page again.
+    os.kill(old.pid, signal.SIGSTOP)
+    until(browser, 15, lambda d: d.find_element("id", "conn").text == "reconnecting", "'reconnecting'")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(old.pid, signal.SIGKILL)
     wait_for(lambda: (m := h.master()) and m.pid != old.pid, 20, what="a new master")
     pids = {p.pid for p in h.wait_workers(1)}
     until(
