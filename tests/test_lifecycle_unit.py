@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc
+from herder.common.config import Config
 from herder.common.transitions import IllegalTransition, move
 from herder.supervisor import lifecycle, states
 from herder.supervisor.fleet import Slot, Worker
@@ -181,15 +182,20 @@ def keeper(clock: FakeClock) -> tuple[SchedulerKeeper, list[FakeProc]]:
     return SchedulerKeeper(FakeLocks(), clock, "h1", spawn=spawn), procs  # type: ignore[arg-type]
 
 
+def spawned_scheduler(clock: FakeClock) -> tuple[SchedulerKeeper, list[FakeProc], Config, Worker]:
+    """A keeper whose scheduler process was just spawned (no `ready` yet)."""
+    sched, procs = keeper(clock)
+    cfg = replace(CFG, scheduler=True)
+    sched.step(cfg, False, lambda: None)
+    assert sched.w is not None
+    return sched, procs, cfg, sched.w
+
+
 def test_the_scheduler_reaches_exited_after_a_graceful_stop(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="herder")
-    sched, procs = keeper(clock)
-    cfg = replace(CFG, scheduler=True)
-    sched.step(cfg, False, lambda: None)
-    w = sched.w
-    assert w is not None
+    sched, procs, cfg, w = spawned_scheduler(clock)
     procs[0].ready()
     sched.step(cfg, False, lambda: None)
     sched.step(cfg, True, lambda: None)  # herder stops: `stop`
@@ -204,11 +210,7 @@ def test_the_scheduler_reaches_exited_after_a_graceful_stop(
 def test_a_scheduler_that_said_stop_and_exited_0_is_graceful_as_a_worker_is(clock: FakeClock) -> None:
     """RQ's shutdown command stops it (it says `stop`, exits 0) without herder's `stop`: the
     shared rule counts that graceful, so its slot does not back off (it did, before)."""
-    sched, procs = keeper(clock)
-    cfg = replace(CFG, scheduler=True)
-    sched.step(cfg, False, lambda: None)
-    w = sched.w
-    assert w is not None
+    sched, procs, cfg, w = spawned_scheduler(clock)
     procs[0].ready()
     procs[0].obs.said_stop = True
     procs[0].exit(0)
@@ -218,11 +220,7 @@ def test_a_scheduler_that_said_stop_and_exited_0_is_graceful_as_a_worker_is(cloc
 
 
 def test_a_scheduler_killed_is_exited_too(clock: FakeClock) -> None:
-    sched, procs = keeper(clock)
-    cfg = replace(CFG, scheduler=True)
-    sched.step(cfg, False, lambda: None)
-    w = sched.w
-    assert w is not None
+    sched, procs, cfg, w = spawned_scheduler(clock)
     procs[0].obeys_term = False
     sched.hurry()
     assert w.kill_kind == KillKind.SCHEDULER and procs[0].signals == [signal.SIGTERM, signal.SIGCONT]
