@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
+import importlib.machinery
+import importlib.util
 import re
 import subprocess
 import sys
@@ -15,7 +18,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 RUN = BENCH / "run"
 COMMANDS = "bench_commands.py"  # the one module that builds the contenders' command lines
-SCENARIOS = ("spike", "recycle", "network", "threads", "dashboard", "soak", "launch")
+SCENARIOS = ("spike", "recycle", "network", "threads", "dashboard", "soak", "launch", "rolling")
 
 
 def bench(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -103,3 +106,36 @@ def test_no_issue_numbers_in_the_bench() -> None:
     for f in [RUN, *BENCH.glob("*.py")]:
         found = re.findall(r"\bissues? \d+", f.read_text(), re.I)
         assert not found, f"{f.name}: {found}"
+
+
+def parser() -> argparse.ArgumentParser:
+    """scripts/bench/run's one parser, built in process (run is a script without .py)."""
+    sys.path.insert(0, str(BENCH))
+    loader = importlib.machinery.SourceFileLoader("bench_run", str(RUN))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_run", loader))
+    loader.exec_module(module)
+    return module.build_parser()[0]
+
+
+def test_rolling_takes_its_options_with_their_defaults() -> None:
+    args = parser().parse_args(["rolling"])
+    bench_rolling = args.module
+    assert bench_rolling.__name__ == "bench_rolling"
+    assert (args.workers, args.job_s, args.runs, args.markdown) == ("256", 0.05, 1, None)
+    assert bench_rolling.sizes(args.workers) == [256]
+    args = parser().parse_args(["rolling", "--workers", "16,32", "--job-s", "0.02", "--runs", "3",
+                                "--markdown", "/tmp/r.md"])  # fmt: skip
+    assert (bench_rolling.sizes(args.workers), args.job_s, args.runs, args.markdown) == (
+        [16, 32],
+        0.02,
+        3,
+        "/tmp/r.md",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["0", "16,x", ""])
+def test_rolling_refuses_a_bad_fleet_size_before_anything_starts(workers: str) -> None:
+    r = bench("rolling", "--workers", workers)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--workers: a positive number or a comma list" in r.stderr
