@@ -28,7 +28,7 @@ from herder.supervisor.fleet import ProcessHandle, Slot, Worker
 from herder.supervisor.launcher import Clock, worker_env
 from herder.supervisor.liveness import judge, read_late
 from herder.supervisor.redis_side.scheduler_locks import LockReading, SchedulerLocks
-from herder.supervisor.states import LEAVING, KillKind, WorkerState, change_state
+from herder.supervisor.states import LEAVING, WORKING, KillKind, WorkerState, change_state
 from herder.supervisor.workerproc import WorkerProcess
 
 log = logging.getLogger("herder")
@@ -80,6 +80,10 @@ class SchedulerKeeper:
     def running(self) -> bool:
         """A scheduler process is alive (the master waits for it before it exits)."""
         return self.w is not None
+
+    def in_motion(self) -> bool:
+        """Its process is starting or stopping: the master's loop looks more often."""
+        return self.w is not None and self.w.state not in WORKING
 
     # ---- in the reconcile loop -------------------------------------------------------------
 

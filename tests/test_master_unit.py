@@ -15,7 +15,7 @@ from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc, all_ready, live, ma
 from herder.supervisor import fleet, reload
 from herder.supervisor.fleet import Worker
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
-from herder.supervisor.master import Master
+from herder.supervisor.master import TICK, TICK_IN_MOTION, Master
 from herder.supervisor.observations import Held, Observations
 from herder.supervisor.pool import PoolState
 from herder.supervisor.redis_side.load_reader import Reading
@@ -84,7 +84,7 @@ def test_a_slot_whose_workers_die_young_backs_off_exponentially(clock: FakeClock
         slot = m.slots[0]
         delays.append(round(slot.next_spawn_at - clock.t, 3))
         assert 0 not in m.workers  # not respawned before its time
-        assert m.next_wait() == pytest.approx(min(0.25, delays[-1]))
+        assert m.next_wait() == pytest.approx(min(TICK_IN_MOTION, delays[-1]))
         clock.advance(delays[-1])
         m.step()
         assert 0 in m.workers
@@ -368,7 +368,7 @@ def test_a_big_scale_up_is_paced_and_the_loop_comes_back_soon(clock: FakeClock, 
     m.step()
     assert loading_count(m) == window  # the start window is full
     m.step()
-    assert loading_count(m) == window and m.next_wait() == 0.25  # nothing to do until one speaks
+    assert loading_count(m) == window and m.next_wait() == TICK_IN_MOTION  # nothing to do until one speaks
     peak = 0
     for _ in range(40):
         for proc in launcher.spawned[-3:]:
@@ -377,7 +377,29 @@ def test_a_big_scale_up_is_paced_and_the_loop_comes_back_soon(clock: FakeClock, 
         peak = max(peak, loading_count(m))
     assert len(m.workers) == 40 == len(launcher.spawned)
     assert peak <= window
-    assert m.next_wait() == 0.25  # settled: the loop is back to its tick
+    assert m.next_wait() == TICK_IN_MOTION  # workers still start: the loop keeps the fast tick
+
+
+def test_a_settled_fleet_ticks_slowly_and_a_start_or_stop_quickly(clock: FakeClock) -> None:
+    """A pass reads every worker: a settled fleet's loop looks once a second (gunicorn's and
+    supervisord's tick); while a worker starts or stops, four times a second."""
+    m, launcher, _ = make(clock, workers=3)
+    m.step()
+    assert m.next_wait() == TICK_IN_MOTION  # three workers starting
+    all_ready(m)
+    assert m.next_wait() == TICK == 1.0
+    m.workers[0].proc.busy("job-1")  # type: ignore[attr-defined]
+    m.step()
+    assert m.next_wait() == TICK  # a busy worker is settled too
+    m.stop_worker(m.workers[1], "test")
+    assert m.next_wait() == TICK_IN_MOTION  # its stop timeout is a deadline kept to the quarter second
+    launcher.spawned[1].exit(0)
+    m.step()  # reaped; its replacement starts
+    assert m.next_wait() == TICK_IN_MOTION
+    all_ready(m)
+    assert m.next_wait() == TICK
+    m.begin_stop(hurry=False, why="test")
+    assert m.next_wait() == TICK_IN_MOTION  # a stopping master
 
 
 def test_a_worker_that_speaks_before_ready_no_longer_holds_the_start_window(
