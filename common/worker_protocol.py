@@ -174,46 +174,74 @@ def parse_line(raw: bytes) -> Message:
 THREADED_VERBS = ("busy", "beat", "done")  # what a thread says; ready, idle and stop are the process's
 
 
+def _ready(args: list[str]) -> Message:
+    # ready <pid> <ts> [<protocol-version>]
+    if len(args) not in (2, 3):
+        raise ProtocolError("wrong number of fields for 'ready'")
+    if not args[0].isdigit():
+        raise ProtocolError(f"bad pid {args[0][:40]!r}")
+    if len(args) == 3 and args[2] not in SUPPORTED_VERSIONS:
+        raise ProtocolError(f"unsupported protocol version {args[2][:20]!r}")
+    return Message("ready", _ts(args[1]))
+
+
+def _busy(args: list[str]) -> Message:
+    # busy <job-id> <ts> [<timeout-seconds|none> [<queue> <function>]]
+    if len(args) not in (2, 3, 5):
+        raise ProtocolError("wrong number of fields for 'busy'")
+    timeout = None
+    if len(args) >= 3 and args[2] != "none":
+        timeout = _ts(args[2]) if args[2] != "-1" else -1.0
+    queue, func = (_field(args[3]), _field(args[4])) if len(args) == 5 else (None, None)
+    return Message("busy", _ts(args[1]), job_id=_job_id(args[0]), timeout=timeout, queue=queue, func=func)
+
+
+def _beat(args: list[str]) -> Message:
+    # beat <job-id> <ts> [<stuck-seconds>]: the process is alive while a job runs
+    if len(args) not in (2, 3):
+        raise ProtocolError("wrong number of fields for 'beat'")
+    stuck = _ts(args[2]) if len(args) == 3 else 0.0
+    return Message("beat", _ts(args[1]), job_id=_job_id(args[0]), stuck=stuck)
+
+
+def _done(args: list[str]) -> Message:
+    # done <job-id> <ts> ok|failed|ended
+    if len(args) != 3:
+        raise ProtocolError("wrong number of fields for 'done'")
+    if args[2] not in OUTCOMES:
+        raise ProtocolError(f"bad outcome {args[2][:20]!r}")
+    ok = None if args[2] == "ended" else args[2] == "ok"
+    return Message("done", _ts(args[1]), job_id=_job_id(args[0]), ok=ok)
+
+
+def _idle(args: list[str]) -> Message:
+    # idle <ts> [suspended|paused]
+    if len(args) == 1:
+        return Message("idle", _ts(args[0]))
+    if len(args) != 2:
+        raise ProtocolError("wrong number of fields for 'idle'")
+    if args[1] not in PAUSE_REASONS:
+        raise ProtocolError(f"bad pause reason {args[1][:20]!r}")
+    return Message("idle", _ts(args[0]), paused=args[1])
+
+
+def _stop(args: list[str]) -> Message:
+    if len(args) != 1:
+        raise ProtocolError("wrong number of fields for 'stop'")
+    return Message("stop", _ts(args[0]))
+
+
+# One parser per verb: a dict lookup, not a match tried case by case (the master reads a line
+# per worker per second at idle, and several per job).
+_PARSERS = {"ready": _ready, "busy": _busy, "beat": _beat, "done": _done, "idle": _idle, "stop": _stop}
+assert tuple(_PARSERS) == VERBS
+
+
 def _parse_fields(fields: list[str]) -> Message:
-    verb, args = fields[0], fields[1:]
-    match verb, len(args):
-        case "ready", 2 | 3:
-            # ready <pid> <ts> [<protocol-version>]
-            if not args[0].isdigit():
-                raise ProtocolError(f"bad pid {args[0][:40]!r}")
-            if len(args) == 3 and args[2] not in SUPPORTED_VERSIONS:
-                raise ProtocolError(f"unsupported protocol version {args[2][:20]!r}")
-            return Message("ready", _ts(args[1]))
-        case "busy", 2 | 3 | 5:
-            # busy <job-id> <ts> [<timeout-seconds|none> [<queue> <function>]]
-            timeout = None
-            if len(args) >= 3 and args[2] != "none":
-                timeout = _ts(args[2]) if args[2] != "-1" else -1.0
-            queue, func = (_field(args[3]), _field(args[4])) if len(args) == 5 else (None, None)
-            return Message(
-                "busy", _ts(args[1]), job_id=_job_id(args[0]), timeout=timeout, queue=queue, func=func
-            )
-        case "beat", 2 | 3:
-            # beat <job-id> <ts> [<stuck-seconds>]: the process is alive while a job runs
-            stuck = _ts(args[2]) if len(args) == 3 else 0.0
-            return Message("beat", _ts(args[1]), job_id=_job_id(args[0]), stuck=stuck)
-        case "done", 3:
-            # done <job-id> <ts> ok|failed|ended
-            if args[2] not in OUTCOMES:
-                raise ProtocolError(f"bad outcome {args[2][:20]!r}")
-            ok = None if args[2] == "ended" else args[2] == "ok"
-            return Message("done", _ts(args[1]), job_id=_job_id(args[0]), ok=ok)
-        case "idle", 1 | 2:
-            # idle <ts> [suspended|paused]
-            if len(args) == 2 and args[1] not in PAUSE_REASONS:
-                raise ProtocolError(f"bad pause reason {args[1][:20]!r}")
-            return Message("idle", _ts(args[0]), paused=args[1] if len(args) == 2 else None)
-        case "stop", 1:
-            return Message("stop", _ts(args[0]))
-        case _ if verb in VERBS:
-            raise ProtocolError(f"wrong number of fields for {verb!r}")
-        case _:
-            raise ProtocolError(f"unknown verb {verb[:40]!r}")
+    parse = _PARSERS.get(fields[0])
+    if parse is None:
+        raise ProtocolError(f"unknown verb {fields[0][:40]!r}")
+    return parse(fields[1:])
 
 
 def _field(text: str) -> str:

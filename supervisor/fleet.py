@@ -194,4 +194,6 @@ def spawn_room(room: int, workers: dict[int, Worker], limit: int) -> int:
     """How many of `room` spawns may start now: never past the workers limit (stopping workers
     count: they are still processes), and only while the start window has room (a `ready`
     wakes the loop for the next ones)."""
+    if room <= 0:
+        return 0  # nothing to spawn: the window is not counted (a pass over every worker)
     return min(room, limit - len(workers), START_WINDOW - loading(workers.values()))
