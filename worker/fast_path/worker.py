@@ -44,13 +44,13 @@ from typing import Any
 from redis.client import Pipeline
 from redis.exceptions import ResponseError
 from rq.executions import Execution
-from rq.job import Job, Retry
+from rq.job import Job, JobStatus, Retry
 from rq.logutils import blue, green
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 from rq.suspension import WORKERS_SUSPENDED
 from rq.utils import get_version, now
-from rq.worker import SimpleWorker
+from rq.worker import SimpleWorker, WorkerStatus
 
 from herder.common import rq_seam
 from herder.common.rq_names import call_record_key
@@ -70,6 +70,7 @@ class PendingFinish:
     queue: Queue
     execution: Execution
     beat: tuple[Any, int]  # the job heartbeat RQ writes as the job ends: (timestamp, ttl)
+    started_key: str  # the StartedJobRegistry the job is in (RQ's, handed to its finish)
     guards: list[str]
     finish: list[tuple[Any, ...]]  # RQ's finish transaction
     after: RecordingPipeline  # state and heartbeat writes RQ makes after it
@@ -95,6 +96,7 @@ class FastPathMixin(HerderMixin):
     _no_template: str | None = None  # why starts keep a round trip of their own
     _started: tuple[str, datetime, str, str] | None = None  # (job, time, execution, error): written
     _own_start: str | None = None  # why starts take RQ's own path (its start could not be recorded)
+    _direct_start: bool | None = None  # RQ's start objects built directly (None: not checked yet)
 
     # ---- start: one transaction, or none of its own -------------------------------
 
@@ -104,7 +106,10 @@ class FastPathMixin(HerderMixin):
         started, self._started = self._started, None
         if started is not None and started[0] == job.id:
             _, t, execution_id, error = started
-            execution, _ = self._record_start(job, t, execution_id, keep=False)  # Redis has it
+            if self._direct_start and not self.log.isEnabledFor(logging.DEBUG):  # RQ's debug lines
+                execution = self._build_start(job, t, execution_id)  # Redis has it: RQ's objects only
+            else:
+                execution, _ = self._record_start(job, t, execution_id, keep=False)
             if error:  # as EXEC: the others ran, the error is raised
                 raise ResponseError(error)
             self._prepared = job.id
@@ -159,6 +164,56 @@ class FastPathMixin(HerderMixin):
         execution.connection = job_real  # RQ made it with the job's connection, the stand-in then
         return execution, stand_in.recorded() if keep else []
 
+    def _build_start(self, job: Job, t: datetime, execution_id: str) -> Execution:
+        """The objects RQ's two start transactions leave (the execution, the job's and the
+        worker's fields), built here: replaying RQ's start for them cost a tenth of a no-op job.
+        Used only once `_direct_start_matches` found them RQ's own for a stand-in job."""
+        execution = Execution(
+            id=execution_id, job_id=job.id, connection=job.connection, worker_name=self.name
+        )
+        execution.created_at = execution.last_heartbeat = t
+        execution._job = job
+        self.executions[execution_id] = execution
+        rq_seam.restore_worker_state(self, WorkerStatus.BUSY)
+        self.channel.progress()  # as herder's heartbeat in RQ's start
+        self.last_heartbeat = t
+        job.worker_name = self.name
+        job.last_heartbeat = job.started_at = t
+        job._status = JobStatus.STARTED
+        job.func_name  # noqa: B018 - RQ's start names it (its procline): the job's data is read here too
+        return execution
+
+    def _direct_start_matches(self, timeout: Any) -> bool:
+        """Whether `_build_start` leaves what RQ's own start (replayed) leaves, for two like
+        stand-in jobs at one time: every field of the worker, the job and the execution."""
+        t, execution_id = start_template.STAND_IN_TIME, start_template.STAND_IN_EXECUTION
+        jobs = [
+            start_template.stand_in_job(self.job_class, self.connection, self.serializer, timeout)
+            for _ in "12"
+        ]
+        jobs[1].created_at = jobs[0].created_at  # made a moment apart: otherwise alike
+        effects = []
+        for job, replay in zip(jobs, (True, False), strict=True):
+            before = dict(vars(self))
+            try:
+                if replay:
+                    execution = self._record_start(job, t, execution_id, keep=False)[0]
+                else:
+                    execution = self._build_start(job, t, execution_id)
+                effects.append((
+                    {k: v for k, v in vars(self).items() if k not in _REPLAY_FIELDS},
+                    {k: v for k, v in vars(job).items() if k != "connection"},
+                    {k: "<the job>" if v is job else v for k, v in vars(execution).items()},
+                    job.connection is self.connection and self.executions.get(execution_id) is execution,
+                ))  # fmt: skip
+            finally:
+                self.executions.pop(execution_id, None)
+                for name in set(vars(self)) - set(before):
+                    delattr(self, name)
+                for name, value in before.items():
+                    setattr(self, name, value)
+        return effects[0] == effects[1]
+
     def _learn_template(
         self, job: Job, t: datetime, execution_id: str, commands: list[tuple[Any, ...]]
     ) -> None:
@@ -198,6 +253,13 @@ class FastPathMixin(HerderMixin):
             self._drop_template("the template did not give RQ's own start for a real job")
             return
         self._template = self._templates[key] = template
+        if self._direct_start is None:
+            try:
+                self._direct_start = self._direct_start_matches(job.timeout)
+            except Exception:  # an RQ whose start objects are not the ones built here
+                self._direct_start = False
+            if not self._direct_start:
+                logging.getLogger("herder").info("fast path: RQ's start is replayed for its objects")
 
     def _drop_template(self, why: str) -> None:
         self._template, self._no_template = None, why
@@ -265,6 +327,7 @@ class FastPathMixin(HerderMixin):
             queue=queue,
             execution=execution,
             beat=self._job_beat,
+            started_key=(started_job_registry or queue.started_job_registry).key,
             guards=recorded[0].guards,
             finish=recorded[0].take_recorded(),
             after=RecordingPipeline(real),
@@ -301,7 +364,7 @@ class FastPathMixin(HerderMixin):
         if take and self._template is not None:
             t, execution_id = now(), uuid.uuid4().hex
             start = (self._template, self._template.script_values(t, execution_id, self._encode))
-        owner = (pending.queue.started_job_registry.key, pending.execution.composite_key)
+        owner = (pending.started_key, pending.execution.composite_key)
         take_args = self._take_args() if take else [""]
         reply = self._run_script(pending.guards, commands, start, take_args, owner)
         code = int(reply[0])
@@ -451,6 +514,10 @@ class FastPathMixin(HerderMixin):
                 self._script.release()
                 self._script = None
             super().teardown()
+
+
+# The replay's own machinery on the worker (FastPathMixin._record_start), not RQ's start.
+_REPLAY_FIELDS = frozenset({"_clock", "lease_quiet"})
 
 
 class HerderFastWorker(FastPathMixin, SimpleWorker):
