@@ -327,7 +327,9 @@ class FastPathMixin(HerderMixin):
             queue=queue,
             execution=execution,
             beat=self._job_beat,
-            started_key=(started_job_registry or queue.started_job_registry).key,
+            started_key=(  # `is None`: a registry's truth is its length, two Redis calls
+                queue.started_job_registry if started_job_registry is None else started_job_registry
+            ).key,
             guards=recorded[0].guards,
             finish=recorded[0].take_recorded(),
             after=RecordingPipeline(real),
