@@ -10,13 +10,15 @@ feeder that tops the queue up in batches, so it never runs dry nor grows without
 job sleeps `--job-s` and then counts itself in Redis (a set of job ids, and a count of runs).
 Once all N workers are taking jobs, a steady window of `--steady-s` gives the jobs/s before;
 then `herder restart` (its command line), and a look every `--interval` (0.1 s) until every
-worker pid of before is gone (from herder's status, from RQ and from the machine) and N new
+worker pid of before is gone (from herder's log, from RQ and from the machine) and N new
 ones are taking jobs. At the end the feeder stops, the queue drains, herder gets SIGTERM.
 
 A worker is *taking jobs* at a look when both hold:
-- herder's status (the reply `herder status --json` prints, read from the control socket in
-  process, as the CLI costs an interpreter start) lists its pid as `idle` or `busy`: it said
-  ready and the master has not told it to stop (`stopping`) nor killed it (`killing`);
+- herder's log says its last move was to `idle` or `busy`: it said ready, and the master has
+  not told it to stop (`stopping`) nor killed it (`killing`). The master logs every move of a
+  worker but the idle <-> busy flips of its jobs, with 1 ms timestamps; the bench reads the log
+  as it grows, so looking costs the master nothing (`herder status` would build it a snapshot
+  of every worker each time);
 - RQ lists it on the queue (a key in rq:workers:<queue> whose hash names that pid) and its RQ
   state is not `suspended`.
 The fraction taking jobs is that count over N. It may pass 1 while replacements and the old
@@ -27,7 +29,7 @@ above), the lowest and the 5th-percentile fraction taking jobs among the looks f
 `herder restart` was run to that end, whether it stayed at or above 90% throughout, the
 jobs/s before and during (and the worst whole second), and whether every enqueued job ran
 exactly once, none failed and nothing was left running after herder's stop. The fewest ready
-workers in herder's own log (1 ms timestamps: it also sees between two looks) is a cross-check.
+workers in herder's log at any moment (not only at a look) is a cross-check.
 herder is the only contender: rq worker-pool has no rolling restart.
 
 Exit 0 when every run held 90% throughout with no job lost and nothing left behind, 1 when one
@@ -37,9 +39,11 @@ did not, 2 on a set-up error (the logs are kept then).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -59,7 +63,6 @@ from bench_procs import Processes, child_env, end_all, raise_open_files, start_r
 from bench_recycle import replay_log
 from bench_report import publish
 from bench_source import git_state, herder_digest, snapshot_herder
-from herder.supervisor.ctl.client import call
 
 SUMMARY = "a rolling restart of a big fleet: the share of workers taking jobs throughout"
 QUEUE = "rolling"
@@ -81,8 +84,12 @@ def work(seconds):
     pipe.execute()
 '''
 READY = ("idle", "busy")  # herder's states of a worker that took its place and was not told to go
+# A move in herder's log, e.g. "2026-11-22 02:27:08,264 herder[3798] INFO slot 0 pid 3814: busy -> stopping
+# (...)": the pid and its new state. The scheduler's lines name no slot.
+MOVE_RE = re.compile(rb"^\S+ \S+ herder\[\d+\] \w+ slot \d+ pid (\d+): \w+ -> (\w+)", re.M)
 THRESHOLD = 0.9  # the share of the fleet that must be taking jobs throughout
 BATCH = 1000  # jobs enqueued at once, in one pipeline
+WARM_UP = 2.0  # seconds of feeding before the steady window
 
 
 @dataclass(frozen=True)
@@ -90,12 +97,12 @@ class Look:
     """What one look saw: pids by where they are listed, and the jobs done so far."""
 
     at: float  # time.monotonic()
-    ready: frozenset[int]  # herder: idle or busy
-    listed: frozenset[int]  # herder: in any state (starting and stopping ones too)
+    ready: frozenset[int]  # herder's log: idle or busy
+    listed: frozenset[int]  # herder's log: in any state but exited (starting and stopping ones too)
     registered: frozenset[int]  # RQ: on the queue, not suspended
     done: int  # distinct jobs finished
     backlog: int  # jobs waiting in the queue
-    took: float  # seconds the look itself took (herder's status, then RQ)
+    took: float  # seconds the look itself took (herder's log, then RQ)
 
     @property
     def taking(self) -> frozenset[int]:
@@ -132,6 +139,8 @@ class Result:
     left_running: list[str] = field(default_factory=list)  # processes left after herder's exit
     rq_left: int = 0  # RQ workers still registered on the queue after herder's exit
     exit_code: int | None = None
+    finished: bool = False  # the restart ended within --restart-timeout
+    replaced: int = 0  # old workers gone at the end (all N when it finished)
 
     @property
     def clean(self) -> bool:
@@ -145,25 +154,44 @@ class Result:
         )
 
 
+class HerderLog:
+    """Each worker's state as herder's log says, read as the log grows: the master logs every
+    move of a worker (`slot 3 pid 812: starting -> idle (...)`, 1 ms timestamps) but the
+    idle <-> busy flips of its jobs. Asking the master instead (`herder status`) builds it a
+    snapshot of every worker (their RSS and CPU read from /proc): ten a second of 256 workers
+    loaded its loop until `herder restart` itself went unanswered."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.rest = b""
+        self.states: dict[int, str] = {}  # pid: its last state
+
+    def update(self) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        data = self.rest + data
+        cut = data.rfind(b"\n") + 1  # a line half written waits for the next look
+        self.rest = data[cut:]
+        for m in MOVE_RE.finditer(data[:cut]):
+            self.states[int(m[1])] = m[2].decode()
+
+
 class Sampler(threading.Thread):
     """Looks every `interval` seconds (back to back when one takes longer), from start to stop."""
 
-    def __init__(self, conn: Redis, state: Path, interval: float) -> None:
+    def __init__(self, conn: Redis, log: Path, interval: float) -> None:
         super().__init__(name="rolling-sampler", daemon=True)
-        self.conn, self.state, self.interval = conn, state, interval
+        self.conn, self.log, self.interval = conn, HerderLog(log), interval
         self.looks: list[Look] = []
         self.halt = threading.Event()
         self.lock = threading.Lock()
 
-    def look(self) -> Look | None:
+    def look(self) -> Look:
         began = time.monotonic()
-        try:
-            status = call(str(self.state), {"cmd": "status"})
-        except (OSError, ValueError):
-            return None  # the master busy or gone for a moment: the gap shows in max_gap_ms
-        if not status.get("ok"):
-            return None
-        workers = status["workers"]
+        self.log.update()
         keys = self.conn.smembers(f"rq:workers:{QUEUE}")
         pipe = self.conn.pipeline(transaction=False)
         for key in keys:
@@ -171,10 +199,11 @@ class Sampler(threading.Thread):
         pipe.scard(DONE)
         pipe.llen(f"rq:queue:{QUEUE}")
         *rows, done, backlog = pipe.execute()
+        states = self.log.states
         return Look(
             at=time.monotonic(),
-            ready=frozenset(w["pid"] for w in workers if w["state"] in READY),
-            listed=frozenset(w["pid"] for w in workers),
+            ready=frozenset(pid for pid, state in states.items() if state in READY),
+            listed=frozenset(pid for pid, state in states.items() if state != "exited"),
             registered=frozenset(int(pid) for pid, state in rows if pid and state != b"suspended"),
             done=int(done),
             backlog=int(backlog),
@@ -184,7 +213,8 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         next_at = time.monotonic()
         while not self.halt.is_set():
-            if (seen := self.look()) is not None:
+            with contextlib.suppress(OSError):  # herder's log not there yet
+                seen = self.look()
                 with self.lock:
                     self.looks.append(seen)
             next_at += self.interval
@@ -264,19 +294,22 @@ def one_run(args: argparse.Namespace, n: int, k: int, tmp: Path, env: dict[str, 
                            path=tmp / "jobs", state_dir=state)  # fmt: skip
         started = time.monotonic()
         herder = procs.start(argv, tmp / "herder.log", env)
-        # Enough waiting that the queue outlasts a top-up (at most N jobs go every job's
-        # length), and bounded: the feeder stops at twice that.
-        feeder = Feeder(conn, args.job_s, low=2 * n + 100)
-        feeder.start()
-        sampler = Sampler(conn, state, args.interval)
+        sampler = Sampler(conn, tmp / "herder.log", args.interval)
         sampler.start()
 
         def all_taking() -> Look | None:
             seen = sampler.last()
             return seen if seen and len(seen.taking) >= n and len(seen.listed) == n else None
 
-        before = wait_for(f"all {n} workers taking jobs", all_taking, 60 + n / 2, interval=0.05)
-        res.ready_s = before.at - started
+        # The fleet starts on an empty queue: fed, a big one takes minutes longer on 2 cores.
+        ready = wait_for(f"all {n} workers taking jobs", all_taking, 60 + 2 * n, interval=0.05)
+        res.ready_s = ready.at - started
+        # Enough waiting that the queue outlasts a top-up (at most N jobs go every job's
+        # length), and bounded: the feeder stops at twice that.
+        feeder = Feeder(conn, args.job_s, low=2 * n + 100)
+        feeder.start()
+        time.sleep(WARM_UP)  # every worker's first job, the queue's first top-ups
+        before = wait_for(f"all {n} workers taking jobs", all_taking, 60 + n, interval=0.05)
         time.sleep(args.steady_s)
         steady = sampler.since(before.at)
         res.steady_rate = (steady[-1].done - steady[0].done) / (steady[-1].at - steady[0].at)
@@ -297,10 +330,16 @@ def one_run(args: argparse.Namespace, n: int, k: int, tmp: Path, env: dict[str, 
                 return None
             return seen if len(seen.taking - old) >= n else None
 
-        end = wait_for("the restart to end", over, 120 + n, interval=0.05)
-        # The old pids are gone from herder and RQ; their processes may still be exiting.
-        wait_for("the old workers' processes to exit", lambda: not any(alive(p) for p in old), 30)
+        try:
+            end = wait_for("the restart to end", over, args.restart_timeout, interval=0.05)
+            # The old pids are gone from herder and RQ; their processes may still be exiting.
+            wait_for("the old workers' processes to exit", lambda: not any(alive(p) for p in old), 30)
+            res.finished = True
+        except BenchError:  # reported as far as it went
+            end = sampler.last()  # type: ignore[assignment]  (looks were taken above)
+            say(f"{n} workers: the restart did not end within {args.restart_timeout:g} s")
         res.duration = end.at - answered
+        res.replaced = len(old - end.listed - end.registered)
         judge(res, sampler.since(asked), asked, end.at)
         res.min_backlog = min(x.backlog for x in sampler.since(before.at))
 
@@ -340,10 +379,10 @@ def alive(pid: int) -> bool:
 
 
 def stop_herder(herder: subprocess.Popen[bytes]) -> int | None:
-    """SIGTERM, as a service manager stops it; its exit code, None if it did not exit in 60 s."""
+    """SIGTERM, as a service manager stops it; its exit code, None if it did not exit in 120 s."""
     herder.terminate()
     try:
-        return herder.wait(60)
+        return herder.wait(120)
     except subprocess.TimeoutExpired:
         return None
 
@@ -399,6 +438,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=1, help="runs of each size")
     p.add_argument("--steady-s", type=float, default=5.0, help="the steady window before the restart")
     p.add_argument("--interval", type=float, default=0.1, help="seconds between two looks")
+    p.add_argument(
+        "--restart-timeout",
+        type=float,
+        default=600.0,
+        help="seconds the restart may take (then: how far it got)",
+    )
     p.add_argument("--markdown", help="also write the report here")
     p.add_argument("--json", help="write every run's figures here")
 
@@ -431,7 +476,7 @@ def run(args: argparse.Namespace) -> int:
     publish(report, args.markdown)
     if args.json:
         Path(args.json).write_text(json.dumps([{**asdict(r), "clean": r.clean} for r in results], indent=1))
-    ok = all(r.held and r.clean for r in results)
+    ok = all(r.finished and r.held and r.clean for r in results)
     if ok:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
@@ -443,14 +488,18 @@ def pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
+def took(r: Result) -> str:
+    """The restart's duration, or how far it got."""
+    if r.finished:
+        return f"{r.duration:.1f} s"
+    return f"not over after {r.duration:.0f} s: {r.replaced} of {r.workers} replaced"
+
+
 def row(r: Result) -> str:
-    twice = r.runs - r.done
-    jobs = f"{r.done}/{r.enqueued} done, {r.failed} failed, {twice} ran twice"
-    left = (
-        f"{len(r.left_running)} processes and {r.rq_left} RQ workers left" if not r.clean else "nothing left"
-    )
+    jobs = f"{r.done}/{r.enqueued} done, {r.failed} failed, {r.runs - r.done} ran twice"
+    left = f"{len(r.left_running)} processes and {r.rq_left} RQ workers left"
     return (
-        f"{r.duration:.1f} s; taking jobs min {pct(r.min_fraction)}, p5 {pct(r.p5_fraction)} "
+        f"{took(r)}; taking jobs min {pct(r.min_fraction)}, p5 {pct(r.p5_fraction)} "
         f"({'held' if r.held else 'NOT held'}); {r.steady_rate:.0f} -> {r.during_rate:.0f} jobs/s "
         f"(worst second {r.worst_second:.0f}); {jobs}; {left}; exit {r.exit_code}"
     )
@@ -466,15 +515,16 @@ def render(args: argparse.Namespace, results: list[Result]) -> str:
         f"--runs {args.runs}`. `herder run --workers N --workers-limit N+N/4`, the queue kept fed "
         f"with jobs that sleep {args.job_s * 1000:.0f} ms; after a {args.steady_s:g} s steady window, "
         f"`herder restart`, and a look every {args.interval * 1000:.0f} ms until every old worker is gone "
-        "and N new ones take jobs. Taking jobs: listed `idle` or `busy` by herder's status and "
-        "registered on the queue in RQ. herder only: rq worker-pool has no rolling restart.",
+        "and N new ones take jobs. Taking jobs: `idle` or `busy` by its last move in herder's log "
+        "(said ready, not told to stop) and registered on the queue in RQ. herder only: rq worker-pool "
+        "has no rolling restart.",
         "",
         f"herder at {args.herder}; {os.cpu_count()} CPUs.",
         "",
-        "| workers | run | restart | taking jobs: min | p5 | >= 90% throughout | jobs/s before | during "
-        "| worst second | fewest ready (log) | looks (max gap, median look) | jobs done / enqueued, failed "
-        "| left | load before -> after |",
-        "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|---|",
+        "| workers | run | `herder restart` answered | restart | taking jobs: min | p5 | >= 90% throughout "
+        "| jobs/s before | during | worst second | fewest ready (log) | looks (max gap, median look) "
+        "| jobs done / enqueued, failed, ran twice | left after the stop | load before -> after |",
+        "|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for r in results:
         left = (
@@ -483,15 +533,19 @@ def render(args: argparse.Namespace, results: list[Result]) -> str:
             else f"{len(r.left_running)} procs, {r.rq_left} RQ"
         )
         lines.append(
-            f"| {r.workers} | {r.run} | {r.duration:.1f} s | {pct(r.min_fraction)} | {pct(r.p5_fraction)} "
-            f"| {'yes' if r.held else 'NO'} | {r.steady_rate:.0f} | {r.during_rate:.0f} "
-            f"({r.during_rate / r.steady_rate:.2f}x) | {r.worst_second:.0f} | {r.log_min_ready} "
-            f"| {r.looks} ({r.max_gap_ms:.0f} ms, {r.look_ms:.0f} ms) | {r.done} / {r.enqueued}, {r.failed} "
-            f"| {left} | {r.load_before:.2f} -> {r.load_after:.2f} |"
+            f"| {r.workers} | {r.run} | {r.cli_s:.1f} s | {took(r)} | {pct(r.min_fraction)} "
+            f"| {pct(r.p5_fraction)} | {'yes' if r.held else 'NO'}{'' if r.finished else ' (so far)'} "
+            f"| {r.steady_rate:.0f} | {r.during_rate:.0f} ({r.during_rate / r.steady_rate:.2f}x) "
+            f"| {r.worst_second:.0f} | {r.log_min_ready} "
+            f"| {r.looks} ({r.max_gap_ms:.0f} ms, {r.look_ms:.0f} ms) "
+            f"| {r.done} / {r.enqueued}, {r.failed}, {r.runs - r.done} | {left} "
+            f"| {r.load_before:.2f} -> {r.load_after:.2f} |"
         )
+    over = all(r.finished for r in results)
     lines += [
         "",
-        f"Every run held {THRESHOLD:.0%} throughout: {'yes' if held else 'NO'}. Every job ran once, none "
-        f"failed, nothing left running after herder's stop: {'yes' if clean else 'NO'}.",
+        f"Every restart ended within {args.restart_timeout:g} s: {'yes' if over else 'NO'}. Every run "
+        f"held {THRESHOLD:.0%} throughout: {'yes' if held else 'NO'}. Every job ran once, none failed, "
+        f"nothing left running after herder's stop: {'yes' if clean else 'NO'}.",
     ]
     return "\n".join(lines) + "\n"
