@@ -178,3 +178,24 @@ def test_two_threads_windows_overlap_and_neither_undoes_the_others() -> None:
         seen["second"], seen["second_id"] = rq.utils.now(), rq.executions.uuid4().hex
     assert seen == {"first": start_template.STAND_IN_TIME, "second": later, "second_id": "f1" * 16}
     assert rq.utils.now().year < 2100 and rq.executions.uuid4().hex != "f1" * 16  # both closed
+
+
+def test_whole_seconds_are_timegms() -> None:
+    """The template's whole-second scores (start_template.whole_seconds) are RQ's timegm of the
+    UTC time tuple, for any aware time (before 1970, in another zone, at a second's edge) and a
+    naive one."""
+    import calendar
+    import random
+    from datetime import UTC, datetime, timedelta, timezone
+
+    rng = random.Random(7)
+    zones = [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-8))]
+    times = [
+        datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=d) for d in (-1, 0, 1, 999_999, -999_999)
+    ]
+    times += [
+        datetime(1900, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(10**17)) for _ in range(5000)
+    ]
+    times = [t.astimezone(rng.choice(zones)) for t in times] + [datetime(2030, 5, 6, 7, 8, 9, 999_999)]
+    for t in times:
+        assert start_template.whole_seconds(t) == calendar.timegm(t.utctimetuple()), t

@@ -96,6 +96,7 @@ class FastPathMixin(HerderMixin):
     _no_template: str | None = None  # why starts keep a round trip of their own
     _started: tuple[str, datetime, str, str] | None = None  # (job, time, execution, error): written
     _own_start: str | None = None  # why starts take RQ's own path (its start could not be recorded)
+    _take: tuple[tuple[Queue, ...], list[Any]] | None = None  # the take's arguments, by the queues' order
     _direct_start: bool | None = None  # RQ's start objects built directly (None: not checked yet)
 
     # ---- start: one transaction, or none of its own -------------------------------
@@ -442,14 +443,21 @@ class FastPathMixin(HerderMixin):
                 pipeline.execute()
 
     def _take_args(self) -> list[Any]:
-        """How RQ's dequeue would take the next job (Queue.dequeue_any, without blocking)."""
-        keys = [q.key for q in rq_seam.ordered_queues(self)]
+        """How RQ's dequeue would take the next job (Queue.dequeue_any, without blocking): made
+        again only when the queues' order changes (RQ keeps the server's version per connection)."""
+        ordered = tuple(rq_seam.ordered_queues(self))
+        if self._take is not None and self._take[0] == ordered:  # the same queues: an identity check each
+            return self._take[1]
+        keys = [q.key for q in ordered]
         head = ["", WORKERS_SUSPENDED]
         if len(keys) == 1 and get_version(self.connection) >= (6, 2, 0):
             head[0] = "move"
-            return [*head, keys[0], self.queues[0].intermediate_queue_key]
-        head[0] = "pop"
-        return [*head, len(keys), *keys]
+            args = [*head, keys[0], self.queues[0].intermediate_queue_key]
+        else:
+            head[0] = "pop"
+            args = [*head, len(keys), *keys]
+        self._take = (ordered, args)
+        return args
 
     def _took_from_script(self, queue_key: str, job_id: str, data: dict[bytes, bytes]) -> tuple[Job, Queue]:
         queue = next((q for q in self.queues if q.key == queue_key), None) or self.queue_class.from_queue_key(
