@@ -60,7 +60,6 @@ from rq import Queue
 from bench_base import BenchError, Interrupted, UsageError, say, wait_for
 from bench_commands import herder_argv, herder_ctl_argv
 from bench_procs import Processes, child_env, end_all, raise_open_files, start_redis, take_charge
-from bench_recycle import replay_log
 from bench_report import publish
 from bench_source import git_state, herder_digest, snapshot_herder
 
@@ -85,8 +84,12 @@ def work(seconds):
 '''
 READY = ("idle", "busy")  # herder's states of a worker that took its place and was not told to go
 # A move in herder's log, e.g. "2026-11-22 02:27:08,264 herder[3798] INFO slot 0 pid 3814: busy -> stopping
-# (...)": the pid and its new state. The scheduler's lines name no slot.
-MOVE_RE = re.compile(rb"^\S+ \S+ herder\[\d+\] \w+ slot \d+ pid (\d+): \w+ -> (\w+)", re.M)
+# (...)": the pid and its new state (the scheduler's lines name no slot); or a master's start,
+# e.g. "... herder[4356] INFO master 4356 starting: 256 workers on ...".
+LINE_RE = re.compile(
+    rb"^\S+ \S+ herder\[\d+\] \w+ (?:slot \d+ pid (\d+): \w+ -> (\w+)|master \d+ starting:)", re.M
+)
+ORPHANED = "orphaned"  # a worker of a master that is gone: it finishes its job and exits by itself
 THRESHOLD = 0.9  # the share of the fleet that must be taking jobs throughout
 BATCH = 1000  # jobs enqueued at once, in one pipeline
 WARM_UP = 2.0  # seconds of feeding before the steady window
@@ -131,7 +134,10 @@ class Result:
     worst_second: float = math.nan  # the fewest jobs done in a whole second of it
     per_second: list[float] = field(default_factory=list)
     min_backlog: int = 0  # the fewest jobs waiting at a look, from ready to the end: > 0, never dry
-    log_min_ready: int | None = None  # the fewest idle or busy workers in herder's log
+    log_min_ready: int | None = None  # the fewest idle or busy workers in herder's log, during it
+    masters: int = 0  # masters started during the run: 1, unless the watchdog replaced one
+    lowest: dict = field(default_factory=dict)  # the look with the fewest taking jobs, by its counts
+    series: list[dict] = field(default_factory=list)  # every look from `herder restart` to the end
     enqueued: int = 0
     done: int = 0
     runs: int = 0
@@ -157,15 +163,20 @@ class Result:
 class HerderLog:
     """Each worker's state as herder's log says, read as the log grows: the master logs every
     move of a worker (`slot 3 pid 812: starting -> idle (...)`, 1 ms timestamps) but the
-    idle <-> busy flips of its jobs. Asking the master instead (`herder status`) builds it a
-    snapshot of every worker (their RSS and CPU read from /proc): ten a second of 256 workers
-    loaded its loop until `herder restart` itself went unanswered."""
+    idle <-> busy flips of its jobs. Asking the master instead (`herder status`) has it build
+    a snapshot of every worker (their RSS and CPU read from /proc) ten times a second: with
+    that, at 256 busy workers on 2 cores, `herder restart` went unanswered once (the master's
+    loop has 5 s to answer)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
         self.rest = b""
         self.states: dict[int, str] = {}  # pid: its last state
+        self.ready = 0  # how many are idle or busy
+        self.fewest: int | None = None  # the fewest ready at any moment while `watching`
+        self.watching = False
+        self.masters = 0  # masters started (the watchdog starts another if one hangs or dies)
 
     def update(self) -> None:
         with open(self.path, "rb") as f:
@@ -175,8 +186,17 @@ class HerderLog:
         data = self.rest + data
         cut = data.rfind(b"\n") + 1  # a line half written waits for the next look
         self.rest = data[cut:]
-        for m in MOVE_RE.finditer(data[:cut]):
-            self.states[int(m[1])] = m[2].decode()
+        for m in LINE_RE.finditer(data[:cut]):
+            if m[1] is None:  # a new master: the workers of the one before are on their way out
+                self.masters += 1
+                moved = {pid: ORPHANED for pid, state in self.states.items() if state != "exited"}
+            else:
+                moved = {int(m[1]): m[2].decode()}
+            for pid, state in moved.items():
+                self.ready += (state in READY) - (self.states.get(pid) in READY)
+                self.states[pid] = state
+            if self.watching:
+                self.fewest = self.ready if self.fewest is None else min(self.fewest, self.ready)
 
 
 class Sampler(threading.Thread):
@@ -203,7 +223,7 @@ class Sampler(threading.Thread):
         return Look(
             at=time.monotonic(),
             ready=frozenset(pid for pid, state in states.items() if state in READY),
-            listed=frozenset(pid for pid, state in states.items() if state != "exited"),
+            listed=frozenset(pid for pid, state in states.items() if state not in ("exited", ORPHANED)),
             registered=frozenset(int(pid) for pid, state in rows if pid and state != b"suspended"),
             done=int(done),
             backlog=int(backlog),
@@ -315,6 +335,7 @@ def one_run(args: argparse.Namespace, n: int, k: int, tmp: Path, env: dict[str, 
         res.steady_rate = (steady[-1].done - steady[0].done) / (steady[-1].at - steady[0].at)
         old = sampler.last().listed  # type: ignore[union-attr]  (looks were taken above)
 
+        sampler.log.watching = True
         asked = time.monotonic()
         reply = subprocess.run(herder_ctl_argv(state, "restart"), env=env, capture_output=True, text=True,
                                timeout=60, check=False)  # fmt: skip
@@ -341,6 +362,8 @@ def one_run(args: argparse.Namespace, n: int, k: int, tmp: Path, env: dict[str, 
         res.duration = end.at - answered
         res.replaced = len(old - end.listed - end.registered)
         judge(res, sampler.since(asked), asked, end.at)
+        sampler.log.watching = False
+        res.log_min_ready = sampler.log.fewest
         res.min_backlog = min(x.backlog for x in sampler.since(before.at))
 
         feeder.stop()
@@ -355,12 +378,11 @@ def one_run(args: argparse.Namespace, n: int, k: int, tmp: Path, env: dict[str, 
         wait_for("the queue to drain", drained, 60 + 2 * res.enqueued * args.job_s / n, interval=0.1)
         sampler.stop()
         res.done, res.runs, res.failed = int(conn.scard(DONE)), int(conn.get(RUNS) or 0), failed.count
-        stop_wall = time.time()
+        res.masters = sampler.log.masters
         res.exit_code = stop_herder(herder)
         res.left_running = leftovers(server.pid)
         res.rq_left = int(conn.scard(f"rq:workers:{QUEUE}"))
         res.load_after = os.getloadavg()[0]
-        res.log_min_ready, _ = replay_log((tmp / "herder.log").read_text(errors="replace"), stop_wall)
         return res
     finally:
         for thread in (feeder, sampler):
@@ -410,6 +432,13 @@ def judge(res: Result, looks: list[Look], asked: float, end: float) -> None:
     )
     res.look_ms = 1000 * statistics.median(x.took for x in looks) if looks else math.nan
     res.min_fraction = min(fractions, default=math.nan)
+    res.series = [
+        {"t": round(x.at - asked, 3), "taking": len(x.taking), "ready": len(x.ready),
+         "registered": len(x.registered), "listed": len(x.listed), "done": x.done, "backlog": x.backlog}
+        for x in looks
+    ]  # fmt: skip
+    if looks:
+        res.lowest = min(res.series, key=lambda x: x["taking"])
     res.p5_fraction = percentile(fractions, 0.05)
     res.held = bool(fractions) and res.min_fraction >= THRESHOLD
     if len(looks) < 2:
@@ -521,10 +550,11 @@ def render(args: argparse.Namespace, results: list[Result]) -> str:
         "",
         f"herder at {args.herder}; {os.cpu_count()} CPUs.",
         "",
-        "| workers | run | `herder restart` answered | restart | taking jobs: min | p5 | >= 90% throughout "
+        "| workers | run | `herder restart` answered | restart | taking jobs: min | (ready, in RQ) | p5 "
+        "| >= 90% throughout | masters "
         "| jobs/s before | during | worst second | fewest ready (log) | looks (max gap, median look) "
         "| jobs done / enqueued, failed, ran twice | left after the stop | load before -> after |",
-        "|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|---|",
+        "|---:|---:|---:|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for r in results:
         left = (
@@ -534,7 +564,8 @@ def render(args: argparse.Namespace, results: list[Result]) -> str:
         )
         lines.append(
             f"| {r.workers} | {r.run} | {r.cli_s:.1f} s | {took(r)} | {pct(r.min_fraction)} "
-            f"| {pct(r.p5_fraction)} | {'yes' if r.held else 'NO'}{'' if r.finished else ' (so far)'} "
+            f"| {r.lowest.get('ready')}, {r.lowest.get('registered')} | {pct(r.p5_fraction)} "
+            f"| {'yes' if r.held else 'NO'}{'' if r.finished else ' (so far)'} | {r.masters} "
             f"| {r.steady_rate:.0f} | {r.during_rate:.0f} ({r.during_rate / r.steady_rate:.2f}x) "
             f"| {r.worst_second:.0f} | {r.log_min_ready} "
             f"| {r.looks} ({r.max_gap_ms:.0f} ms, {r.look_ms:.0f} ms) "
@@ -543,6 +574,10 @@ def render(args: argparse.Namespace, results: list[Result]) -> str:
         )
     over = all(r.finished for r in results)
     lines += [
+        "",
+        "(ready, in RQ): at the look with the fewest taking jobs, the workers idle or busy in herder's "
+        "log and those registered in RQ. masters: masters started in the run (more than 1: the "
+        "watchdog replaced one). fewest ready (log): at any moment of the restart, not only at a look.",
         "",
         f"Every restart ended within {args.restart_timeout:g} s: {'yes' if over else 'NO'}. Every run "
         f"held {THRESHOLD:.0%} throughout: {'yes' if held else 'NO'}. Every job ran once, none failed, "
