@@ -324,9 +324,10 @@ def one_run(args: argparse.Namespace, n: int, k: int, tmp: Path, env: dict[str, 
         # The fleet starts on an empty queue: fed, a big one takes minutes longer on 2 cores.
         ready = wait_for(f"all {n} workers taking jobs", all_taking, 60 + 2 * n, interval=0.05)
         res.ready_s = ready.at - started
-        # Enough waiting that the queue outlasts a top-up (at most N jobs go every job's
-        # length), and bounded: the feeder stops at twice that.
-        feeder = Feeder(conn, args.job_s, low=2 * n + 100)
+        # Enough waiting that the queue outlasts a top-up (at most N jobs go every job's length)
+        # and a stall of this process of a few seconds on a loaded machine (one of 2 s emptied
+        # 2N + 100 at 256 workers); bounded: the feeder stops at twice that.
+        feeder = Feeder(conn, args.job_s, low=4 * n + 500)
         feeder.start()
         time.sleep(WARM_UP)  # every worker's first job, the queue's first top-ups
         before = wait_for(f"all {n} workers taking jobs", all_taking, 60 + n, interval=0.05)
@@ -375,7 +376,10 @@ def one_run(args: argparse.Namespace, n: int, k: int, tmp: Path, env: dict[str, 
         def drained() -> bool:  # every job ran or failed (a lost one: this times out)
             return int(conn.scard(DONE)) + failed.count >= res.enqueued
 
-        wait_for("the queue to drain", drained, 60 + 2 * res.enqueued * args.job_s / n, interval=0.1)
+        try:
+            wait_for("the queue to drain", drained, 60 + 2 * res.enqueued * args.job_s / n, interval=0.1)
+        except BenchError as exc:  # a job lost: the report says how many
+            say(f"{n} workers: {exc}")
         sampler.stop()
         res.done, res.runs, res.failed = int(conn.scard(DONE)), int(conn.get(RUNS) or 0), failed.count
         res.masters = sampler.log.masters
@@ -551,10 +555,10 @@ def render(args: argparse.Namespace, results: list[Result]) -> str:
         f"herder at {args.herder}; {os.cpu_count()} CPUs.",
         "",
         "| workers | run | `herder restart` answered | restart | taking jobs: min | (ready, in RQ) | p5 "
-        "| >= 90% throughout | masters "
+        "| >= 90% throughout | masters | fewest waiting "
         "| jobs/s before | during | worst second | fewest ready (log) | looks (max gap, median look) "
         "| jobs done / enqueued, failed, ran twice | left after the stop | load before -> after |",
-        "|---:|---:|---:|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|",
+        "|---:|---:|---:|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for r in results:
         left = (
@@ -565,7 +569,8 @@ def render(args: argparse.Namespace, results: list[Result]) -> str:
         lines.append(
             f"| {r.workers} | {r.run} | {r.cli_s:.1f} s | {took(r)} | {pct(r.min_fraction)} "
             f"| {r.lowest.get('ready')}, {r.lowest.get('registered')} | {pct(r.p5_fraction)} "
-            f"| {'yes' if r.held else 'NO'}{'' if r.finished else ' (so far)'} | {r.masters} "
+            f"| {'yes' if r.held else 'NO'}{'' if r.finished else ' (so far)'} "
+            f"| {r.masters} | {r.min_backlog} "
             f"| {r.steady_rate:.0f} | {r.during_rate:.0f} ({r.during_rate / r.steady_rate:.2f}x) "
             f"| {r.worst_second:.0f} | {r.log_min_ready} "
             f"| {r.looks} ({r.max_gap_ms:.0f} ms, {r.look_ms:.0f} ms) "
@@ -577,7 +582,8 @@ def render(args: argparse.Namespace, results: list[Result]) -> str:
         "",
         "(ready, in RQ): at the look with the fewest taking jobs, the workers idle or busy in herder's "
         "log and those registered in RQ. masters: masters started in the run (more than 1: the "
-        "watchdog replaced one). fewest ready (log): at any moment of the restart, not only at a look.",
+        "watchdog replaced one). fewest waiting: jobs in the queue at a look, from the steady window "
+        "on (0: it ran dry). fewest ready (log): at any moment of the restart, not only at a look.",
         "",
         f"Every restart ended within {args.restart_timeout:g} s: {'yes' if over else 'NO'}. Every run "
         f"held {THRESHOLD:.0%} throughout: {'yes' if held else 'NO'}. Every job ran once, none failed, "
