@@ -63,7 +63,10 @@ class Observations:
     @property
     def oldest(self) -> Held | None:
         """The job it has run longest, None when it runs none."""
-        return min(self.jobs.values(), key=lambda h: h.started, default=None)
+        jobs = self.jobs
+        if len(jobs) < 2:  # the loop asks of every worker each pass: most run one job or none
+            return next(iter(jobs.values()), None)
+        return min(jobs.values(), key=lambda h: h.started)
 
     @property
     def job_id(self) -> str | None:

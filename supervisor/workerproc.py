@@ -173,6 +173,9 @@ class WorkerProcess:
 
     def snapshot(self) -> Observations:
         """A copy the readers do not change (every caller only reads it)."""
+        snap = self._snap  # no lock for a kept one: a reader's change clears it before it writes
+        if snap is not None:
+            return snap
         with self.lock:
             if self._snap is None:
                 self._snap = self.obs.copy()
