@@ -1,7 +1,7 @@
 """One herder worker's CPU per no-op job, measured without the noise of a shared machine.
 
-    .venv/bin/python scripts/bench/profile_worker.py                 # callgrind: instructions a job
-    .venv/bin/python scripts/bench/profile_worker.py --py-spy out.svg  # where the time goes
+    .venv/bin/python scripts/profile_worker.py                 # callgrind: instructions a job
+    .venv/bin/python scripts/profile_worker.py --py-spy out.svg  # where the time goes
 
 The worker is herder's own (the fast path's HerderFastWorker, RQ's worker with herder's
 protocol), run as the master runs it: its protocol lines on a pipe (drained here), RQ's log
