@@ -52,9 +52,12 @@ def stuck_since(obs: Observations) -> float | None:
 
 
 def read_late(verdict: Verdict | None, w: Worker) -> bool:
-    """A silence the master's own reader explains: the worker's lines wait unread in its pipe
-    (a master starved of CPU by its busy fleet reads late). Never a reason to kill."""
-    return verdict is not None and verdict.kind == KillKind.SILENT and w.proc.unread() > 0
+    """A silence, or a `ready` not seen, that the master's own reader explains: the worker's
+    lines wait unread in its pipe (a master starved of CPU by its busy fleet reads late).
+    Never a reason to kill: a replacement that started in time, its `ready` unread, is no
+    hung start (a rolling restart of a CPU-bound fleet lost such workers, and their jobs)."""
+    late_kinds = (KillKind.SILENT, KillKind.NO_READY)
+    return verdict is not None and verdict.kind in late_kinds and w.proc.unread() > 0
 
 
 def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | None:

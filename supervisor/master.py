@@ -603,15 +603,15 @@ class Master:
                 lifecycle.escalate(w, now, cfg.kill_timeout)
                 continue
             verdict = judge(w, obs, now, cfg)
-            if read_late(verdict, w):
+            if verdict is not None and read_late(verdict, w):
                 # Its lines wait in the pipe: the master's reader is behind (starved of CPU by
                 # a busy fleet), the worker is not silent. Never kill on the master's own lag.
                 self.lagging_reads += 1
                 if now - self._lag_said_at > 60:
                     self._lag_said_at = now
-                    log.warning("slot %d pid %d: looks silent, but its lines wait unread: this master is "
-                                "short of CPU (workers at nice +%d; see worker_nice); not killed", w.slot,
-                                w.pid, cfg.worker_nice)  # fmt: skip
+                    log.warning("slot %d pid %d: %s, but its lines wait unread: this master is short "
+                                "of CPU (workers at nice +%d; see worker_nice); not killed", w.slot, w.pid,
+                                verdict.reason, cfg.worker_nice)  # fmt: skip
                 verdict = None
             if verdict is None:
                 self.guard.responsive(w)

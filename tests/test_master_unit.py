@@ -149,6 +149,20 @@ def test_a_worker_whose_lines_wait_unread_is_not_silent(clock: FakeClock) -> Non
     assert proc.signals == [signal.SIGTERM, signal.SIGCONT]
 
 
+def test_a_start_whose_ready_waits_unread_is_not_killed(clock: FakeClock) -> None:
+    # Its `ready` sits in the pipe of a master short of CPU: the start was not hung.
+    m, _, _ = make(clock, workers=1)
+    m.step()
+    proc = live(m)[0]
+    proc.pending = 40  # `ready` written, not yet read
+    clock.advance(11)  # past the 10 s start timeout, as the master's reads go
+    m.step()
+    assert proc.signals == [] and m.workers[0].state == WorkerState.STARTING
+    proc.pending = 0  # read, and no `ready` among them: now it is a hung start
+    m.step()
+    assert proc.signals == [signal.SIGTERM, signal.SIGCONT]
+
+
 def test_the_kill_budget_spares_half_the_fleet_and_health_recovers(clock: FakeClock) -> None:
     m, _, _ = make(clock, workers=4, kill_budget=0.5)
     m.step()
