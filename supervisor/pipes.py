@@ -28,6 +28,8 @@ CHUNK = 65536
 COALESCE = 0.005  # seconds the hub pauses after a pass that read anything
 BUSY_PIPES = 8  # pipes with something to read in one pass, above which the pause grows...
 COALESCE_MAX_FACTOR = 16.0  # ... to at most this many times COALESCE (80 ms, at 128 such pipes)
+QUIET_AFTER = 1.0  # seconds without a line that wakes the loop, after which the fleet is quiet...
+QUIET_COALESCE = 0.05  # ... and the pause is this long: its idle lines are read a batch at a time
 
 
 class PipeReader(Protocol):
@@ -61,6 +63,7 @@ class PipeHub:
         self._draining: set[int] = set()  # those, in the hub's hands: read on, never paused
         self._paused: dict[int, tuple[float, PipeReader]] = {}  # fd -> (resume at, reader)
         self.after_pass: list[Callable[[], None]] = []  # run after each pass that read anything
+        self._woke_at = 0.0  # monotonic: the last pass with a line that wakes the loop
         self._thread = threading.Thread(target=self._run, name="pipes", daemon=True)
         self._thread.start()
 
@@ -125,6 +128,8 @@ class PipeHub:
                     self._sel.register(fd, selectors.EVENT_READ, reader)
             for wake in wakes:
                 wake()
+            if wakes:
+                self._woke_at = now
             if read_any:
                 for after in self.after_pass:
                     after()
@@ -132,6 +137,11 @@ class PipeHub:
                 # had something (a large busy fleet), so a read still finds a few lines, not one:
                 # the master's cost per job stays flat as the fleet grows. A poke ends it.
                 pause = self.coalesce * min(COALESCE_MAX_FACTOR, max(1.0, len(events) / BUSY_PIPES))
+                if now - self._woke_at >= QUIET_AFTER:
+                    # A quiet fleet: its `idle` lines (one a worker a second) read in batches,
+                    # not one wake-up each. A `ready` or `stop` then waits up to this pause once;
+                    # a death does not (the reap pokes).
+                    pause = max(pause, QUIET_COALESCE)
                 self._pause.select(pause)
 
     def _take_new(self) -> None:

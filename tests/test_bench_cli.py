@@ -121,7 +121,7 @@ def test_rolling_takes_its_options_with_their_defaults() -> None:
     args = parser().parse_args(["rolling"])
     bench_rolling = args.module
     assert bench_rolling.__name__ == "bench_rolling"
-    assert (args.workers, args.job_s, args.runs, args.markdown) == ("256", 0.05, 1, None)
+    assert (args.workers, args.job_s, args.runs, args.markdown) == ("256", 1.0, 1, None)
     assert bench_rolling.sizes(args.workers) == [256]
     args = parser().parse_args(["rolling", "--workers", "16,32", "--job-s", "0.02", "--runs", "3",
                                 "--markdown", "/tmp/r.md"])  # fmt: skip

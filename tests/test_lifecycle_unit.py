@@ -5,7 +5,11 @@ milliseconds, on fake processes and a fake clock."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -228,3 +232,40 @@ def test_a_scheduler_killed_is_exited_too(clock: FakeClock) -> None:
         clock.advance(cfg.kill_timeout)
         sched.step(cfg, True, lambda: None)
     assert procs[0].signals.count(signal.SIGKILL) == 1 and w.state == WorkerState.EXITED
+
+
+# ---- the watchdog: a starved master is not a hung one --------------------------------------
+
+
+def _busy_python(nice: int = 0) -> subprocess.Popen[bytes]:
+    code = f"import os\nos.nice({nice})\nwhile True: pass"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    os.sched_setaffinity(proc.pid, {0})  # all on one CPU: the nice one waits for it
+    return proc
+
+
+def test_the_watchdog_spares_a_master_starved_of_cpu_for_a_while_but_not_a_hung_one() -> None:
+    """A master silent because it waits on a run queue (a host overloaded by its own busy
+    workers) is not killed until 4 heartbeat timeouts: killing it would stop the whole fleet.
+    A master silent and not waiting for CPU (frozen, blocked, deadlocked) is killed as ever."""
+    hogs = [_busy_python() for _ in range(3)]
+    starved, frozen = _busy_python(nice=19), _busy_python()
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        for proc, spared in ((starved, True), (frozen, False)):
+            wd = Watchdog(["true"], heartbeat_timeout=0.5)
+            wd.adopt_master(proc)
+            began = time.monotonic()
+            while proc.poll() is None and time.monotonic() - began < 10:
+                wd.check_silence()
+                time.sleep(0.05)
+            lived = time.monotonic() - began
+            assert proc.returncode == -signal.SIGKILL
+            if spared:  # killed once starved for 4 timeouts, not at the first
+                assert lived >= 4 * 0.5, lived
+            else:
+                assert lived < 4 * 0.5, lived
+    finally:
+        for proc in (*hogs, starved, frozen):
+            proc.kill()
+            proc.wait()

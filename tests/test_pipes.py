@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from harness import HERDER, wait_for
-from herder.supervisor.pipes import PipeHub
+from herder.supervisor.pipes import QUIET_AFTER, QUIET_COALESCE, PipeHub
 
 
 class Recorder:
@@ -54,6 +54,40 @@ def test_one_thread_reads_many_pipes_and_says_eof() -> None:
         assert rec.ended.wait(5), f"pipe {i}: no EOF"
         assert rec.data == f"line {i}\n".encode() and rec.woken >= 1
     for r, _ in pipes:
+        os.close(r)
+
+
+class Quiet(Recorder):
+    """A worker's `idle` lines: nothing that wakes the loop. Records each pass it was read in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passes: list[float] = []
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+        self.passes.append(now)  # one `now` per pass of the hub
+        return False, None
+
+
+def test_a_quiet_fleets_lines_are_read_in_batches() -> None:
+    """Lines that wake nobody (`idle`), one from each of 20 pipes 5 ms apart, after a quiet
+    second: the hub reads them a batch at a time (a 5 ms pause would take about one pass a line)."""
+    hub = PipeHub()
+    pipes = [os.pipe() for _ in range(20)]
+    readers = [Quiet() for _ in pipes]
+    for (r, _), rec in zip(pipes, readers, strict=True):
+        hub.add(r, rec)
+    time.sleep(QUIET_AFTER + 0.1)  # nothing read for a while: the fleet is quiet
+    began = time.monotonic()
+    for _, w in pipes:
+        os.write(w, b"idle 1.0\n")
+        time.sleep(0.005)
+    span = time.monotonic() - began
+    wait_for(lambda: all(rec.passes for rec in readers), 5, what="every line read")
+    passes = len({t for rec in readers for t in rec.passes})
+    assert passes <= span / QUIET_COALESCE + 2, (passes, span)
+    for r, w in pipes:
+        os.close(w)
         os.close(r)
 
 

@@ -58,6 +58,22 @@ MASTER_TRANSITIONS: dict[MasterState, frozenset[MasterState]] = {
 }
 
 
+# A master silent because it waits for a CPU is spared for this many heartbeat timeouts.
+STARVED_TIMEOUTS = 4
+
+
+def main_thread(pid: int) -> tuple[str, float] | None:
+    """The process's main thread (the master's loop): its state letter (R: running or waiting
+    for a CPU) and its CPU seconds, from /proc; None where the kernel does not say (macOS)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/schedstat") as f:
+            return state, int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Phase(StrEnum):
     """The watchdog's own life: RUNNING (it keeps a master alive) --a stop (a signal, the
     master's `stopping`, or giving up)--> STOPPING (no new master; it waits for the children)."""
@@ -104,6 +120,10 @@ class Watchdog:
         self._last_extend = 0.0
         self.master: subprocess.Popen[bytes] | None = None
         self.master_seen = 0.0
+        # The master's main thread's CPU seconds when it was last heard (starved()), and when.
+        self._cpu_at_seen: float | None = None
+        self._cpu_seen_at = -1.0
+        self._starved_said = False
         self.master_state = MasterState.STARTING  # changed only through master_becomes()
         self.restarts: deque[float] = deque()
         self.master_starts = 0
@@ -313,8 +333,12 @@ class Watchdog:
     def check_silence(self) -> None:
         if not self.master or self.master.returncode is not None:
             return
+        if self.master_seen != self._cpu_seen_at:  # heard since the last look: count from here
+            seen = main_thread(self.master.pid)
+            self._cpu_seen_at, self._cpu_at_seen = self.master_seen, seen[1] if seen else None
+            self._starved_said = False
         silent = time.monotonic() - self.master_seen
-        if silent > self.heartbeat_timeout:
+        if silent > self.heartbeat_timeout and not self.starved(silent):
             log.error(
                 "master %d silent for %.1f s (deadline %g s): SIGKILL; its workers finish their jobs "
                 "and exit by themselves",
@@ -327,6 +351,27 @@ class Watchdog:
                 self.master.kill()
             except ProcessLookupError:
                 pass
+
+    def starved(self, silent: float) -> bool:
+        """Silent because it waits for a CPU, not because it hangs: its loop is runnable (state
+        R) yet ran for less than half the silence (a host overloaded by its own busy workers).
+        Killing it would stop the whole fleet and help nothing, so it is spared, for up to
+        STARVED_TIMEOUTS heartbeat timeouts. A frozen, blocked or deadlocked master is not
+        runnable, and a spinning one on a host with CPU to spare runs: both are killed at the
+        deadline, as is every master where the kernel does not say."""
+        assert self.master
+        now, before = main_thread(self.master.pid), self._cpu_at_seen
+        if now is None or before is None or silent > STARVED_TIMEOUTS * self.heartbeat_timeout:
+            return False
+        state, cpu = now
+        if state != "R" or cpu - before >= silent / 2:
+            return False
+        if not self._starved_said:
+            self._starved_said = True
+            log.warning("master %d silent for %.1f s, but waiting for a CPU (it ran %.1f s of them): this "
+                        "host is overloaded (see worker_nice); not killed before %g s", self.master.pid,
+                        silent, cpu - before, STARVED_TIMEOUTS * self.heartbeat_timeout)  # fmt: skip
+        return True
 
     def feed_service_manager(self, now: float) -> None:
         master_running = self.master is not None and self.master.returncode is None

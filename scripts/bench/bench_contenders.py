@@ -23,6 +23,7 @@ from typing import TypeVar
 import psutil
 from redis import Redis
 from rq import Worker
+from rq.worker_registration import REDIS_WORKER_KEYS
 
 from bench_base import BenchError, Findings, say, wait_for
 from bench_commands import (
@@ -194,6 +195,11 @@ class Pool:
         def full() -> dict[int, psutil.Process] | None:
             if self.popen.poll() is not None:
                 raise BenchError(f"exited ({self.popen.returncode}) while starting; see {self.log_path}")
+            # The count first, one O(1) call: the full check (every worker's hash, every
+            # child's /proc) costs tens of ms at 256 workers, and made every 20 ms it took a
+            # core from the pool it timed.
+            if conn.scard(REDIS_WORKER_KEYS) < self.size:
+                return None
             kids = self.workers(conn)
             return kids if len(kids) >= self.size else None
 

@@ -1,7 +1,7 @@
 """A rolling restart of a big fleet: how many workers keep taking jobs while `herder restart`
 replaces every one of them.
 
-    scripts/bench/run rolling                          # 256 workers, 0.05 s jobs, one run
+    scripts/bench/run rolling                          # 256 workers, 1 s jobs, one run
     scripts/bench/run rolling --workers 16,64 --runs 3 --markdown /tmp/rolling.md
 
 One run: a private redis-server; `herder run --workers N --workers-limit N + N//4` (room for the
@@ -467,7 +467,7 @@ def sizes(text: str) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", default="256", help="herder's --workers; a comma list runs each size")
-    p.add_argument("--job-s", type=float, default=0.05, help="each job's sleep, seconds")
+    p.add_argument("--job-s", type=float, default=1.0, help="each job's sleep, seconds (I/O-bound jobs)")
     p.add_argument("--runs", type=int, default=1, help="runs of each size")
     p.add_argument("--steady-s", type=float, default=5.0, help="the steady window before the restart")
     p.add_argument("--interval", type=float, default=0.1, help="seconds between two looks")
