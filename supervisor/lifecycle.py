@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from herder.common.config import Config
 from herder.common.exits import describe
 from herder.supervisor.fleet import ProcessHandle, Slot, Worker, died_young
+from herder.supervisor.liveness import derived_state
 from herder.supervisor.observations import Observations
 from herder.supervisor.states import KillKind, KillStage, WorkerState, change_kill, change_state
 
@@ -98,6 +99,9 @@ def exited(w: Worker, ex: Exit, reason: str, level: int | None = None) -> None:
     """EXITED, final: logged once with `reason` (INFO if graceful, else WARNING, unless `level`)."""
     if level is None:
         level = logging.INFO if ex.graceful else logging.WARNING
+    # What its last lines said first (a job begun since the loop's last pass, a second at most
+    # ago on a settled fleet's tick): the exit line says `busy -> exited` for a death mid-job.
+    change_state(w, derived_state(w, ex.obs), "its last lines")
     change_state(w, WorkerState.EXITED, reason, level)
 
 

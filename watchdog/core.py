@@ -62,14 +62,14 @@ MASTER_TRANSITIONS: dict[MasterState, frozenset[MasterState]] = {
 STARVED_TIMEOUTS = 4
 
 
-def main_thread(pid: int) -> tuple[str, float] | None:
-    """The process's main thread (the master's loop): its state letter (R: running or waiting
-    for a CPU) and its CPU seconds, from /proc; None where the kernel does not say (macOS)."""
+def main_thread(pid: int) -> tuple[bool, float] | None:
+    """The process's main thread (the master's loop): whether it is runnable (R in /proc: running
+    or waiting for a CPU) and its CPU seconds; None where the kernel does not say (macOS)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+            letter = f.read().rsplit(")", 1)[1].split()[0]
         with open(f"/proc/{pid}/schedstat") as f:
-            return state, int(f.read().split()[0]) / 1e9
+            return letter == "R", int(f.read().split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
 
@@ -363,8 +363,8 @@ class Watchdog:
         now, before = main_thread(self.master.pid), self._cpu_at_seen
         if now is None or before is None or silent > STARVED_TIMEOUTS * self.heartbeat_timeout:
             return False
-        state, cpu = now
-        if state != "R" or cpu - before >= silent / 2:
+        runnable, cpu = now
+        if not runnable or cpu - before >= silent / 2:
             return False
         if not self._starved_said:
             self._starved_said = True

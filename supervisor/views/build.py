@@ -12,6 +12,7 @@ from typing import Any
 
 from herder.common.config import redact_url
 from herder.supervisor.fleet import Worker
+from herder.supervisor.liveness import derived_state
 from herder.supervisor.observations import Observations
 from herder.supervisor.pool import Pool, host_target, live
 from herder.supervisor.redis_side.recovery import Counts
@@ -141,7 +142,7 @@ class Snapshots:
         mine = [w for w in workers if w.pool == name]
         by_state = dict.fromkeys(STATES, 0)
         for w in mine:
-            by_state[w.state] += 1
+            by_state[derived_state(w, observed[w.slot])] += 1
         # Every worker process of the pool counts its jobs, stopping ones too (until reaped).
         ok, failed = _jobs(m.counters.jobs([], name), (observed[w.slot] for w in mine))
         jobs_per_s, failed_per_s = self._rates(name, now, ok, failed)
@@ -223,7 +224,7 @@ def _worker_row(w: Worker, o: Observations, now: float, usage: tuple[int | None,
         pool=w.pool,
         slot=w.slot,
         pid=w.pid,
-        state=str(w.state),
+        state=str(derived_state(w, o)),  # as its lines say now, not as of the loop's last pass
         job=oldest.job_id if oldest else None,
         func=oldest.func if oldest else None,
         elapsed=round(now - oldest.started, 1) if oldest else None,
