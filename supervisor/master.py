@@ -361,7 +361,8 @@ class Master:
         return max(0.0, min([tick, *soon, *[d for d in due if d > 0]]))
 
     def in_motion(self) -> bool:
-        """Whether the master, a worker or the scheduler is starting or stopping (or backing off)."""
+        """Whether the master, a worker or the scheduler is starting or stopping (a slot's backoff
+        has its own deadline in next_wait)."""
         if self.phase != MasterPhase.RUNNING or self.sched.in_motion():
             return True
         return any(w.state not in WORKING for w in self.workers.values())
