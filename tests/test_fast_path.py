@@ -256,3 +256,49 @@ def test_one_round_trip_a_job_once_the_start_template_is_learnt(herder, conn: Re
     for job_id in ids:
         taken = rf"INFO Worker \S+: default: herder_rqcompat\.add\(\d+, 1\) \({job_id}\)"
         assert re.search(taken, log) and re.search(rf"INFO Worker \S+: default: Job OK \({job_id}\)", log)
+
+
+def enqueue_repeated_shapes(conn: Redis) -> list[str]:
+    """Jobs of each finish shape more than once, so the later ones take the finish template
+    (herder.worker.fast_path.finish_template), and the endings it must leave to RQ's finish
+    after the template is learnt: a job with a dependent, a failure, a result TTL of 0."""
+    q = Queue("default", connection=conn)
+    for n in range(3):
+        q.enqueue("herder_rqcompat.add", n, 1, job_id=f"ok-{n}", result_ttl=600)
+        q.enqueue("herder_rqcompat.add", n, 2, job_id=f"kept-{n}", result_ttl=-1)
+        q.enqueue("time.sleep", 0, job_id=f"none-{n}")
+        q.enqueue("herder_rqcompat.add", n, 3, job_id=f"meta-{n}", meta={"n": n, "who": "test"})
+        q.enqueue("herder_rqcompat.add", n, 4, job_id=f"gone-{n}", result_ttl=0)
+    q.enqueue("herder_rqcompat.add", 7, 8, job_id="parent")
+    q.enqueue("herder_rqcompat.add", 9, 10, job_id="child", depends_on="parent")
+    q.enqueue("herder_rqcompat.fail", "bad", job_id="broken", failure_ttl=300)
+    q.enqueue("herder_rqcompat.add", 5, 5, job_id="last", result_ttl=600)
+    return [f"{kind}-{n}" for n in range(3) for kind in ("ok", "kept", "none", "meta")] + [
+        "parent", "child", "broken", "last",
+    ]  # fmt: skip
+
+
+@needs_fast_path
+def test_the_finish_template_leaves_what_rqs_simple_worker_leaves(herder, two_redis) -> None:
+    """The same comparison as above, key by key, over jobs whose finishes are mostly written
+    from the finish template: each shape's first finish is RQ's (recorded), the next ones the
+    template's, and a job with a dependent or a failure still ends as RQ ends it."""
+    (by_rq, by_herder), (rq_port, herder_port) = two_redis
+    ids = enqueue_repeated_shapes(by_rq)
+    assert enqueue_repeated_shapes(by_herder) == ids
+    subprocess.run(
+        [BIN / "rq", "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--path", str(JOBS_DIR),
+         "--url", f"redis://127.0.0.1:{rq_port}", "default"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert ended(by_rq, ids)
+
+    h = herder(redis_url=f"redis://127.0.0.1:{herder_port}", workers="1", no_scheduler=True)
+    wait_for(lambda: ended(by_herder, ids), 30, what="herder to end every job")
+    h.stop_and_check()
+
+    assert worker_stats(by_herder) == worker_stats(by_rq) == [(18, 1)]
+    ours, theirs = state(by_herder, worker_names(by_herder)), state(by_rq, worker_names(by_rq))
+    assert sorted(ours) == sorted(theirs)  # the same keys
+    for key in theirs:
+        assert ours[key] == theirs[key], key

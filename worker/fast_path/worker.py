@@ -38,7 +38,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from redis.client import Pipeline
@@ -54,10 +54,17 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from herder.common import rq_seam
 from herder.common.rq_names import call_record_key
-from herder.worker.fast_path import shortcuts, start_template
+from herder.worker.fast_path import finish_template, shortcuts, start_template
+from herder.worker.fast_path.finish_template import FinishTemplate, flat_mapping, stand_in_values
 from herder.worker.fast_path.recording import Discard, NotRecordable, Recorder, RecordingPipeline
 from herder.worker.fast_path.script import ScriptConnection
-from herder.worker.fast_path.start_template import FrozenClock, NotTemplatable, StartTemplate, timeout_key
+from herder.worker.fast_path.start_template import (
+    FrozenClock,
+    NotTemplatable,
+    StartTemplate,
+    timeout_key,
+    whole_seconds,
+)
 from herder.worker.fast_path.wire import make_encoder, resp_request, text, unpack_hash
 from herder.worker.rq_worker import HerderMixin, held_log_lines
 
@@ -98,6 +105,7 @@ class FastPathMixin(HerderMixin):
     _own_start: str | None = None  # why starts take RQ's own path (its start could not be recorded)
     _take: tuple[tuple[Queue, ...], list[Any]] | None = None  # the take's arguments, by the queues' order
     _direct_start: bool | None = None  # RQ's start objects built directly (None: not checked yet)
+    _finishes: dict[tuple[Any, ...], FinishTemplate | None] | None = None  # by shape; None: RQ's
 
     # ---- start: one transaction, or none of its own -------------------------------
 
@@ -310,10 +318,28 @@ class FastPathMixin(HerderMixin):
         lines = held_log_lines()  # from here to "Job OK" RQ runs none of the user's code
         if lines is not None:
             lines.hold()  # its two log lines go in one write (unheld in _finalize_success)
+        shape = self._finish_shape(job, queue, execution)
+        template = None if shape is None else (self._finishes or {}).get(shape, False)
+        if template:
+            t = now()
+            try:
+                commands = self._template_finish(template, job, execution, t)
+            except Exception:  # a return value RQ's serializer cannot dump: RQ's own finish says so
+                commands = None
+            if commands is not None:
+                return self._defer_finish(
+                    job, queue, started_job_registry, execution, [job.dependents_key], commands
+                )
         real, recorder = self.connection, Recorder(self.connection)
         self.connection = recorder  # type: ignore[assignment]
+        learn = shape is not None and template is False  # this shape's first finish: recorded at one time
+        t = now()
         try:
-            super().handle_job_success(job, queue, started_job_registry, execution)
+            if learn:
+                with self._frozen_clock()(t, execution.id):
+                    super().handle_job_success(job, queue, started_job_registry, execution)
+            else:
+                super().handle_job_success(job, queue, started_job_registry, execution)
         except NotRecordable:
             recorded = None
         else:
@@ -323,6 +349,22 @@ class FastPathMixin(HerderMixin):
         if recorded is None or len(recorded) != 1:  # not the one transaction it is built for
             self._write_job_beat(job, self._job_beat)
             return super().handle_job_success(job, queue, started_job_registry, execution)
+        guards, commands = recorded[0].guards, recorded[0].take_recorded()
+        if learn:
+            assert shape is not None
+            self._learn_finish(shape, job, execution, t, guards, commands)
+        self._defer_finish(job, queue, started_job_registry, execution, guards, commands)
+
+    def _defer_finish(
+        self,
+        job: Job,
+        queue: Queue,
+        started_job_registry: StartedJobRegistry | None,
+        execution: Execution,
+        guards: list[str],
+        commands: list[Any],
+    ) -> None:
+        assert self._job_beat is not None
         self._pending = PendingFinish(
             job=job,
             queue=queue,
@@ -331,10 +373,234 @@ class FastPathMixin(HerderMixin):
             started_key=(  # `is None`: a registry's truth is its length, two Redis calls
                 queue.started_job_registry if started_job_registry is None else started_job_registry
             ).key,
-            guards=recorded[0].guards,
-            finish=recorded[0].take_recorded(),
-            after=RecordingPipeline(real),
+            guards=guards,
+            finish=commands,
+            after=RecordingPipeline(self.connection),
         )
+
+    # ---- the finish template (finish_template.py) -----------------------------------
+
+    def _frozen_clock(self) -> FrozenClock:
+        if self._clock is None:
+            self._clock = FrozenClock()
+        return self._clock
+
+    def _finish_shape(self, job: Job, queue: Queue, execution: Execution) -> tuple[Any, ...] | None:
+        """What RQ's finish of this job depends on beyond the template's markers, or None: a job
+        the template is not for (RQ's own finish, recorded). Callbacks, DEBUG lines (RQ's finish
+        logs at DEBUG), a job whose origin is not its queue, an execution not this worker's."""
+        if (
+            job.origin != queue.name
+            or job.created_at is None
+            or job.started_at is None
+            or job.ended_at is None
+            or execution.job_id != job.id
+            or execution.worker_name != self.name
+            or execution.created_at is None
+            or job._success_callback_name
+            or job._failure_callback_name
+            or job._stopped_callback_name
+            or self.log.isEnabledFor(logging.DEBUG)
+            or job.log.isEnabledFor(logging.DEBUG)
+            or _RQ_WORKER_LOG.isEnabledFor(logging.DEBUG)
+        ):
+            return None
+        ttl = job.get_result_ttl(self.default_result_ttl)
+        if type(ttl) is not int:
+            return None
+        shape = (ttl, job._result is None, type(job), type(queue), job.serializer, self.log_job_description)
+        try:
+            hash(shape)
+        except TypeError:
+            return None
+        return shape
+
+    def _template_finish(
+        self, template: FinishTemplate, job: Job, execution: Execution, t: datetime
+    ) -> list[list[Any]]:
+        """RQ's finish of `job` from the template, at time t: its commands, and what RQ's finish
+        leaves on the objects (the job's status, the worker's executions) and says (its line)."""
+        values = stand_in_values(
+            job.id, job.origin, execution.id, job._result, job.started_at, job.ended_at,  # type: ignore[arg-type]
+            execution.created_at, job.serializer, self._encode,
+        )  # fmt: skip
+        job._status = JobStatus.FINISHED  # RQ's set_status, before its to_dict
+        commands = template.fill(
+            values, flat_mapping(job.to_dict(include_meta=False, include_result=False)), t
+        )
+        self.executions.pop(execution.id, None)
+        time_taken = job.ended_at - job.started_at  # type: ignore[operator]
+        if self.log_job_description:  # RQ's line, word for word
+            self.log.info(
+                "Successfully completed %s job in %ss on worker %s", job.description, time_taken, self.name
+            )
+        else:
+            self.log.info("Successfully completed job %s in %ss on worker %s", job.id, time_taken, self.name)
+        return commands
+
+    def _learn_finish(
+        self,
+        shape: tuple[Any, ...],
+        job: Job,
+        execution: Execution,
+        t: datetime,
+        guards: list[str],
+        commands: list[tuple[Any, ...]],
+    ) -> None:
+        """After the first finish of a shape, recorded by RQ's code at time t: the template for
+        the shape, from RQ's code run for a stand-in job, kept only if it gives RQ's own finish
+        for a second stand-in (and the same objects) and for this real job, byte for byte."""
+        if self._finishes is None:
+            self._finishes = {}
+        if shape in self._finishes or len(self._finishes) >= MAX_TEMPLATES:
+            return
+        self._finishes[shape] = None  # until it has proved itself
+        log = logging.getLogger("herder")
+        try:
+            template = self._make_finish_template(shape)
+        except Exception as exc:  # NotTemplatable, NotRecordable (the finish reads Redis), or more
+            log.info("fast path: RQ's finish runs for each job of this kind (%s)", _why(exc))
+            return
+        if [job.dependents_key] != guards or self._encoded(
+            self._template_finish_quietly(template, job, execution, t)
+        ) != self._encoded(commands):
+            log.info(
+                "fast path: RQ's finish runs for each job of this kind (the template did not give RQ's own)"
+            )
+            return
+        self._finishes[shape] = template
+
+    def _template_finish_quietly(
+        self, template: FinishTemplate, job: Job, execution: Execution, t: datetime
+    ) -> list[list[Any]]:
+        """The template's commands for `job`, with no effect on it or the worker (a check)."""
+        status, popped = job._status, self.executions.get(execution.id)
+        log, self.log = self.log, _QUIET
+        try:
+            return self._template_finish(template, job, execution, t)
+        finally:
+            self.log, job._status = log, status
+            if popped is not None:
+                self.executions[execution.id] = popped
+
+    def _encoded(self, commands: list[Any]) -> list[list[bytes]]:
+        return [[self._encode(a) for a in c] for c in commands]
+
+    def _make_finish_template(self, shape: tuple[Any, ...]) -> FinishTemplate:
+        """The template from RQ's finish recorded for a stand-in job, then checked on another
+        stand-in, of other values: its commands and the objects it leaves must be RQ's."""
+        ttl, no_result = shape[0], shape[1]
+        encode = self._encode
+        result = None if no_result else finish_template.STAND_IN_RESULT
+        job, queue, execution, recorder = self._finish_stand_in(
+            ttl, finish_template.STAND_IN_JOB, finish_template.STAND_IN_QUEUE,
+            finish_template.STAND_IN_EXECUTION, finish_template.STAND_IN_TIME, result,
+        )  # fmt: skip
+        t = finish_template.STAND_IN_CLOCK
+        guards, recorded = self._run_rq_finish(job, queue, execution, recorder, t)
+        if guards != [job.dependents_key]:
+            raise NotTemplatable(f"RQ's finish watched {guards}")
+        values = stand_in_values(
+            job.id, job.origin, execution.id, result, job.started_at, job.ended_at,  # type: ignore[arg-type]
+            execution.created_at, job.serializer, encode,
+        )  # fmt: skip
+        mapping = flat_mapping(job.to_dict(include_meta=False, include_result=False))
+        template = FinishTemplate.from_recording(shape, recorded, mapping, values, whole_seconds(t), encode)
+        # The check: two like stand-ins of other values, one by RQ's finish, one by the template.
+        shift, result = finish_template.CHECK_SHIFT, None if no_result else finish_template.CHECK_RESULT
+        effects = []
+        for by_rq in (True, False):
+            job, queue, execution, recorder = self._finish_stand_in(
+                ttl, finish_template.CHECK_JOB, finish_template.CHECK_QUEUE, finish_template.CHECK_EXECUTION,
+                finish_template.STAND_IN_TIME + shift, result,
+            )  # fmt: skip
+            if by_rq:
+                _, commands = self._run_rq_finish(job, queue, execution, recorder, t + shift)
+            else:
+                commands = self._run_template_finish(template, job, execution, t + shift)
+            effects.append((
+                self._encoded(commands),
+                {k: v for k, v in vars(job).items() if k != "connection"},
+                {k: v for k, v in vars(execution).items() if k not in ("connection", "_job")},
+            ))  # fmt: skip
+        if effects[0] != effects[1]:
+            raise NotTemplatable("the template did not give RQ's own finish for a stand-in job")
+        return template
+
+    def _finish_stand_in(
+        self, ttl: int, job_id: str, queue_name: str, execution_id: str, started: datetime, result: Any
+    ) -> tuple[Job, Queue, Execution, Recorder]:
+        """A job that ran here (never saved), its queue and execution, on a strict recorder."""
+        recorder = Recorder(self.connection, strict=True)
+        job = start_template.stand_in_job(self.job_class, recorder, self.serializer, None)
+        job.id, job.origin, job.result_ttl = job_id, queue_name, ttl
+        job.started_at = job.last_heartbeat = started
+        job.created_at, job.enqueued_at = started - timedelta(seconds=9), started - timedelta(seconds=8)
+        job.ended_at = started + (finish_template.STAND_IN_ENDED - finish_template.STAND_IN_TIME)
+        job.worker_name, job._status, job._result = self.name, JobStatus.FINISHED, result
+        job.log = _QUIET  # type: ignore[assignment]
+        queue = self.queue_class(
+            queue_name, connection=recorder, job_class=self.job_class, serializer=self.serializer
+        )
+        execution = Execution(id=execution_id, job_id=job_id, connection=recorder, worker_name=self.name)  # type: ignore[arg-type]
+        execution.created_at = execution.last_heartbeat = started - (
+            finish_template.STAND_IN_TIME - finish_template.STAND_IN_EXECUTION_START
+        )
+        execution._job = job
+        return job, queue, execution, recorder
+
+    def _run_rq_finish(
+        self, job: Job, queue: Queue, execution: Execution, recorder: Recorder, t: datetime
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """RQ's own finish for a stand-in job at time t, recorded; the worker left as it was."""
+        before = dict(vars(self))
+        self.executions[execution.id] = execution
+        real = self.connection
+        self.connection, self.log = recorder, _QUIET  # type: ignore[assignment]
+        try:
+            with self._frozen_clock()(t, execution.id):
+                super().handle_job_success(job, queue, queue.started_job_registry, execution)
+        finally:
+            self.connection = real
+            changed = self._restore_worker(before, execution.id)
+        if changed:
+            raise NotTemplatable(f"RQ's finish left the worker's {changed} changed")
+        if len(recorder.pipelines) != 1:
+            raise NotTemplatable(f"RQ's finish made {len(recorder.pipelines)} transactions")
+        pipeline = recorder.pipelines[0]
+        return pipeline.guards, pipeline.take_recorded()
+
+    def _run_template_finish(
+        self, template: FinishTemplate, job: Job, execution: Execution, t: datetime
+    ) -> list[list[Any]]:
+        before = dict(vars(self))
+        self.executions[execution.id] = execution
+        self.log = _QUIET  # type: ignore[assignment]
+        try:
+            commands = self._template_finish(template, job, execution, t)
+        finally:
+            changed = self._restore_worker(before, execution.id)
+        if changed:
+            raise NotTemplatable(f"the template left the worker's {changed} changed")
+        return commands
+
+    def _restore_worker(self, before: dict[str, Any], execution_id: str) -> list[str]:
+        """The worker's fields put back as they were before a stand-in's finish; returned, what
+        the finish changed: the stand-in's execution must be gone (RQ's finish drops it), and
+        nothing else changed but the fields the run itself swaps."""
+        now_vars = vars(self)
+        changed = sorted(
+            k
+            for k in set(now_vars) | set(before)
+            if now_vars.get(k, _GONE) is not before.get(k, _GONE) and k not in ("connection", "log", "_clock")
+        )
+        if self.executions.pop(execution_id, None) is not None:
+            changed.append("executions")
+        for name in set(now_vars) - set(before):
+            delattr(self, name)
+        for name, value in before.items():
+            setattr(self, name, value)
+        return changed
 
     def _write_job_beat(self, job: Job, beat: tuple[Any, int], pipeline: Pipeline | None = None) -> None:
         job.heartbeat(beat[0], beat[1], pipeline=pipeline)
@@ -528,6 +794,17 @@ class FastPathMixin(HerderMixin):
 
 # The replay's own machinery on the worker (FastPathMixin._record_start), not RQ's start.
 _REPLAY_FIELDS = frozenset({"_clock", "lease_quiet"})
+_RQ_WORKER_LOG = logging.getLogger("rq.worker")  # RQ's cleanup_execution logs here at DEBUG
+# A stand-in's finish says nothing: a logger of no hierarchy (no configuration enables it again).
+_QUIET = logging.Logger("herder.fast_path.stand_in", logging.CRITICAL + 1)
+_QUIET.disabled = True
+_GONE = object()
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, NotRecordable):
+        return f"it talks to Redis outside its transaction: {exc}"
+    return str(exc) if isinstance(exc, NotTemplatable) else repr(exc)
 
 
 class HerderFastWorker(FastPathMixin, SimpleWorker):
