@@ -88,13 +88,18 @@ class Counters:
         self._reported.pop(w.pid, None)
 
     def report_due(self, workers: list[Worker], now: float) -> None:
+        reported = self._reported
         for w in workers:
-            if now - self._reported.setdefault(w.pid, _Reported()).at >= REPORT_INTERVAL:
+            rep = reported.get(w.pid)
+            if rep is None or now - rep.at >= REPORT_INTERVAL:
                 self.report(w, w.proc.snapshot(), now)
 
     def report(self, w: Worker, obs: Observations, now: float) -> None:
         rep = self._reported.setdefault(w.pid, _Reported())
         now_seen = LineProblems.of(obs)
+        if now_seen == rep.problems:  # nothing new: the common case, each worker every few seconds
+            rep.at = now
+            return
         new = now_seen.since(rep.problems)
         if any(new.counts()):
             log.warning(

@@ -81,6 +81,7 @@ class Worker:
     rss_checked_at: float = float("-inf")
     title: str = ""  # what its log lines call it when it is no fleet worker ("scheduler")
     threads: int = 1  # jobs it runs at once, one per thread (its pool's `threads` at its spawn)
+    rq_names: tuple[str, ...] = ()  # as it registers with RQ, one per thread (set at its spawn)
 
     @property
     def pid(self) -> int:

@@ -30,13 +30,15 @@ def derived_state(w: Worker, obs: Observations) -> WorkerState:
     """The state the worker's own lines imply, unless the master's action rules."""
     if w.state in (WorkerState.KILLING, WorkerState.STOPPING, WorkerState.EXITED) or not obs.ready:
         return w.state
-    return WorkerState.BUSY if obs.job_id is not None else WorkerState.IDLE
+    return WorkerState.BUSY if obs.jobs else WorkerState.IDLE
 
 
 def past_job_timeout(obs: Observations, now: float, cfg: Config) -> tuple[float, Held] | None:
     """Seconds a job it runs is past its timeout plus grace, and that job (the furthest past,
     in a threaded worker), or None if none is."""
     worst: tuple[float, Held] | None = None
+    if not obs.jobs:  # asked of every worker each pass: most of a big idle fleet runs none
+        return None
     for held in obs.jobs.values():
         timeout = held.timeout if held.timeout is not None else cfg.job_timeout
         over = now - held.started - timeout
@@ -48,6 +50,8 @@ def past_job_timeout(obs: Observations, now: float, cfg: Config) -> tuple[float,
 def stuck_since(obs: Observations) -> float | None:
     """Since when the loop of a thread running a job has made no progress outside the job's
     own code (the earliest, in a threaded worker), or None."""
+    if not obs.jobs:
+        return None
     return min((h.stuck_since for h in obs.jobs.values() if h.stuck_since is not None), default=None)
 
 

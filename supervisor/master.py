@@ -24,7 +24,7 @@ from herder.common.config import DEFAULT_POOL, Config, all_queues, pool_configs,
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
 from herder.common.transitions import move
-from herder.supervisor import fleet, lifecycle, reload
+from herder.supervisor import fleet, lifecycle, pipes, reload
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
@@ -340,6 +340,7 @@ class Master:
                 for thread, name in enumerate(self.rq_names(w)):
                     holding[name] = jobs[thread].job_id if thread in jobs else None
             self.recovery.tell(holding)
+        pipes.settle(not self.in_motion())  # a settled loop's workers' lines: read in fewer batches
 
     @property
     def sched_cfg(self) -> Config:
@@ -564,11 +565,11 @@ class Master:
             self.jobstats.fold(w.pool, pool.cfg.queues if pool else (), done)
 
     def requeue(
-        self, job_id: str, reason: str, label: str, cause: str = "", workers: list[str] | None = None
+        self, job_id: str, reason: str, label: str, cause: str = "", workers: Iterable[str] = ()
     ) -> None:
         if self.recovery is None:  # no Redis: nothing to put it back on
             return log.error("job %s: %s; no Redis connection to requeue it", job_id, reason)
-        self.recovery.requeue(job_id, reason, label, cause, tuple(workers or ()))
+        self.recovery.requeue(job_id, reason, label, cause, tuple(workers))
 
     def forget_drained_pools(self) -> None:
         """A pool a reload removed is gone once its last worker is."""
@@ -589,9 +590,12 @@ class Master:
 
         self.endings.dispatch(self.recovery.endings(), workers, current, self.clock.monotonic())
 
-    def rq_names(self, w: Worker) -> list[str]:
-        """As the worker registers with RQ: one name, or one per thread of a threaded worker."""
-        return [rq_worker_name(self.hostname, w.slot, w.pid, t) for t in range(w.threads)]
+    def rq_names(self, w: Worker) -> tuple[str, ...]:
+        """As the worker registers with RQ: one name, or one per thread of a threaded worker
+        (worked out once: each pass tells the recovery thread every worker's)."""
+        if not w.rq_names:
+            w.rq_names = tuple(rq_worker_name(self.hostname, w.slot, w.pid, t) for t in range(w.threads))
+        return w.rq_names
 
     # ---- murder: the unresponsive ----------------------------------------------------------
 
@@ -599,7 +603,9 @@ class Master:
         now = self.clock.monotonic()
         for w in list(self.workers.values()):
             obs, cfg = w.proc.snapshot(), self.pool_of(w).cfg  # judged by its pool's deadlines
-            change_state(w, derived_state(w, obs), f"job {obs.job_id}" if obs.job_id else "ready")
+            state = derived_state(w, obs)
+            if state != w.state:  # the reason is built only for a change (each worker, each pass)
+                change_state(w, state, f"job {obs.job_id}" if obs.job_id else "ready")
             if w.state == WorkerState.KILLING:
                 lifecycle.escalate(w, now, cfg.kill_timeout)
                 continue

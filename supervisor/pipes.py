@@ -30,6 +30,12 @@ BUSY_PIPES = 8  # pipes with something to read in one pass, above which the paus
 COALESCE_MAX_FACTOR = 16.0  # ... to at most this many times COALESCE (80 ms, at 128 such pipes)
 QUIET_AFTER = 1.0  # seconds without a line that wakes the loop, after which the fleet is quiet...
 QUIET_COALESCE = 0.05  # ... and the pause is this long: its idle lines are read a batch at a time
+# While the master's loop is settled (it looks once a second: no worker or scheduler starting or
+# stopping), a quiet fleet's lines are read four times a second, if each pipe had no more than a
+# line or two: a wake-up's cost is most of a line's, so 256 idle workers cost half as much. A
+# chatty pipe (a job's prints, a busy fleet's lines) keeps the short pause: its pipe must not fill.
+SETTLED_COALESCE = 0.25
+SETTLED_CHUNK = 256  # bytes: the most a pipe may have had in a pass for the settled pause
 
 
 class PipeReader(Protocol):
@@ -64,6 +70,7 @@ class PipeHub:
         self._paused: dict[int, tuple[float, PipeReader]] = {}  # fd -> (resume at, reader)
         self.after_pass: list[Callable[[], None]] = []  # run after each pass that read anything
         self._woke_at = 0.0  # monotonic: the last pass with a line that wakes the loop
+        self._settled = False  # the master's loop is settled (settle())
         self._thread = threading.Thread(target=self._run, name="pipes", daemon=True)
         self._thread.start()
 
@@ -83,6 +90,13 @@ class PipeHub:
                 self._resume.add(fd)
         self._poke()
 
+    def settle(self, settled: bool) -> None:
+        """The master's loop is settled, or no longer is (any thread): no longer ends a settled
+        pause at once, as a worker's start or stop needs its lines read promptly."""
+        was, self._settled = self._settled, settled
+        if was and not settled:
+            self._poke()
+
     def _poke(self) -> None:
         try:
             os.write(self._poke_w, b"\0")
@@ -98,6 +112,7 @@ class PipeHub:
             now = time.monotonic()
             wakes: set[Callable[[], None]] = set()
             read_any = False
+            biggest = 0  # the most one pipe had, in bytes
             for key, _ in events:
                 if key.data is None:
                     self._take_new()
@@ -116,6 +131,7 @@ class PipeHub:
                     wakes.add(reader.wake)
                     continue
                 read_any = True
+                biggest = max(biggest, len(chunk))
                 important, pause_until = reader.feed(chunk, now)
                 if important:
                     wakes.add(reader.wake)
@@ -141,7 +157,8 @@ class PipeHub:
                     # A quiet fleet: its `idle` lines (one a worker a second) read in batches,
                     # not one wake-up each. A `ready` or `stop` then waits up to this pause once;
                     # a death does not (the reap pokes).
-                    pause = max(pause, QUIET_COALESCE)
+                    settled = self._settled and biggest <= SETTLED_CHUNK
+                    pause = max(pause, SETTLED_COALESCE if settled else QUIET_COALESCE)
                 self._pause.select(pause)
 
     def _take_new(self) -> None:
@@ -166,6 +183,12 @@ class PipeHub:
 
 _hub: PipeHub | None = None
 _hub_lock = threading.Lock()
+
+
+def settle(settled: bool) -> None:
+    """PipeHub.settle on the process's hub, if it has one (a master on fakes has none)."""
+    if _hub is not None:
+        _hub.settle(settled)
 
 
 def hub() -> PipeHub:

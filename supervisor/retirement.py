@@ -105,7 +105,8 @@ class Retirement:
         room = max(1, math.floor(self.cfg.recycle_share * target)) - planned
         for w in live:
             obs = w.proc.snapshot()
-            self._count_failures(w, obs, now)
+            if obs.jobs_failed != w.failed_seen or w.failures:  # else nothing to count or expire
+                self._count_failures(w, obs, now)
             if w.cull == Cull.ASKED and w.cull_ticket in answers:
                 self._answered(w, answers[w.cull_ticket], now, wall)
             if w.retiring:
@@ -114,7 +115,8 @@ class Retirement:
             if hard:
                 kill(w, hard, KillKind.MEMORY_HARD)
                 continue
-            self._consider_cull(w, now, wall)
+            if w.failures or w.cull == Cull.DENIED:  # else no failure to cull for, none denied
+                self._consider_cull(w, now, wall)
             if w.retiring or room <= 0:
                 continue
             planned = self.planned(w, obs, now)

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc, all_ready, live, make
-from herder.supervisor import fleet, reload
+from herder.supervisor import fleet, pipes, reload
 from herder.supervisor.fleet import Worker
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import TICK, TICK_IN_MOTION, Master
@@ -394,24 +394,29 @@ def test_a_big_scale_up_is_paced_and_the_loop_comes_back_soon(clock: FakeClock, 
     assert m.next_wait() == TICK_IN_MOTION  # workers still start: the loop keeps the fast tick
 
 
-def test_a_settled_fleet_ticks_slowly_and_a_start_or_stop_quickly(clock: FakeClock) -> None:
+def test_a_settled_fleet_ticks_slowly_and_a_start_or_stop_quickly(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A pass reads every worker: a settled fleet's loop looks once a second (gunicorn's and
-    supervisord's tick); while a worker starts or stops, four times a second."""
+    supervisord's tick); while a worker starts or stops, four times a second. Each pass tells
+    the pipe hub which (a settled loop's quiet lines are read in fewer batches)."""
+    told: list[bool] = []
+    monkeypatch.setattr(pipes, "settle", told.append)
     m, launcher, _ = make(clock, workers=3)
     m.step()
-    assert m.next_wait() == TICK_IN_MOTION  # three workers starting
+    assert m.next_wait() == TICK_IN_MOTION and told[-1] is False  # three workers starting
     all_ready(m)
-    assert m.next_wait() == TICK == 1.0
+    assert m.next_wait() == TICK == 1.0 and told[-1] is True
     m.workers[0].proc.busy("job-1")  # type: ignore[attr-defined]
     m.step()
-    assert m.next_wait() == TICK  # a busy worker is settled too
+    assert m.next_wait() == TICK and told[-1] is True  # a busy worker is settled too
     m.stop_worker(m.workers[1], "test")
     assert m.next_wait() == TICK_IN_MOTION  # its stop timeout is a deadline kept to the quarter second
     launcher.spawned[1].exit(0)
     m.step()  # reaped; its replacement starts
-    assert m.next_wait() == TICK_IN_MOTION
+    assert m.next_wait() == TICK_IN_MOTION and told[-1] is False
     all_ready(m)
-    assert m.next_wait() == TICK
+    assert m.next_wait() == TICK and told[-1] is True
     m.begin_stop(hurry=False, why="test")
     assert m.next_wait() == TICK_IN_MOTION  # a stopping master
 

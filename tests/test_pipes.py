@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 from harness import HERDER, wait_for
-from herder.supervisor.pipes import QUIET_AFTER, QUIET_COALESCE, PipeHub
+from herder.supervisor import pipes as pipes_mod
+from herder.supervisor.pipes import QUIET_AFTER, QUIET_COALESCE, SETTLED_COALESCE, PipeHub
 
 
 class Recorder:
@@ -89,6 +90,55 @@ def test_a_quiet_fleets_lines_are_read_in_batches() -> None:
     for r, w in pipes:
         os.close(w)
         os.close(r)
+
+
+def test_a_settled_masters_quiet_lines_are_read_a_few_times_a_second() -> None:
+    """The master's loop settled (it looks once a second): 20 idle lines 25 ms apart are read
+    in about one pass per SETTLED_COALESCE, where the quiet pause alone takes one per 50 ms."""
+    hub = PipeHub()
+    hub.settle(True)
+    pipes = [os.pipe() for _ in range(20)]
+    readers = [Quiet() for _ in pipes]
+    for (r, _), rec in zip(pipes, readers, strict=True):
+        hub.add(r, rec)
+    time.sleep(QUIET_AFTER + 0.1)
+    began = time.monotonic()
+    for _, w in pipes:
+        os.write(w, b"idle 1.0\n")
+        time.sleep(0.025)
+    span = time.monotonic() - began
+    wait_for(lambda: all(rec.passes for rec in readers), 5, what="every line read")
+    passes = len({t for rec in readers for t in rec.passes})
+    assert passes <= span / SETTLED_COALESCE + 2 < span / QUIET_COALESCE, (passes, span)
+    for r, w in pipes:
+        os.close(w)
+        os.close(r)
+
+
+@pytest.mark.parametrize("how", ["the loop is no longer settled", "a chatty pipe"])
+def test_a_settled_pause_ends_for_a_start_or_stop_and_is_never_taken_for_a_chatty_pipe(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A settled pause made 30 s long, to be sure of what ends it: the master's loop no longer
+    settled (a worker starts or stops: its lines are wanted now) ends it at once; after a pass
+    that read more than a line or two from a pipe (a job's prints) it is never taken."""
+    monkeypatch.setattr(pipes_mod, "SETTLED_COALESCE", 30.0)
+    hub = PipeHub()
+    hub.settle(True)
+    (ra, wa), (rb, wb) = os.pipe(), os.pipe()
+    a, b = Quiet(), Quiet()
+    hub.add(ra, a)
+    hub.add(rb, b)
+    time.sleep(QUIET_AFTER + 0.1)
+    first = b"x" * 4000 + b"\n" if how == "a chatty pipe" else b"idle 1.0\n"
+    os.write(wa, first)
+    wait_for(lambda: a.passes, 5, what="the first line read")
+    os.write(wb, b"ready 1 1.0\n")
+    if how == "the loop is no longer settled":
+        hub.settle(False)
+    wait_for(lambda: b.passes, 10, what="the next line read well within the settled pause")
+    for fd in (ra, wa, rb, wb):
+        os.close(fd)
 
 
 def test_a_paused_pipe_is_left_unread_until_its_time_then_read_again() -> None:
