@@ -26,6 +26,8 @@ class LineSplitter:
 
     def feed(self, chunk: bytes) -> list[tuple[bytes, bool]]:
         """Return complete lines as (line, was_truncated)."""
+        if not self._buf and not self._discarding and chunk.find(b"\n") == len(chunk) - 1 <= self.max_line:
+            return [(chunk[:-1], False)]  # one whole line, the usual read of a quiet pipe
         out: list[tuple[bytes, bool]] = []
         start = 0
         while start < len(chunk):

@@ -60,7 +60,8 @@ class ProtocolError(ValueError):
     """A line that is not a valid protocol message. Counted and logged, never fatal."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ sets each field through object.__setattr__,
+# and the master makes one of these for every line of every worker
 class Message:
     verb: str
     ts: float
@@ -154,6 +155,11 @@ def _job_id(field: str) -> str:
 
 def parse_line(raw: bytes) -> Message:
     """Parse one line (without its newline) into a Message or raise ProtocolError."""
+    if raw[:5] == b"idle " and raw.count(b" ") == 1:  # a fleet's most common line: `idle <ts>`
+        try:
+            return Message("idle", _ts(raw[5:].decode("ascii")))
+        except (ProtocolError, UnicodeDecodeError):
+            pass  # the general parse below says what is wrong
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

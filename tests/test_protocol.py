@@ -62,6 +62,7 @@ def test_parses_every_verb(line: bytes, expected: Message) -> None:
         (b"t1", "bad thread tag"),
         (b"beat abc-1 11.0 -2", "bad timestamp"),
         (b"\xff\xfe", "not UTF-8"),
+        (b"idle 1.0\xff", "not UTF-8"),
         (b"busy " + b"j" * 300 + b" 1.0", "bad job id"),
         (b"busy j 1.0 none q " + b"f" * 700, "bad queue or function name"),
         (b"busy j 1.0 none q%0A mod.f", "bad queue or function name"),  # decodes to a newline
@@ -85,6 +86,16 @@ def test_splitter_reassembles_lines_across_chunks() -> None:
     assert s.feed(b"idle 1\nbu") == [(b"idle 1", False)]
     assert s.feed(b"sy j 2\n\nidle") == [(b"busy j 2", False), (b"", False)]
     assert s.flush() == b"idle"
+
+
+@pytest.mark.parametrize("size", [0, 9, 10, 11, 40])
+def test_splitter_takes_a_chunk_of_one_whole_line_as_any_other(size: int) -> None:
+    """A chunk that is one whole line (a quiet pipe's usual read) is cut at the cap as in any
+    other chunk, and a line begun in an earlier chunk is joined."""
+    s = LineSplitter(max_line=10)
+    assert s.feed(b"x" * size + b"\n") == [(b"x" * min(size, 10), size > 10)]
+    assert s.feed(b"ab") == [] and s.feed(b"c\n") == [(b"abc", False)]
+    assert s.flush() is None
 
 
 def test_splitter_cuts_long_lines_and_drops_the_rest() -> None:
