@@ -144,11 +144,13 @@ def test_three_hosts_share_a_cluster_cap_and_take_over_a_dead_hosts_share(herder
     # only as the others' workers go idle (a scale-down never stops a busy worker).
     wait_for(lambda: jobs.conn.zcard("herder:cluster:hosts") == 3, 15, what="3 hosts in the cluster")
     totals: list[int] = []
+    sampled_at: list[float] = []
     stop_sampling = threading.Event()
 
     def sample() -> None:
         while not stop_sampling.is_set():
             totals.append(sum(count_workers(h) for h in hosts))
+            sampled_at.append(time.monotonic())
             time.sleep(0.05)  # a sampling interval, not a wait for a state
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -177,7 +179,9 @@ def test_three_hosts_share_a_cluster_cap_and_take_over_a_dead_hosts_share(herder
         stop_sampling.set()
         sampler.join()
     assert max(totals) <= cap, f"the cluster ran {max(totals)} workers, over its cap of {cap}"
-    assert len(totals) > 50
+    # The cap was watched throughout, however slow a sample is on a loaded machine: before the
+    # kill and while the survivors took the dead host's share.
+    assert any(t < killed_at for t in sampled_at) and any(t > killed_at for t in sampled_at)
     logs = "".join(h.log() for h in hosts)
     assert re.search(r"cluster grant \d", logs)
     victim.assert_nothing_left(timeout=20)
