@@ -85,7 +85,7 @@ def templates_finish(
     shape = worker._finish_shape(job, queue, execution)
     assert shape is not None
     template = worker._make_finish_template(shape)
-    return encoded(worker, worker._template_finish_quietly(template, job, execution, t))
+    return worker._encoded(worker._template_finish_quietly(template, job, execution, t))  # framed: read back
 
 
 SHAPES = [

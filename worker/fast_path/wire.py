@@ -1,6 +1,7 @@
 """The fast path's wire format: the script call framed as the bytes Redis reads (RESP), and its
 replies unpacked. redis-py's encoder decides each argument's bytes, so a call framed here is the
-call redis-py would have sent; it is only made in one pass instead of one object per argument.
+call redis-py would have sent; it is only made in one pass instead of one object per argument
+(and a finish template's commands are framed as they are filled in: `Framed`).
 """
 
 from __future__ import annotations
@@ -60,10 +61,46 @@ def _framed(args: list[Any], encode: Any) -> bytes:
     return b"\r\n".join(parts)
 
 
+class Framed:
+    """Commands framed already (finish_template.py): `data` holds `args` RESP bulk strings, the
+    `commands` commands' argument counts and arguments, as resp_request frames a command."""
+
+    __slots__ = ("args", "commands", "data")
+
+    def __init__(self, data: bytes, args: int, commands: int) -> None:
+        self.data, self.args, self.commands = data, args, commands
+
+    def parsed(self) -> list[list[bytes]]:
+        """The commands read back, each its arguments' bytes (to check them against RQ's)."""
+        data, at = self.data, 0
+
+        def bulk() -> bytes:
+            nonlocal at
+            end = data.index(b"\r\n", at)
+            if data[at : at + 1] != b"$":
+                raise ValueError(f"not a bulk string at {at}")
+            n = int(data[at + 1 : end])
+            value, at = data[end + 2 : end + 2 + n], end + 4 + n
+            if data[at - 2 : at] != b"\r\n":
+                raise ValueError(f"a bulk string of the wrong length at {end}")
+            return value
+
+        out = [[bulk() for _ in range(int(bulk()))] for _ in range(self.commands)]
+        if at != len(data) or sum(1 + len(c) for c in out) != self.args:
+            raise ValueError("framed commands of another size than they say")
+        return out
+
+
+def frame(value: bytes) -> bytes:
+    """One bulk string."""
+    n = len(value)
+    return b"%b\r\n%b\r\n" % (_HEADS[n] if n < 512 else b"$%d" % n, value)
+
+
 def resp_request(
     call: list[Any],
     guards: list[str],
-    commands: list[tuple[Any, ...]],
+    commands: list[Any],
     start: tuple[StartTemplate, list[Any]] | None,
     take: list[Any],
     encode: Any,
@@ -77,8 +114,17 @@ def resp_request(
     the call's number and the job key prefix (script.py); `owner`: the StartedJobRegistry key and
     the member a finish is for (it is written only while the member is there)."""
     held = [2, *owner] if owner else [0]
-    args: list[Any] = ["EVALSHA", SCRIPT_SHA, 0, *call, *held, len(guards), *guards, len(commands)]
+    n = sum(c.commands if type(c) is Framed else 1 for c in commands)
+    args: list[Any] = ["EVALSHA", SCRIPT_SHA, 0, *call, *held, len(guards), *guards, n]
+    chunks: list[bytes] = []
+    size = 0
     for command in commands:
+        if type(command) is Framed:  # a finish template's: framed when filled in
+            chunks.append(_framed(args, encode))
+            chunks.append(command.data)
+            size += len(args) + command.args
+            args = []
+            continue
         args.append(len(command))
         args.extend(command)
     framed, framed_size = b"", 0
@@ -88,8 +134,9 @@ def resp_request(
         template, values = start
         args.extend(values)
         framed, framed_size = template.framed, template.size
-    return b"*%d\r\n%b%b%b" % (
-        len(args) + framed_size + len(take),
+    return b"*%d\r\n%b%b%b%b" % (
+        size + len(args) + framed_size + len(take),
+        b"".join(chunks),
         _framed(args, encode),
         framed,
         _framed(take, encode),

@@ -65,7 +65,7 @@ from herder.worker.fast_path.start_template import (
     timeout_key,
     whole_seconds,
 )
-from herder.worker.fast_path.wire import make_encoder, resp_request, text, unpack_hash
+from herder.worker.fast_path.wire import Framed, make_encoder, resp_request, text, unpack_hash
 from herder.worker.rq_worker import HerderMixin, held_log_lines
 
 
@@ -79,7 +79,7 @@ class PendingFinish:
     beat: tuple[Any, int]  # the job heartbeat RQ writes as the job ends: (timestamp, ttl)
     started_key: str  # the StartedJobRegistry the job is in (RQ's, handed to its finish)
     guards: list[str]
-    finish: list[tuple[Any, ...]]  # RQ's finish transaction
+    finish: list[Any]  # RQ's finish transaction: recorded commands, or a template's (Framed)
     after: RecordingPipeline  # state and heartbeat writes RQ makes after it
     done: tuple[str, bool] | None = None  # the `done` line, sent once the finish is in Redis
 
@@ -327,9 +327,8 @@ class FastPathMixin(HerderMixin):
             except Exception:  # a return value RQ's serializer cannot dump: RQ's own finish says so
                 commands = None
             if commands is not None:
-                return self._defer_finish(
-                    job, queue, started_job_registry, execution, [job.dependents_key], commands
-                )
+                guards = [job.dependents_key]
+                return self._defer_finish(job, queue, started_job_registry, execution, guards, [commands])
         real, recorder = self.connection, Recorder(self.connection)
         self.connection = recorder  # type: ignore[assignment]
         learn = shape is not None and template is False  # this shape's first finish: recorded at one time
@@ -417,7 +416,7 @@ class FastPathMixin(HerderMixin):
 
     def _template_finish(
         self, template: FinishTemplate, job: Job, execution: Execution, t: datetime
-    ) -> list[list[Any]]:
+    ) -> Framed:
         """RQ's finish of `job` from the template, at time t: its commands, and what RQ's finish
         leaves on the objects (the job's status, the worker's executions) and says (its line)."""
         values = stand_in_values(
@@ -425,9 +424,8 @@ class FastPathMixin(HerderMixin):
             execution.created_at, job.serializer, self._encode,
         )  # fmt: skip
         job._status = JobStatus.FINISHED  # RQ's set_status, before its to_dict
-        commands = template.fill(
-            values, flat_mapping(job.to_dict(include_meta=False, include_result=False)), t
-        )
+        mapping = flat_mapping(job.to_dict(include_meta=False, include_result=False))
+        commands = template.fill(values, mapping, t, self._encode)
         self.executions.pop(execution.id, None)
         time_taken = job.ended_at - job.started_at  # type: ignore[operator]
         if self.log_job_description:  # RQ's line, word for word
@@ -472,7 +470,7 @@ class FastPathMixin(HerderMixin):
 
     def _template_finish_quietly(
         self, template: FinishTemplate, job: Job, execution: Execution, t: datetime
-    ) -> list[list[Any]]:
+    ) -> Framed:
         """The template's commands for `job`, with no effect on it or the worker (a check)."""
         status, popped = job._status, self.executions.get(execution.id)
         log, self.log = self.log, _QUIET
@@ -483,7 +481,10 @@ class FastPathMixin(HerderMixin):
             if popped is not None:
                 self.executions[execution.id] = popped
 
-    def _encoded(self, commands: list[Any]) -> list[list[bytes]]:
+    def _encoded(self, commands: list[Any] | Framed) -> list[list[bytes]]:
+        """Commands as the bytes they go as: recorded ones encoded, framed ones read back."""
+        if isinstance(commands, Framed):
+            return commands.parsed()
         return [[self._encode(a) for a in c] for c in commands]
 
     def _make_finish_template(self, shape: tuple[Any, ...]) -> FinishTemplate:
@@ -572,7 +573,7 @@ class FastPathMixin(HerderMixin):
 
     def _run_template_finish(
         self, template: FinishTemplate, job: Job, execution: Execution, t: datetime
-    ) -> list[list[Any]]:
+    ) -> Framed:
         before = dict(vars(self))
         self.executions[execution.id] = execution
         self.log = _QUIET  # type: ignore[assignment]
