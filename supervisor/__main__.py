@@ -8,6 +8,7 @@ resolved Config in the environment.
 from __future__ import annotations
 
 import faulthandler
+import json
 import logging
 import os
 import signal
@@ -17,7 +18,9 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from herder.common import handover
 from herder.common.config import Config
+from herder.common.config.prestart import ENV_GO_FD
 from herder.supervisor import logs
 from herder.supervisor.forkserver import ForkServerLauncher
 
@@ -61,7 +64,39 @@ def open_control(cfg: Config, started_at: float) -> ControlServer | None:
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
+def await_hand_over() -> bool:
+    """A master `herder run` started before it loaded click (herder.common.config.prestart): load
+    what needs no configuration (rq and redis, which the template shares), then wait for the
+    environment and the validated configuration on its pipe. False on the pipe's end of file:
+    `herder run` exits (a refused configuration, say) or the watchdog's loop starts the master."""
+    fd = int(os.environ.pop(ENV_GO_FD))  # its environment's last: see below
+    import herder.common.redis_connect  # noqa: F401
+    import herder.common.rq_seam  # noqa: F401
+
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    try:
+        env = json.loads(b"".join(chunks))["env"]
+    except (ValueError, KeyError, TypeError):
+        return False  # nothing, or cut short: `herder run` died while it handed over
+    # Only what differs is changed (`herder run` started it with the same environment, but the
+    # config and the restarts count): the template and workers forked from here retitle
+    # themselves (setproctitle) in the room of the process's first argv and environment, which
+    # ends where an entry was replaced or removed (so this one's descriptor came last).
+    env = handover.accept(env)  # its config in memory, not in its environment
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+    return True
+
+
 def main() -> int:
+    if ENV_GO_FD in os.environ and not await_hand_over():
+        return 0
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     cfg = Config.handed_over()
     # The dashboard's token (HERDER_HTTP_TOKEN, which `herder run` moved into the config): out of

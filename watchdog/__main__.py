@@ -1,15 +1,20 @@
-"""Entry point: python -P -m herder.watchdog [-- MASTER_ARGV...]. The master starts first
-(early.py), then the watchdog loads and adopts it (entry.py)."""
+"""Entry point: python -P -m herder.watchdog [-- MASTER_ARGV...]. The master is `herder run`'s,
+started before it loaded click (herder.common.config.prestart), or else starts first here
+(early.py); then the watchdog loads and adopts it (entry.py)."""
 
 from __future__ import annotations
 
 import sys
 
-from herder.watchdog.early import start_master_early
+from herder.common.config.prestart import adopt
 
 
 def run() -> int:
-    master = start_master_early(sys.argv[1:], sys.executable)
+    master = adopt()
+    if master is None:
+        from herder.watchdog.early import start_master_early
+
+        master = start_master_early(sys.argv[1:], sys.executable)
     from herder.watchdog.entry import main
 
     return main(sys.argv[1:], master)

@@ -33,6 +33,7 @@ from herder.common.uplink_protocol import MASTER_RESTARTS_ENV, parse_uplink
 from herder.watchdog.notify import Notifier
 
 if TYPE_CHECKING:  # imported by __main__ only with embedded_redis on
+    from herder.common.config.prestart import Adopted
     from herder.watchdog.embedded_redis import EmbeddedRedis
 
 log = logging.getLogger("herder.watchdog")
@@ -118,7 +119,7 @@ class Watchdog:
         if self.redis and self.run_as:
             self.redis.run_as = self.run_as
         self._last_extend = 0.0
-        self.master: subprocess.Popen[bytes] | None = None
+        self.master: subprocess.Popen[bytes] | Adopted | None = None
         self.master_seen = 0.0
         # The master's main thread's CPU seconds when it was last heard (starved()), and when.
         self._cpu_at_seen: float | None = None
@@ -203,9 +204,10 @@ class Watchdog:
             )
         self.adopt_master(master)
 
-    def adopt_master(self, master: subprocess.Popen[bytes], early: bool = False) -> None:
-        """Watch a master just started: by start_master, or (`early`) by watchdog/early.py
-        before the watchdog loaded, with the same pipe, group and settings."""
+    def adopt_master(self, master: subprocess.Popen[bytes] | Adopted, early: bool = False) -> None:
+        """Watch a master just started: by start_master, or (`early`) before the watchdog
+        loaded, by watchdog/early.py or by `herder run` (common/config/prestart.py), with the same
+        pipe, group and settings."""
         assert master.stdout
         self.master = master
         self.master_starts += 1
@@ -215,7 +217,8 @@ class Watchdog:
         self._lines = LineSplitter()
         log.info("master %d started", master.pid)
         if early:
-            log.debug("master %d was started before the watchdog loaded (watchdog/early.py)", master.pid)
+            by = "watchdog/early.py" if isinstance(master, subprocess.Popen) else "herder run"
+            log.debug("master %d was started before the watchdog loaded (%s)", master.pid, by)
 
     def read_master(self) -> None:
         assert self.master and self.master.stdout

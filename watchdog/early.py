@@ -1,4 +1,6 @@
-"""The master, started as the watchdog's very first act (the launch's critical path).
+"""The master, started as the watchdog's very first act (the launch's critical path), when
+`herder run` did not start one before it loaded click (herder.common.config.prestart does,
+the usual case).
 
 `herder run` execs the watchdog, which would import its own modules (logging, the config's
 schema, its loop) before it starts the master; the master's interpreter then starts only

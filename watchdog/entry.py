@@ -23,12 +23,14 @@ from herder.watchdog.core import Watchdog
 from herder.watchdog.early import master_argv
 
 if TYPE_CHECKING:
+    from herder.common.config.prestart import Adopted
     from herder.watchdog.embedded_redis import EmbeddedRedis
 
 
-def main(argv: list[str], master: subprocess.Popen[bytes] | None = None) -> int:
-    """`master`: one already started (early.py), which the watchdog adopts; ended if the
-    watchdog cannot go on (nothing of it has run a job yet)."""
+def main(argv: list[str], master: subprocess.Popen[bytes] | Adopted | None = None) -> int:
+    """`master`: one already started (`herder run`'s, herder.common.config.prestart, or
+    early.py's), which the watchdog adopts; ended if the watchdog cannot go on (nothing of it
+    has run a job yet)."""
     try:
         cfg = Config.handed_over()
     except ConfigError:
@@ -65,7 +67,7 @@ def main(argv: list[str], master: subprocess.Popen[bytes] | None = None) -> int:
     return dog.run()
 
 
-def refuse(code: int, master: subprocess.Popen[bytes] | None) -> int:
+def refuse(code: int, master: subprocess.Popen[bytes] | Adopted | None) -> int:
     """Exit `code`, and take the early master (and what it forked: its group) along."""
     if master is not None:
         with contextlib.suppress(ProcessLookupError):

@@ -7,7 +7,9 @@
   `herder config`'s view of the result;
 - reload.py: the file read again, and the plan of what a reload does;
 - pools.py: `[pools.NAME]`, each pool a whole Config over the defaults;
-- limits.py: the host's default workers limit.
+- limits.py: the host's default workers limit;
+- prestart.py: the master `herder run` starts before it loads click, handed the validated
+  configuration before the exec, and adopted by the watchdog.
 
 Everything a caller needs is importable from here, `from herder.common.config import Config`.
 

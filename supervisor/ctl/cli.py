@@ -2,11 +2,17 @@
 request (client.py) or a start-up (startup.py) and their outcome into output and an exit code.
 
 `herder run` resolves and validates the configuration here, in the click process, then
-startup.py settles it and replaces this process (exec) with the watchdog.
+startup.py settles it and replaces this process (exec) with the watchdog. Its master's
+interpreter started before click loaded (prestart.py, imported first), and waits for that
+configuration.
 """
 
 from __future__ import annotations
 
+# Before anything else: `herder run`'s master starts loading (it waits for the configuration).
+import herder.supervisor.ctl.prestart  # noqa: F401
+
+# isort: split
 import grp
 import json
 import os

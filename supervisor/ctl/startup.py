@@ -4,7 +4,9 @@ process (exec) with the watchdog. No click here: the command (cli.py) turns a Co
 held lock into its exit code and message.
 
 The exec keeps the pid a service manager started as the watchdog's, which is what systemd's
-Type=notify and KillMode=mixed need.
+Type=notify and KillMode=mixed need. It keeps this process's children too: the master
+`herder run` started before it loaded click (herder.common.config.prestart) is handed the settled
+configuration here, just before the exec, and the watchdog adopts it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from herder.common import handover, statelock
-from herder.common.config import ENV_RESOLVED, SECRET_KEYS, Config, ConfigError, env_of
-from herder.supervisor.http_auth import ENV_TOKEN
+from herder.common.config import ENV_RESOLVED, Config, ConfigError, prestart
+from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
 
 MAX_SOCKET_PATH = 103  # sun_path is 104 bytes on macOS, 108 on Linux, with its NUL
 
@@ -118,9 +120,18 @@ def exec_watchdog(cfg: Config, lock_fd: int) -> None:
     """Become the watchdog, handing it the resolved settings and the state dir's lock."""
     # The settings that may carry a password are in the config now: they go no further down
     # (a job's code can read its environment).
-    # So is the dashboard's token (herder.supervisor.http_auth): the master takes it from the config.
-    env = {k: v for k, v in os.environ.items() if k not in {env_of(key) for key in SECRET_KEYS} | {ENV_TOKEN}}
-    env[ENV_RESOLVED] = replace(cfg, http_token=os.environ.get(ENV_TOKEN, "")).to_json()
+    # So is the dashboard's token (herder.supervisor.http_auth): the master takes it from the
+    # config. Named in prestart.py, as `herder run` imports http_auth's hashing and cookie
+    # parsing (~30 ms) no more.
+    env = {k: v for k, v in os.environ.items() if k not in prestart.SECRET_ENV}
+    env[ENV_RESOLVED] = replace(cfg, http_token=os.environ.get(prestart.TOKEN_ENV, "")).to_json()
+    early = prestart.taken()
+    if early and (cfg.embedded_redis or (cfg.user and os.geteuid() == 0)):
+        early.dismiss()  # the watchdog's loop starts this master (after Redis; as the user)
+    elif early:
+        # The master `herder run` started before click loads now: the environment and the
+        # config the watchdog would have started it with (watchdog/early.py).
+        env.update(early.hand_over({**env, MASTER_RESTARTS_ENV: "0"}))
     env, config_fd = handover.seal(env)
     assert config_fd is not None
     env[statelock.ENV_LOCK_FD] = str(lock_fd)

@@ -4,8 +4,6 @@ only to print a version would cost the command a third of a second."""
 
 from __future__ import annotations
 
-import platform
-
 import click
 
 from herder.supervisor import __version__
@@ -22,6 +20,8 @@ def installed(dist: str) -> str:
 
 def version_line() -> str:
     """e.g. `herder 0.1.0 (rq 3.0.0, redis-py 8.1.0, Python 3.13.1)`."""
+    import platform  # its regular expressions cost every command ~10 ms: only for --version
+
     deps = f"rq {installed('rq')}, redis-py {installed('redis')}, Python {platform.python_version()}"
     return f"herder {__version__} ({deps})"
 
