@@ -302,3 +302,23 @@ def test_the_finish_template_leaves_what_rqs_simple_worker_leaves(herder, two_re
     assert sorted(ours) == sorted(theirs)  # the same keys
     for key in theirs:
         assert ours[key] == theirs[key], key
+
+
+@needs_fast_path
+def test_a_job_past_its_timeout_fails_as_under_rq_and_the_next_one_runs(herder, conn: Redis) -> None:
+    """RQ's job timeout on herder's worker (SignalDeathPenalty: RQ's alarm, set through the
+    signal module's C functions): the job is stopped at its timeout with RQ's exception and
+    message, and the alarm is cleared for the jobs after it."""
+    from rq.results import Result
+
+    q = Queue("default", connection=conn)
+    late = q.enqueue("herder_testjobs.spin", "timeout", 30, job_timeout=1)
+    after = q.enqueue("herder_testjobs.spin", "timeout", 1.5, job_timeout=60)
+    h = herder(workers="1", no_scheduler=True)
+    wait_for(lambda: ended(conn, [late.id, after.id]), 30, what="both jobs")
+    h.stop_and_check()
+    assert late.get_status(refresh=True).value == "failed"
+    result = Result.fetch_latest(late)
+    assert result is not None
+    assert "JobTimeoutException: Task exceeded maximum timeout value (1 seconds)" in (result.exc_string or "")
+    assert after.get_status(refresh=True).value == "finished"

@@ -6,7 +6,9 @@ a WATCH and a read of the dependents, the finish transaction and the state again
 own round trip. This mixin sends the same commands, built by RQ's own code, in one script call:
 
 1. **finish**: the finish transaction RQ's handle_job_success builds is recorded, not sent
-   (`RecordingPipeline`), together with the state and heartbeat writes after it. RQ WATCHes
+   (`RecordingPipeline`), together with the state and heartbeat writes after it; from the
+   second successful job of a shape on, it is filled in from a template instead
+   (finish_template.py), made from RQ's own finish and checked against it. RQ WATCHes
    the job's dependents set around its transaction; the script checks it is empty instead,
    atomically, and when it is not nothing is written and RQ's own path finishes the job
    (dependents are enqueued by RQ's code).
@@ -26,13 +28,15 @@ tests/test_fast_path.py compares the Redis state key by key with RQ's SimpleWork
 
 This package, one job a module: `worker.py` (this mixin), `recording.py` (RQ's writes recorded,
 not sent), `script.py` (the Lua script and its connection), `wire.py` (the call framed as RESP),
-`start_template.py` (the next job's start), `shortcuts.py` (RQ's pure helpers, cheaper). Every
-name of RQ's it relies on beyond RQ's documented API is checked at start by
-herder.common.rq_seam; an rq without them runs herder's worker on RQ's own path.
+`start_template.py` (the next job's start), `finish_template.py` (a job's finish, filled in),
+`shortcuts.py` (RQ's pure helpers, cheaper). Every name of RQ's it relies on beyond RQ's
+documented API is checked at start by herder.common.rq_seam; an rq without them runs herder's
+worker on RQ's own path.
 """
 
 from __future__ import annotations
 
+import _signal
 import functools
 import logging
 import time
@@ -49,6 +53,7 @@ from rq.logutils import blue, green
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 from rq.suspension import WORKERS_SUSPENDED
+from rq.timeouts import UnixSignalDeathPenalty
 from rq.utils import get_version, now
 from rq.worker import SimpleWorker, WorkerStatus
 
@@ -808,9 +813,26 @@ def _why(exc: Exception) -> str:
     return str(exc) if isinstance(exc, NotTemplatable) else repr(exc)
 
 
+class SignalDeathPenalty(UnixSignalDeathPenalty):
+    """RQ's job timeout (UnixSignalDeathPenalty): the same alarm and handler, set and put back
+    through the signal module's C functions. The `signal.signal` wrapper RQ calls turns each
+    handler to and from an enum, two thirds of the alarm's cost a job; its return value, the
+    only thing it changes, RQ does not read."""
+
+    def setup_death_penalty(self) -> None:
+        _signal.signal(_signal.SIGALRM, self.handle_death_penalty)
+        _signal.alarm(self._timeout)
+
+    def cancel_death_penalty(self) -> None:
+        _signal.alarm(0)
+        _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
+
+
 class HerderFastWorker(FastPathMixin, SimpleWorker):
     """herder's default worker: RQ's SimpleWorker, herder's protocol, the fast lifecycle."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         shortcuts.install()  # RQ's serializer check and timestamps, the same answers, cheaper
         super().__init__(*args, **kwargs)
+        if self.death_penalty_class is UnixSignalDeathPenalty:  # RQ's default, not a user's
+            self.death_penalty_class = SignalDeathPenalty
