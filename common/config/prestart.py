@@ -107,6 +107,10 @@ def begin(argv: list[str]) -> Prestarted | None:
     cannot start: the watchdog then starts the master as before)."""
     if _started or not wanted(argv, os.environ):
         return None
+    try:
+        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return None  # no /proc to find strays by: the watchdog starts the master, as before
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
     go_r, go_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -117,8 +121,7 @@ def begin(argv: list[str]) -> Prestarted | None:
     ]
     # Only stdin, stdout, stderr and its pipe go through (as Popen's close_fds would have it).
     mine = {go_r, go_w, out_r, out_w}
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
+    for fd in open_fds:
         if fd > 2 and fd not in mine:
             try:
                 if os.get_inheritable(fd):
