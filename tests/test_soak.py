@@ -15,7 +15,9 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "run"
 
-pytestmark = pytest.mark.slow
+# `long`: .ci/run gives the long run a step of its own, alone on the machine (its memory bounds
+# are a worker's own, not a neighbour test's), outside the main suite's parallel run.
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 # The threaded run's checkpoint comes later: its master's memory settles over the first few
