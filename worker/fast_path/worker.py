@@ -29,9 +29,9 @@ tests/test_fast_path.py compares the Redis state key by key with RQ's SimpleWork
 This package, one job a module: `worker.py` (this mixin), `recording.py` (RQ's writes recorded,
 not sent), `script.py` (the Lua script and its connection), `wire.py` (the call framed as RESP),
 `start_template.py` (the next job's start), `finish_template.py` (a job's finish, filled in),
-`shortcuts.py` (RQ's pure helpers, cheaper). Every name of RQ's it relies on beyond RQ's
-documented API is checked at start by herder.common.rq_seam; an rq without them runs herder's
-worker on RQ's own path.
+`restore.py` (a taken job made from its hash), `shortcuts.py` (RQ's pure helpers, cheaper).
+Every name of RQ's it relies on beyond RQ's documented API is checked at start by
+herder.common.rq_seam; an rq without them runs herder's worker on RQ's own path.
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from herder.common import rq_seam
 from herder.common.rq_names import call_record_key
-from herder.worker.fast_path import finish_template, shortcuts, start_template
+from herder.worker.fast_path import finish_template, restore, shortcuts, start_template
 from herder.worker.fast_path.finish_template import FinishTemplate, flat_mapping, stand_in_values
 from herder.worker.fast_path.recording import Discard, NotRecordable, Recorder, RecordingPipeline
+from herder.worker.fast_path.restore import FastRestore
 from herder.worker.fast_path.script import ScriptConnection
 from herder.worker.fast_path.start_template import (
     FrozenClock,
@@ -111,6 +112,8 @@ class FastPathMixin(HerderMixin):
     _take: tuple[tuple[Queue, ...], list[Any]] | None = None  # the take's arguments, by the queues' order
     _direct_start: bool | None = None  # RQ's start objects built directly (None: not checked yet)
     _finishes: dict[tuple[Any, ...], FinishTemplate | None] | None = None  # by shape; None: RQ's
+    _restorer: FastRestore | None = None  # a taken job made from its hash (restore.py)
+    _no_restorer: str | None = None  # why RQ's restore makes each job
 
     # ---- start: one transaction, or none of its own -------------------------------
 
@@ -735,13 +738,15 @@ class FastPathMixin(HerderMixin):
         queue = next((q for q in self.queues if q.key == queue_key), None) or self.queue_class.from_queue_key(
             queue_key, connection=self.connection, job_class=self.job_class, serializer=self.serializer
         )
-        job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
-        try:
-            job.restore(data)
-        except Exception as e:  # as RQ's dequeue: the job and queue ride on the error
-            e.job_id = job_id  # type: ignore[attr-defined]
-            e.queue = queue  # type: ignore[attr-defined]
-            raise
+        job = self._fast_restore(job_id, data)
+        if job is None:  # RQ's own restore
+            job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+            try:
+                job.restore(data)
+            except Exception as e:  # as RQ's dequeue: the job and queue ride on the error
+                e.job_id = job_id  # type: ignore[attr-defined]
+                e.queue = queue  # type: ignore[attr-defined]
+                raise
         job.redis_server_version = self.get_redis_server_version()
         self.reorder_queues(reference_queue=queue)
         if self.log_job_description:  # RQ's dequeue line, word for word
@@ -750,6 +755,26 @@ class FastPathMixin(HerderMixin):
         else:
             self.log.info("Worker %s: %s: %s", self.name, green(queue.name), job.id)
         return job, queue
+
+    def _fast_restore(self, job_id: str, data: dict[bytes, bytes]) -> Job | None:
+        """The job as RQ's restore makes it (restore.py), or None: RQ's restore is to make it.
+        Checked against RQ's restore at this worker's first job (and again if its job class,
+        serializer or connection change)."""
+        fast = self._restorer
+        if fast is not None and (
+            fast.job_class is self.job_class
+            and fast.connection is self.connection
+            and fast.serializer is self.serializer
+        ):
+            return fast.restore(job_id, data)
+        if fast is None and self._no_restorer:
+            return None
+        self._restorer, why = restore.checked(self.job_class, self.connection, self.serializer, job_id, data)
+        if self._restorer is None:
+            self._no_restorer = why
+            logging.getLogger("herder").info("fast path: RQ's restore makes each job (%s)", why)
+            return None
+        return self._restorer.restore(job_id, data)
 
     # ---- every other moment: the finish goes out first ----------------------------
 
