@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -524,6 +525,23 @@ class ToMaster(logging.StreamHandler):
             return
         self.stream = sys.stdout if record.levelno < logging.ERROR else sys.stderr
         super().emit(record)
+
+    def write_line(self, line: str, record: Callable[[], logging.LogRecord]) -> None:
+        """A line below ERROR, formatted as format() formats its record (the fast path's INFO
+        lines, herder.worker.fast_path.loglines), written as emit() writes it: held, or a write
+        and a flush under the handler's lock. `record` makes the record for handleError."""
+        if self._holder is not None and self._holder == threading.get_ident():
+            self._held.append(line + self.terminator)
+            return
+        with self.lock:  # type: ignore[union-attr]  # Handler.createLock made it
+            self.stream = sys.stdout
+            try:
+                self.stream.write(line + self.terminator)
+                self.flush()
+            except RecursionError:  # as StreamHandler.emit
+                raise
+            except Exception:
+                self.handleError(record())
 
     def hold(self) -> None:
         self._holder = threading.get_ident()

@@ -29,7 +29,8 @@ tests/test_fast_path.py compares the Redis state key by key with RQ's SimpleWork
 This package, one job a module: `worker.py` (this mixin), `recording.py` (RQ's writes recorded,
 not sent), `script.py` (the Lua script and its connection), `wire.py` (the call framed as RESP),
 `start_template.py` (the next job's start), `finish_template.py` (a job's finish, filled in),
-`restore.py` (a taken job made from its hash), `shortcuts.py` (RQ's pure helpers, cheaper).
+`restore.py` (a taken job made from its hash), `loglines.py` (RQ's INFO lines, written
+directly), `shortcuts.py` (RQ's pure helpers, cheaper).
 Every name of RQ's it relies on beyond RQ's documented API is checked at start by
 herder.common.rq_seam; an rq without them runs herder's worker on RQ's own path.
 """
@@ -59,8 +60,9 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from herder.common import rq_seam
 from herder.common.rq_names import call_record_key
-from herder.worker.fast_path import finish_template, restore, shortcuts, start_template
+from herder.worker.fast_path import finish_template, loglines, restore, shortcuts, start_template
 from herder.worker.fast_path.finish_template import FinishTemplate, flat_mapping, stand_in_values
+from herder.worker.fast_path.loglines import InfoLines
 from herder.worker.fast_path.recording import Discard, NotRecordable, Recorder, RecordingPipeline
 from herder.worker.fast_path.restore import FastRestore
 from herder.worker.fast_path.script import ScriptConnection
@@ -294,9 +296,11 @@ class FastPathMixin(HerderMixin):
         if not self._can_defer(job, return_value):
             return super()._finalize_success(job, queue, execution, return_value)
         self._deferring = job
+        log, self.log = self.log, InfoLines(self.log)  # type: ignore[assignment]  # RQ's "Job OK" line
         try:
             super()._finalize_success(job, queue, execution, return_value)
         finally:
+            self.log = log
             self._deferring = None
             self._job_beat = None
             lines = held_log_lines()
@@ -437,11 +441,17 @@ class FastPathMixin(HerderMixin):
         self.executions.pop(execution.id, None)
         time_taken = job.ended_at - job.started_at  # type: ignore[operator]
         if self.log_job_description:  # RQ's line, word for word
-            self.log.info(
-                "Successfully completed %s job in %ss on worker %s", job.description, time_taken, self.name
+            loglines.info(
+                self.log,
+                "Successfully completed %s job in %ss on worker %s",
+                job.description,
+                time_taken,
+                self.name,
             )
         else:
-            self.log.info("Successfully completed job %s in %ss on worker %s", job.id, time_taken, self.name)
+            loglines.info(
+                self.log, "Successfully completed job %s in %ss on worker %s", job.id, time_taken, self.name
+            )
         return commands
 
     def _learn_finish(
@@ -751,9 +761,9 @@ class FastPathMixin(HerderMixin):
         self.reorder_queues(reference_queue=queue)
         if self.log_job_description:  # RQ's dequeue line, word for word
             what = blue(job.description)
-            self.log.info("Worker %s: %s: %s (%s)", self.name, green(queue.name), what, job.id)
+            loglines.info(self.log, "Worker %s: %s: %s (%s)", self.name, green(queue.name), what, job.id)
         else:
-            self.log.info("Worker %s: %s: %s", self.name, green(queue.name), job.id)
+            loglines.info(self.log, "Worker %s: %s: %s", self.name, green(queue.name), job.id)
         return job, queue
 
     def _fast_restore(self, job_id: str, data: dict[bytes, bytes]) -> Job | None:
