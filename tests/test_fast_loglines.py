@@ -63,7 +63,7 @@ def rq_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[logging.Logger]:
     logger.handlers, logger.filters = [], []
     monkeypatch.setattr(logging.getLogger(), "handlers", [])  # pytest's own: no user's config here
     monkeypatch.setattr(rq_worker, "_to_master", None)
-    monkeypatch.setattr(loglines, "_known", None)
+    monkeypatch.setattr(loglines, "_known", (None, None, None, None))
     rq_worker.log_to_master("%(levelname)s %(message)s")
     logger.setLevel(logging.INFO)
     try:

@@ -23,31 +23,26 @@ from herder.worker.rq_worker import ToMaster, held_log_lines
 FIELDS = frozenset({"levelname", "levelno", "name", "message"})
 _FIELD = re.compile(r"%\((\w+)\)")
 
-_known: tuple[Any, ...] | None = None  # (formatter, style, fmt, defaults) last found plain
+# The formatter last found plain, its style, format and defaults: plain while they are the same.
+_known: tuple[Any, ...] = (None, None, None, None)
 enabled = True  # off: every line through logging (tests compare the two)
 
 
 def _plain(formatter: logging.Formatter | None) -> bool:
-    """Whether this formatter's output for an INFO record is `fmt % fields` (kept while the
-    formatter, its style, format and defaults are the same objects)."""
+    """Whether this formatter's output for an INFO record is `fmt % fields` (remembered)."""
     global _known
-    if formatter is None:
-        return False
     style = getattr(formatter, "_style", None)
-    key = (formatter, style, getattr(style, "_fmt", None), getattr(style, "_defaults", None))
-    if _known is not None and all(a is b for a, b in zip(key, _known, strict=True)):
-        return True
-    fmt = key[2]
+    fmt, defaults = getattr(style, "_fmt", None), getattr(style, "_defaults", None)
     if (
         type(formatter) is not logging.Formatter
         or type(style) is not logging.PercentStyle
         or not isinstance(fmt, str)
-        or key[3]  # defaults: merged into each record's fields
+        or defaults  # merged into each record's fields
         or formatter.usesTime()
         or not set(_FIELD.findall(fmt)) <= FIELDS
     ):
         return False
-    _known = key
+    _known = (formatter, style, fmt, defaults)
     return True
 
 
@@ -69,10 +64,19 @@ def direct(logger: logging.Logger) -> ToMaster | None:
         or handler.level > logging.INFO
         or logging.getLogRecordFactory() is not logging.LogRecord
         or logging.getLevelName(logging.INFO) != "INFO"
-        or not _plain(handler.formatter)
     ):
         return None
-    return handler
+    formatter, style, fmt, defaults = _known
+    f = handler.formatter
+    if (
+        f is formatter
+        and f is not None
+        and f._style is style
+        and style._fmt is fmt
+        and style._defaults is defaults
+    ):  # type: ignore[union-attr]
+        return handler
+    return handler if _plain(f) else None
 
 
 def info(logger: logging.Logger, msg: str, *args: Any, stacklevel: int = 2) -> None:

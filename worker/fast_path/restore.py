@@ -98,11 +98,11 @@ class FastRestore:
     def restore(self, job_id: str, data: dict[bytes, bytes]) -> Job | None:
         """The job RQ's `job_class(job_id, connection, serializer).restore(data)` makes, or None:
         a hash or an id this does not take (RQ's restore then, which may raise)."""
-        if not data.keys() <= KNOWN or not JOB_ID_PATTERN.fullmatch(job_id):
+        if not JOB_ID_PATTERN.fullmatch(job_id):
             return None
         try:
             return self._restore(job_id, data)
-        except Exception:  # a value RQ parses its own way, or refuses: its restore says which
+        except Exception:  # a field not known here (KeyError), or a value RQ parses its own way
             return None
 
     def _restore(self, job_id: str, data: dict[bytes, bytes]) -> Job | None:
@@ -149,7 +149,7 @@ class FastRestore:
         if dep_id is not None and not data.get(b"dependency_ids"):  # an older RQ's single dependency
             f["_dependency_ids"] = [dep_id.decode()]
         job = self.job_class.__new__(self.job_class)
-        job.__dict__.update(f)
+        job.__dict__ = f
         return job
 
 

@@ -27,7 +27,9 @@ def make_encoder(encoder: Any) -> Any:
             return a
         if kind is str:
             return a.encode()
-        return b"%d" % a if kind is int else encoder.encode(a)
+        if kind is int:
+            return b"%d" % a
+        return repr(a).encode() if kind is float else encoder.encode(a)  # redis-py's repr of a float
 
     encode.utf8 = True  # type: ignore[attr-defined]
     return encode
@@ -52,6 +54,8 @@ def _framed(args: list[Any], encode: Any) -> bytes:
             v = a
         elif kind is int and utf8:
             v = b"%d" % a
+        elif kind is float and utf8:  # a time's score: redis-py's repr
+            v = repr(a).encode()
         else:
             v = encode(a)
         n = len(v)

@@ -1,0 +1,43 @@
+"""The fast path's framing (herder.worker.fast_path.wire) encodes each argument as redis-py's
+encoder does: its inlined cases (str, bytes, int, float) and the rest through redis-py."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from redis.connection import Encoder
+from redis.exceptions import DataError
+
+from herder.worker.fast_path.wire import Framed, _framed, make_encoder
+
+VALUES: list[Any] = [
+    "text", "é ünï", "", b"\x00bytes", 0, -7, 2**70, 1.5, 1795845020.458020, -0.0, 1e-300, 1e300,
+    math.inf, -math.inf, 3.0, 0.1 + 0.2, bytearray(b"ba"), memoryview(b"mv"),
+]  # fmt: skip
+
+
+class FloatSub(float):
+    def __repr__(self) -> str:
+        return "not redis-py's"
+
+
+@pytest.mark.parametrize("value", [*VALUES, FloatSub(2.5)], ids=repr)
+def test_each_argument_is_redis_pys_bytes(value: Any) -> None:
+    redis_py = Encoder("utf-8", "strict", False)
+    encode = make_encoder(redis_py)
+    assert bytes(encode(value)) == bytes(redis_py.encode(value))
+    framed = Framed(_framed([value], encode), 1, 0)
+    data = framed.data
+    want = bytes(redis_py.encode(value))
+    assert data == b"$%d\r\n%b\r\n" % (len(want), want)
+
+
+@pytest.mark.parametrize("value", [True, None, object()], ids=repr)
+def test_what_redis_py_refuses_is_refused(value: Any) -> None:
+    encode = make_encoder(Encoder("utf-8", "strict", False))
+    with pytest.raises(DataError):
+        encode(value)
+    with pytest.raises(DataError):
+        _framed([value], encode)
