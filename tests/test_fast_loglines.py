@@ -136,6 +136,16 @@ def test_formats(rq_log: logging.Logger, monkeypatch: pytest.MonkeyPatch, fmt: s
         assert written(monkeypatch, rq_log, fast=True) == written(monkeypatch, rq_log, fast=False)
 
 
+def test_no_formatter_is_loggings(rq_log: logging.Logger, monkeypatch: pytest.MonkeyPatch) -> None:
+    handler = rq_worker.held_log_lines()
+    assert handler is not None
+    no_pytest(monkeypatch, rq_log)
+    assert loglines.direct(rq_log) is handler  # remembered plain ...
+    handler.setFormatter(None)  # type: ignore[arg-type]
+    assert loglines.direct(rq_log) is None  # ... and no longer
+    assert written(monkeypatch, rq_log, fast=True) == written(monkeypatch, rq_log, fast=False)
+
+
 def user_filter(logger: logging.Logger) -> None:
     logger.addFilter(seen_filter)
 
