@@ -140,6 +140,10 @@ def test_no_formatter_is_loggings(rq_log: logging.Logger, monkeypatch: pytest.Mo
     handler = rq_worker.held_log_lines()
     assert handler is not None
     no_pytest(monkeypatch, rq_log)
+    formatter = handler.formatter
+    handler.setFormatter(None)  # type: ignore[arg-type]
+    assert loglines.direct(rq_log) is None  # none remembered yet
+    handler.setFormatter(formatter)
     assert loglines.direct(rq_log) is handler  # remembered plain ...
     handler.setFormatter(None)  # type: ignore[arg-type]
     assert loglines.direct(rq_log) is None  # ... and no longer
