@@ -10,7 +10,7 @@ import pytest
 from redis.connection import Encoder
 from redis.exceptions import DataError
 
-from herder.worker.fast_path.wire import Framed, _framed, make_encoder
+from herder.worker.fast_path.wire import Framed, _framed, framed_fields, make_encoder
 
 VALUES: list[Any] = [
     "text", "é ünï", "", b"\x00bytes", 0, -7, 2**70, 1.5, 1795845020.458020, -0.0, 1e-300, 1e300,
@@ -41,3 +41,22 @@ def test_what_redis_py_refuses_is_refused(value: Any) -> None:
         encode(value)
     with pytest.raises(DataError):
         _framed([value], encode)
+
+
+FIELDS: list[dict[Any, Any]] = [
+    {},
+    {"status": "finished", "data": b"\x00\x01", "timeout": 180, "score": 1.25, "é": "ü"},
+    {"status": "finished", "data": b"other", "timeout": -1, "score": 2.5, "é": ""},  # the names kept
+    {"x" * 600: "y" * 600, b"bytes name": 1},  # long headers, a name not a str
+]
+
+
+@pytest.mark.parametrize("fields", FIELDS, ids=range(len(FIELDS)))
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_a_mapping_is_framed_as_its_flat_list(fields: dict[Any, Any], encoding: str) -> None:
+    """framed_fields (a job hash's fields, its names' framing kept) gives _framed's bytes for
+    the flat key, value list, twice (the second time from the kept names)."""
+    encode = make_encoder(Encoder(encoding, "strict", False))
+    flat = [x for pair in fields.items() for x in pair]
+    for _ in range(2):
+        assert framed_fields(fields, encode) == (_framed(flat, encode), len(flat))

@@ -34,7 +34,7 @@ from herder.worker.fast_path.start_template import (
     NotTemplatable,
     whole_seconds,
 )
-from herder.worker.fast_path.wire import Framed, _framed, frame
+from herder.worker.fast_path.wire import Framed, _framed, frame, framed_fields
 
 # The finish's stand-in times: the job started at STAND_IN_TIME (its execution a moment
 # before), ended a little over a second later, and the finish ran half a second after that.
@@ -142,16 +142,23 @@ class FinishTemplate:
             raise NotTemplatable(f"the job's hash written {slots} times, not once")
         return cls(shape, commands, offsets)
 
-    def fill(self, values: dict[str, bytes], mapping: list[Any], t: datetime, encode: Any) -> Framed:
+    def fill(
+        self, values: dict[str, bytes], mapping: list[Any] | dict[str, Any], t: datetime, encode: Any
+    ) -> Framed:
         """The commands for one job, framed: `values` by marker letter (as from_recording's, of
-        this job), `mapping` its to_dict's fields, `t` the finish's time."""
+        this job), `mapping` its to_dict's fields (the dict, or flat_mapping's list), `t` the
+        finish's time."""
         if self.offsets:
             stamp = whole_seconds(t)
             for i, k in enumerate(self.offsets):
                 values[chr(97 + i)] = b"%d" % (stamp + k)
-        count = b"%d" % (self.slot_command_args + len(mapping))  # the slot's command's arguments
-        data = self._fill(values, _framed(mapping, encode), count)
-        return Framed(data, self.args + len(mapping), self.count)
+        if isinstance(mapping, list):
+            framed, n = _framed(mapping, encode), len(mapping)
+        else:
+            framed, n = framed_fields(mapping, encode)
+        count = b"%d" % (self.slot_command_args + n)  # the slot's command's arguments
+        data = self._fill(values, framed, count)
+        return Framed(data, self.args + n, self.count)
 
 
 def _compiled(segments: list[Any]) -> Callable[[dict[str, bytes], bytes, bytes], bytes]:

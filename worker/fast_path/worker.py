@@ -436,8 +436,8 @@ class FastPathMixin(HerderMixin):
             execution.created_at, job.serializer, self._encode,
         )  # fmt: skip
         job._status = JobStatus.FINISHED  # RQ's set_status, before its to_dict
-        mapping = flat_mapping(job.to_dict(include_meta=False, include_result=False))
-        commands = template.fill(values, mapping, t, self._encode)
+        fields = job.to_dict(include_meta=False, include_result=False)
+        commands = template.fill(values, fields, t, self._encode)
         self.executions.pop(execution.id, None)
         time_taken = job.ended_at - job.started_at  # type: ignore[operator]
         if self.log_job_description:  # RQ's line, word for word
