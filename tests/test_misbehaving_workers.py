@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 import sys
 import time
 
@@ -102,7 +103,9 @@ def test_crash_looping_worker_command_backs_off(herder):
         for (t1, delay), (t2, nxt) in zip(events, events[1:], strict=False)
         if delay and not nxt
     ]
-    assert lateness and max(lateness) < 0.12, lateness
+    # A loop that waited for its next tick (0.25 s while in motion) would be ~0.12 s late in
+    # the middle; the median, as a lone respawn may wait for a CPU on a busy machine.
+    assert lateness and statistics.median(lateness) < 0.06, lateness
     master = h.master()
     assert master is not None and master.cpu_percent(interval=1.0) < 50
     h.stop_and_check(timeout=20)

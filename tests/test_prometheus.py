@@ -5,6 +5,7 @@ returns data, and a job that keeps killing its worker turns the crash-loop alert
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -254,9 +255,18 @@ def test_a_real_prometheus_sees_every_series_runs_every_query_and_alerts_on_a_cr
         served = served_metrics(f"http://127.0.0.1:{port}/metrics")
         undocumented, unserved = served - set(documented), set(documented) - served
         assert not undocumented and not unserved, f"undocumented: {undocumented}; not served: {unserved}"
-        series: dict[str, list[dict[str, str]]] = {}
-        for s in api(base, "series", **{"match[]": '{__name__=~"herder_.+"}'}):
-            series.setdefault(s["__name__"], []).append(s)
+
+        def scraped() -> dict[str, list[dict[str, str]]]:
+            found: dict[str, list[dict[str, str]]] = {}
+            for s in api(base, "series", **{"match[]": '{__name__=~"herder_.+"}'}):
+                found.setdefault(s["__name__"], []).append(s)
+            return found
+
+        # A series /metrics just began to serve (the learned job rate) is in Prometheus after
+        # its next scrape: wait for that, then say what is missing, if anything.
+        with contextlib.suppress(AssertionError):  # timed out: the asserts below say what is missing
+            wait_for(lambda: scraped().keys() >= documented.keys(), 15, interval=0.5, what="every series")
+        series = scraped()
         for name, labels in documented.items():
             assert series.get(name), f"{name}: no series in Prometheus"
             missing = [s for s in series[name] if not labels <= s.keys()]
