@@ -20,6 +20,8 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from redis import Redis
@@ -66,6 +68,20 @@ def own_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
 @pytest.fixture
 def conn(redis_url: str) -> Redis:
     return Redis.from_url(redis_url)
+
+
+@pytest.fixture
+def unit_fast_worker(conn: Redis) -> Any:
+    """herder's fast worker on `conn`'s queue `default`, with no master behind it: for tests that
+    call its methods directly (rq 3 only: its tests skip on rq 2, so it is imported here)."""
+    from rq import Queue
+
+    from herder.worker.fast_path.worker import HerderFastWorker
+
+    w = HerderFastWorker([Queue("default", connection=conn)], connection=conn, name="unit-worker")
+    channel = SimpleNamespace(progress=lambda: None, on_request=lambda wake: None)  # no master
+    w.attach(channel, lease_seconds=3)
+    return w
 
 
 # ---- herder ---------------------------------------------------------------------------

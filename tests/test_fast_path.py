@@ -74,6 +74,15 @@ def enqueue_scenario(conn: Redis) -> list[str]:
     return ["ok", "kept", "parent", "child", "broken", "flaky", "noted"]
 
 
+def run_rqs_simple_worker(port: int) -> None:
+    """RQ's own SimpleWorker, in burst mode, over the Redis on `port`: the reference run."""
+    subprocess.run(
+        [BIN / "rq", "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--path", str(JOBS_DIR),
+         "--url", f"redis://127.0.0.1:{port}", "default"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
 def ended(conn: Redis, ids: list[str]) -> bool:
     return all(Job.fetch(i, connection=conn).get_status().value in ENDED for i in ids)
 
@@ -142,11 +151,7 @@ def test_herder_leaves_what_rqs_simple_worker_leaves(herder, two_redis, path: st
     (by_rq, by_herder), (rq_port, herder_port) = two_redis
     ids = enqueue_scenario(by_rq)
     assert enqueue_scenario(by_herder) == ids
-    subprocess.run(
-        [BIN / "rq", "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--path", str(JOBS_DIR),
-         "--url", f"redis://127.0.0.1:{rq_port}", "default"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    run_rqs_simple_worker(rq_port)
     wait_for(lambda: ended(by_rq, ids), 30, what="RQ's worker to end every job")  # the Retry's interval
 
     flags = {"no_fast_path": True} if path == "rq" else {}
@@ -197,11 +202,7 @@ def test_a_running_job_sees_what_it_sees_under_rqs_simple_worker(herder, two_red
         q = Queue("default", connection=conn)
         for job_id, timeout in zip(ids, timeouts, strict=True):
             q.enqueue("herder_rqcompat.snapshot", job_id=job_id, result_ttl=600, job_timeout=timeout)
-    subprocess.run(
-        [BIN / "rq", "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--path", str(JOBS_DIR),
-         "--url", f"redis://127.0.0.1:{rq_port}", "default"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    run_rqs_simple_worker(rq_port)
     assert ended(by_rq, ids)
 
     flags = {"no_fast_path": True} if path == "rq" else {}
@@ -286,11 +287,7 @@ def test_the_finish_template_leaves_what_rqs_simple_worker_leaves(herder, two_re
     (by_rq, by_herder), (rq_port, herder_port) = two_redis
     ids = enqueue_repeated_shapes(by_rq)
     assert enqueue_repeated_shapes(by_herder) == ids
-    subprocess.run(
-        [BIN / "rq", "worker", "--burst", "-w", "rq.worker.SimpleWorker", "--path", str(JOBS_DIR),
-         "--url", f"redis://127.0.0.1:{rq_port}", "default"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    run_rqs_simple_worker(rq_port)
     assert ended(by_rq, ids)
 
     h = herder(redis_url=f"redis://127.0.0.1:{herder_port}", workers="1", no_scheduler=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -208,11 +207,8 @@ def test_a_restore_unlike_rqs_is_found_out(conn: Redis, monkeypatch: pytest.Monk
 
 
 @pytest.fixture
-def worker(conn: Redis) -> HerderFastWorker:
-    w = HerderFastWorker([Queue("default", connection=conn)], connection=conn, name="unit-worker")
-    channel = SimpleNamespace(progress=lambda: None, on_request=lambda wake: None)  # no master
-    w.attach(channel, lease_seconds=3)
-    return w
+def worker(unit_fast_worker: HerderFastWorker) -> HerderFastWorker:
+    return unit_fast_worker
 
 
 def test_the_worker_checks_once_then_makes_jobs_so(

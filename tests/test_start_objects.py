@@ -29,11 +29,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def worker(conn: Redis) -> HerderFastWorker:
-    w = HerderFastWorker([Queue("default", connection=conn)], connection=conn, name="unit-worker")
-    channel = SimpleNamespace(progress=lambda: None, on_request=lambda wake: None)  # no master
-    w.attach(channel, lease_seconds=3)
-    return w
+def worker(unit_fast_worker: HerderFastWorker) -> HerderFastWorker:
+    return unit_fast_worker
 
 
 def effects(worker: HerderFastWorker, job: Job, start: Any) -> tuple[dict, dict, dict, dict]:

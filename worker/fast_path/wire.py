@@ -85,7 +85,7 @@ def framed_fields(fields: dict[Any, Any], encode: Any) -> tuple[bytes, int]:
             if type(k) is str and len(keys) < 4096:
                 keys[k] = key
         add(key)
-        kind = type(a)
+        kind = type(a)  # the value encoded as in _framed, inlined there and here: a call a value costs
         if kind is str:
             v = a.encode()
         elif kind is bytes:
