@@ -3,6 +3,7 @@ and says EOF; and a fleet's master keeps a fixed number of threads whatever its 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -133,10 +134,16 @@ def test_a_settled_pause_ends_for_a_start_or_stop_and_is_never_taken_for_a_chatt
     first = b"x" * 4000 + b"\n" if how == "a chatty pipe" else b"idle 1.0\n"
     os.write(wa, first)
     wait_for(lambda: a.passes, 5, what="the first line read")
+    written = time.monotonic()
     os.write(wb, b"ready 1 1.0\n")
     if how == "the loop is no longer settled":
         hub.settle(False)
-    wait_for(lambda: b.passes, 10, what="the next line read well within the settled pause")
+    # Waited for past its deadline rather than failing there, so the assert says how late it was.
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: b.passes, 35, what="the next line read")
+    assert b.passes, "the next line was never read"
+    late = b.passes[0] - written
+    assert late < 5.0, f"read {late:.1f} s after it was written: the 30 s settled pause was taken"
     for fd in (ra, wa, rb, wb):
         os.close(fd)
 
