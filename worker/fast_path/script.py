@@ -19,35 +19,35 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from herder.common import rq_seam
 
-# The finish RQ built, then the next job and its start, as one numbered call of one worker.
-# ARGV: the worker's call record key (herder.common.rq_names.call_record_key), the call's number
-# (rising through the worker's life) and the job key prefix; the owner (0, or 2 then the
+# The finish RQ built, then the next job and its start, as one numbered call of one worker. ARGV:
+# the worker's call record key (herder.common.rq_names.call_record_key), the call's number (rising
+# through the worker's life) and the job key prefix; the owner (0, or 2 then the
 # StartedJobRegistry key and the finished execution's member, which must still be in it); the
 # guards (their number, then the sets that must be empty), the recorded commands (their number,
 # then each one's argument count and its arguments), the start template (start_template.py: its
 # number of commands, 0 for none; then the job `timeout` field it is for, the execution id, the
 # time as RQ's ISO string and as a float, the number of scores and the scores, then its commands
-# as the recorded ones), then the take: '' for none, or the suspension key and 'move' src dst |
-# 'pop' n queue-keys...
-# Returns {0} (a guard set is not empty: nothing written), {1} (written, no job taken),
-# {2, queue_key, job_id, field sizes, fields joined} (taken), {3, error} (a recorded command
-# failed; as with EXEC, the others ran), {4, queue_key, job_id, field sizes, fields joined,
-# error or ''} (taken and started from the template), {5} (an older call than the last one
-# this worker made: it arrived late, and did nothing) or {6} (the owner's member is gone: the
-# job was recovered from this worker, which could not reach Redis past its lease, and may have
+# as start_template.script_command lays them out: pieces and a plan), then the take: '' for none,
+# or the suspension key and 'move' src dst | 'pop' n queue-keys...
+# Returns {0} (a guard set is not empty: nothing written), {1} (written, no job taken), {2,
+# queue_key, job_id, field sizes (big-endian 32-bit), fields joined} (taken), {3, error} (a
+# recorded command failed; as with EXEC, the others ran), {4, queue_key, job_id, field sizes,
+# fields joined, error or ''} (taken and started from the template), {5} (an older call than the
+# last one this worker made: it arrived late, and did nothing) or {6} (the owner's member is gone:
+# the job was recovered from this worker, which could not reach Redis past its lease, and may have
 # run and finished elsewhere since, so this finish would overwrite that run's: nothing written,
 # nothing taken).
-# Each call's outcome is kept under the record key (its number, its code, the job it took), so
-# the same call sent again after a lost reply is answered from it, never run twice.
+# Each call's outcome is kept under the record key (its number, its code, the job it took), so the
+# same call sent again after a lost reply is answered from it, never run twice.
 FINISH_AND_TAKE = """
 local i = 1
 local function arg() local v = ARGV[i]; i = i + 1; return v end
 local record, call_text, prefix = arg(), arg(), arg()
 local call = tonumber(call_text)  -- exact: a double holds every integer below 2^53
 local function job_reply(code, queue, id, h, failed)  -- the hash as two strings: one reply, not fifty
-  local sizes = {}
+  local sizes = {}  -- packed, not written out: a number written as text costs a printf
   for k = 1, #h do sizes[k] = #h[k] end
-  return {code, queue, id, table.concat(sizes, ','), table.concat(h), failed}
+  return {code, queue, id, struct.pack('>' .. string.rep('I4', #h), unpack(sizes)), table.concat(h), failed}
 end
 -- A call asked again (its reply was lost) answers what it did the first time; an older call
 -- that arrives late does nothing.
@@ -88,10 +88,10 @@ local function run()
   local starts, expected, marks, first = tonumber(arg()), nil, nil, nil
   if starts > 0 then
     expected = arg()
-    marks = {E = arg(), I = arg(), F = arg()}
-    for k = 1, tonumber(arg()) do marks[string.char(96 + k)] = arg() end
+    marks = {['\\0E'] = arg(), ['\\0I'] = arg(), ['\\0F'] = arg()}
+    for k = 1, tonumber(arg()) do marks['\\0' .. string.char(96 + k)] = arg() end
     first = i
-    for _ = 1, starts do i = i + 1 + tonumber(ARGV[i]) end
+    for _ = 1, starts do i = i + 2 + tonumber(ARGV[i]) end
   end
   local function start(h, id)  -- the template filled in for this job, or nil if it is not for it
     local timeout, origin = '', nil
@@ -99,18 +99,27 @@ local function run()
       if h[k] == 'timeout' then timeout = h[k + 1] elseif h[k] == 'origin' then origin = h[k + 1] end
     end
     if not origin or timeout ~= expected then return nil end
-    marks.J, marks.Q = id, origin
+    marks['\\0J'], marks['\\0Q'] = id, origin
     local failed, at = '', first
-    for _ = 1, starts do
-      local n, args = tonumber(ARGV[at]), {}
-      for k = 1, n do
-        local a = ARGV[at + k]
-        if string.find(a, '\\0', 1, true) then a = (string.gsub(a, '%z(.)', marks)) end
-        args[k] = a
+    for _ = 1, starts do  -- each command: its pieces' number, its plan, its pieces
+      local plan, args = ARGV[at + 1], {}
+      at = at + 2
+      for k = 1, #plan do
+        local c = string.byte(plan, k)
+        if c == 46 then  -- '.': one piece, a marker or as it is
+          local p = ARGV[at]
+          args[k], at = marks[p] or p, at + 1
+        else
+          local parts = {}
+          for m = 1, c - 48 do
+            local p = ARGV[at + m - 1]
+            parts[m] = marks[p] or p
+          end
+          args[k], at = table.concat(parts), at + c - 48
+        end
       end
       local r = redis.pcall(unpack(args))
       if type(r) == 'table' and r.err and failed == '' then failed = r.err end
-      at = at + 1 + n
     end
     return failed
   end

@@ -7,6 +7,7 @@ call redis-py would have sent; it is only made in one pass instead of one object
 from __future__ import annotations
 
 from itertools import accumulate
+from struct import Struct
 from typing import TYPE_CHECKING, Any
 
 from herder.worker.fast_path.script import SCRIPT_SHA
@@ -185,11 +186,19 @@ def resp_request(
     )
 
 
+_SIZES: dict[int, Struct] = {}  # the script's packed sizes (big-endian 32-bit), by count
+
+
 def unpack_hash(sizes: bytes, joined: bytes) -> dict[bytes, bytes]:
-    """A hash the script sent as its fields' sizes and the fields joined (HGETALL's order)."""
+    """A hash the script sent as its fields' sizes (packed) and the fields joined (HGETALL's
+    order)."""
+    count = len(sizes) >> 2
+    layout = _SIZES.get(count)
+    if layout is None:
+        layout = _SIZES[count] = Struct(f">{count}I")
     fields, at = [], 0
     add = fields.append
-    for end in accumulate(map(int, sizes.split(b","))):
+    for end in accumulate(layout.unpack(sizes)):
         add(joined[at:end])
         at = end
     pairs = iter(fields)
