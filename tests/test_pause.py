@@ -43,11 +43,14 @@ def test_rq_suspend_starts_no_job_kills_no_worker_and_rq_resume_drains(herder, c
     subprocess.run([RQ, "suspend", "--url", h.redis_url], check=True, capture_output=True)
     wait_for(lambda: paused(h) == ["suspended"] * 2, 10, what="both workers to say suspended")
     ids = [jobs.enqueue("record", "s").id for _ in range(5)]
+    beats = {key: conn.hget(key, "last_heartbeat") for key in conn.smembers("rq:workers")}
     # An absence over time: through more than two heartbeat timeouts, no job starts and no
     # suspended worker is taken for a silent one and killed.
     time.sleep(2 * float(SHORT_TIMEOUT_FLAGS["--heartbeat-timeout"]) + 2)
     status = h.snapshot()
     assert jobs.started("s") == []
+    # As RQ's own suspended worker, each one keeps its heartbeat going in RQ's worker hash.
+    assert all(conn.hget(key, "last_heartbeat") != beat for key, beat in beats.items()), beats
     assert {p.pid for p in h.workers()} == first and status["totals"]["killed"] == 0
     assert status["health"] == "ok" and status["suspended"] == 2
     # Scale and rolling restart still work while suspended, and start nothing either.

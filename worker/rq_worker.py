@@ -298,6 +298,7 @@ class HerderMixin(BaseWorker):
     def redis_away(self, exc: Exception) -> None:
         """A Redis call outside a job failed for want of Redis: said once an outage, then a
         heartbeat and a pause before the caller tries again."""
+        self._idle_said = False  # a Redis that comes back may have lost the worker's hash
         if self._away_since is None:
             self._away_since = time.monotonic()
             print(
@@ -386,7 +387,9 @@ class HerderMixin(BaseWorker):
         if self.channel.paused:
             return "paused"
         try:
-            return "suspended" if is_suspended(self.connection, self) else None
+            # Without the heartbeat RQ's check adds: herder's heartbeat() keeps its own pace
+            # (an idle slice renewed it twice a second, a round trip each).
+            return "suspended" if is_suspended(self.connection) else None
         except RedisError:
             return None
 
@@ -405,6 +408,7 @@ class HerderMixin(BaseWorker):
             if self.channel.stop_reason:
                 raise StopRequested()
             self.channel.idle(paused=why)
+            self.beat_redis()  # RQ's own check heartbeats a suspended worker; so does herder's
             self.channel.requests.clear()
             self.channel.requests.wait(0.5)  # a stop or resume from the master ends it at once
             why = self.pause_reason()
@@ -428,26 +432,48 @@ class HerderMixin(BaseWorker):
         self.channel.progress()  # the main loop (RQ's retries while Redis is away too)
         if pipeline is None and self.get_state() != "busy":
             self.channel.idle()
-        if pipeline is None and timeout is None:
-            # Before and after every dequeue: twice a job, four times a second idle. RQ's
-            # worker key lives minutes (worker_ttl); refreshing it twice a heartbeat interval
-            # is plenty and saves a round trip or two per job.
-            now = time.monotonic()
-            if now - self._rq_beat_at < self.channel.heartbeat_interval / 2:
-                return
-            self._rq_beat_at = now
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)
             self.renew_lease(pipeline)  # in the same round trip as RQ's own
             return
+        self.beat_redis(timeout)
+
+    def beat_redis(self, timeout: int | None = None) -> None:
+        """RQ's heartbeat and herder's lease, in one round trip (RQ's own heartbeat is three).
+        Without a timeout at most twice a heartbeat interval: RQ calls heartbeat() before and
+        after every dequeue, twice a job and twice an idle slice, and RQ's worker key lives
+        minutes (worker_ttl)."""
+        if timeout is None:
+            now = time.monotonic()
+            if now - self._rq_beat_at < self.channel.heartbeat_interval / 2:
+                return
+            self._rq_beat_at = now
         try:
-            super().heartbeat(timeout, pipeline)
+            with self.connection.pipeline(transaction=False) as pipe:
+                super().heartbeat(timeout, pipe)
+                self.renew_lease(pipe)
+                pipe.execute()
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            self._rq_beat_at = float("-inf")  # missed: the next one goes out; RQ's key lives minutes
+            # Missed: the next one goes out (RQ's key lives minutes; the lease a few seconds).
+            self._rq_beat_at = self.lease_renewed = float("-inf")
             if self._dequeuing:  # RQ.s dequeue loop, no job taken: wait for Redis in herder's wait
                 raise RedisAway(exc) from exc
+
+    _idle_said = False  # `idle` is RQ's state in Redis, written by this worker's dequeue wait
+
+    def set_state(self, state: str, pipeline=None) -> None:  # noqa: ANN001 - a redis Pipeline or None
+        # RQ's dequeue says `idle` as each of its waits begins, and herder's waits are slices of a
+        # heartbeat interval: once said, an idle worker does not say it again every slice (a
+        # round trip a second; at 256 idle workers, a good part of a core).
+        if pipeline is None and self._dequeuing and state == WorkerStatus.IDLE:
+            if self._idle_said and self._state == WorkerStatus.IDLE:
+                return
+            super().set_state(state, pipeline)
+            self._idle_said = True
             return
-        self.renew_lease()
+        if self._idle_said:  # not set unless it was: RQ's start leaves no field of its own
+            self._idle_said = False
+        super().set_state(state, pipeline)
 
     _dequeuing = False  # in RQ's dequeue loop and no job taken yet (see RedisAway)
     _woken = False  # a request woke the dequeue (wake_dequeue): leave RQ's loop at its next turn
@@ -456,6 +482,8 @@ class HerderMixin(BaseWorker):
         """RQ calls it once its dequeue has taken a job: from here a failed heartbeat must not
         leave the loop, or the job would wait in RQ's intermediate list."""
         self._dequeuing = False
+        if self._idle_said:  # a job taken (by RQ's dequeue or the fast path's script)
+            self._idle_said = False
         super().reorder_queues(reference_queue=reference_queue)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
