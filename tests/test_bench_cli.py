@@ -139,3 +139,22 @@ def test_rolling_refuses_a_bad_fleet_size_before_anything_starts(workers: str) -
     r = bench("rolling", "--workers", workers)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--workers: a positive number or a comma list" in r.stderr
+
+
+def test_a_rolling_restart_of_less_than_a_second_still_has_its_jobs_per_second() -> None:
+    """A tiny fleet may be replaced within a second: its one figure is the jobs/s throughout,
+    not an empty list (the scenario's own test saw one)."""
+    bench_rolling = parser().parse_args(["rolling"]).module
+    asked = 100.0
+    looks = [
+        bench_rolling.Look(asked + t, frozenset({1}), frozenset({1}), frozenset({1}), done, 5, 0.01)
+        for t, done in [(0.1, 10), (0.4, 40), (0.7, 70)]
+    ]
+    res = bench_rolling.Result(workers=1, run=1, load_before=0.0)
+    bench_rolling.judge(res, looks, asked, asked + 0.8)
+    assert res.per_second == [100.0] and res.worst_second == 100.0
+    one = frozenset({1})
+    looks.append(bench_rolling.Look(asked + 2.5, one, one, one, 250, 5, 0.01))
+    res = bench_rolling.Result(workers=1, run=1, load_before=0.0)
+    bench_rolling.judge(res, looks, asked, asked + 3.0)
+    assert len(res.per_second) == 2  # whole seconds only, once there is one

@@ -451,7 +451,7 @@ def judge(res: Result, looks: list[Look], asked: float, end: float) -> None:
     seconds = int(looks[-1].at - asked)
     res.per_second = [
         round(done_at(looks, asked + s + 1) - done_at(looks, asked + s), 1) for s in range(seconds)
-    ]
+    ] or [round(res.during_rate, 1)]  # a restart of less than a second: its jobs/s throughout
     res.worst_second = min(res.per_second, default=math.nan)
 
 
