@@ -443,11 +443,8 @@ class HerderMixin(BaseWorker):
         Without a timeout at most twice a heartbeat interval: RQ calls heartbeat() before and
         after every dequeue, twice a job and twice an idle slice, and RQ's worker key lives
         minutes (worker_ttl)."""
-        if timeout is None:
-            now = time.monotonic()
-            if now - self._rq_beat_at < self.channel.heartbeat_interval / 2:
-                return
-            self._rq_beat_at = now
+        if timeout is None and not self.rq_beat_due():
+            return
         try:
             with self.connection.pipeline(transaction=False) as pipe:
                 super().heartbeat(timeout, pipe)
@@ -458,6 +455,14 @@ class HerderMixin(BaseWorker):
             self._rq_beat_at = self.lease_renewed = float("-inf")
             if self._dequeuing:  # RQ.s dequeue loop, no job taken: wait for Redis in herder's wait
                 raise RedisAway(exc) from exc
+
+    def rq_beat_due(self) -> bool:
+        """Whether RQ's heartbeat is due (at most twice a heartbeat interval); taken if so."""
+        now = time.monotonic()
+        if now - self._rq_beat_at < self.channel.heartbeat_interval / 2:
+            return False
+        self._rq_beat_at = now
+        return True
 
     _idle_said = False  # `idle` is RQ's state in Redis, written by this worker's dequeue wait
 

@@ -811,11 +811,8 @@ class FastPathMixin(HerderMixin):
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:  # type: ignore[override]
         if pipeline is None and self._pending is not None:  # rides with the finish; `idle` after `done`
-            if timeout is None:
-                at = time.monotonic()
-                if at - self._rq_beat_at < self.channel.heartbeat_interval / 2:
-                    return
-                self._rq_beat_at = at
+            if timeout is None and not self.rq_beat_due():
+                return
             pipeline = self._pending.after
         super().heartbeat(timeout, pipeline)
 
