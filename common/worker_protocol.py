@@ -2,7 +2,7 @@
 
 worker -> master, on the worker's private stdout: one line per message, built by the
 `*_line` functions, read by `parse_line`. master -> worker, on the worker's stdin:
-`STOP`, `PAUSE`, `RESUME`, and `end <job-id>` (`end_request`), read by `master_request`.
+`STOP`, `PAUSE`, `RESUME`, `RETIRE`, and `end <job-id>` (`end_request`), read by `master_request`.
 A program given as --worker-command learns what it needs from the environment variables
 named here (it may ignore `end`: herder sends it only to its own RQ workers). Pure code,
 standard library only, unit-tested directly.
@@ -10,6 +10,7 @@ standard library only, unit-tested directly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote
 
@@ -32,16 +33,21 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # queue named as RQ allows (`"bulk jobs"`) keeps its name in the metrics.
 # Version 8: a worker process running jobs in several threads tags `busy`, `beat` and `done`
 # with the thread they are about: `t<i> busy ...` (no tag: thread 0, as every older worker).
-VERSION = 8
+# Version 9: a worker knows its own jobs limit (ENV_JOBS_LIMIT) and the master may send `retire`;
+# a worker that takes no more jobs for either says `idle <ts> retiring` until `stop`.
+VERSION = 9
 SUPPORTED_VERSIONS = tuple(str(v) for v in range(1, VERSION + 1))  # `ready` accepts each of them
 MAX_THREADS = 256  # a tag past this is malformed
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
-# Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one).
-PAUSE_REASONS = ("suspended", "paused")
+# Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one);
+# or, for good, `retiring`: at its jobs limit, or told `retire`, it waits for `stop`.
+RETIRING = "retiring"
+PAUSE_REASONS = ("suspended", "paused", RETIRING)
 
 STOP = b"stop\n"  # master -> worker: finish the current job, then exit
 PAUSE = b"pause\n"  # master -> worker: finish the current job, then take no new one
 RESUME = b"resume\n"  # master -> worker: take jobs again
+RETIRE = b"retire\n"  # master -> worker: finish the current job, take no more, wait for `stop`
 END = "end"  # master -> worker: `end <job-id>`, run the given-up job's ending (RQ's callbacks...)
 OUTCOMES = ("ok", "failed", "ended")  # `done`: the job's own outcome, or an ending's
 
@@ -52,6 +58,8 @@ ENV_POOL = "HERDER_POOL"  # the pool the worker works for ("default" without poo
 ENV_QUEUES = "HERDER_QUEUES"  # comma-separated, in priority order (no comma in a name then)
 ENV_HEARTBEAT_INTERVAL = "HERDER_HEARTBEAT_INTERVAL"  # seconds between `idle`/`beat` lines
 ENV_PROTOCOL_VERSION = "HERDER_PROTOCOL_VERSION"
+# The most jobs this worker takes (its pool's max_jobs plus its own jitter draw); unset: no limit.
+ENV_JOBS_LIMIT = "HERDER_JOBS_LIMIT"  # not HERDER_MAX_JOBS: that is the setting, for the master
 # Set by the fork server only: "master,middle", the pids a forked worker's parent may be.
 ENV_PARENT_PIDS = "HERDER_PARENT_PIDS"
 
@@ -263,11 +271,18 @@ def end_request(job_id: str) -> bytes:
     return f"{END} {_job_id(job_id)}\n".encode()
 
 
+def jobs_limit(environ: Mapping[str, str]) -> int | None:
+    """Worker side: its jobs limit from its environment (ENV_JOBS_LIMIT), None for none (or one
+    it cannot read: a worker never stops for a limit it misread)."""
+    text = environ.get(ENV_JOBS_LIMIT, "")
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
 def master_request(line: bytes) -> tuple[str, str | None] | None:
-    """Worker side: ("stop" | "pause" | "resume", None) or ("end", job id) for a line from
-    the master's stdin; None for anything else (ignored)."""
+    """Worker side: ("stop" | "pause" | "resume" | "retire", None) or ("end", job id) for a
+    line from the master's stdin; None for anything else (ignored)."""
     fields = line.decode("utf-8", "replace").split()
-    if len(fields) == 1 and fields[0] in ("stop", "pause", "resume"):
+    if len(fields) == 1 and fields[0] in ("stop", "pause", "resume", "retire"):
         return fields[0], None
     if len(fields) == 2 and fields[0] == END:
         try:

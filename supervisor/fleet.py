@@ -46,6 +46,8 @@ class ProcessHandle(Protocol):
 
     def send_end(self, job_id: str) -> None: ...
 
+    def send_retire(self) -> None: ...
+
     def signal_group(self, sig: int) -> None: ...
 
     def has_exited(self) -> bool: ...
@@ -70,7 +72,9 @@ class Worker:
     retire: Retire | None = None  # why it retires: a planned recycle, or a cull
     retire_reason: str = ""  # the same, as a sentence with its figures
     stop_reason: str = ""  # why herder sent it `stop` (its exit's event says so)
-    jobs_limit: int | None = None  # max_jobs plus this worker's jitter
+    jobs_limit: int | None = None  # max_jobs plus this worker's jitter (the worker knows it too)
+    retire_sent: bool = False  # told `retire`: it takes no more jobs (past max_memory)
+    ready_at: float | None = None  # monotonic: when the loop first saw it ready (retirement.py)
     age_limit: float | None = None  # max_age plus this worker's jitter
     failed_seen: int = 0  # its failed jobs already timed into `failures`
     failures: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when (monotonic)
@@ -179,8 +183,12 @@ def spawn_paced(free: Iterable[Slot], spawn: Callable[[Slot], None], clock: Call
 
 
 def all_paused(workers: list[Worker]) -> bool:
-    """Every worker says it takes no jobs (`rq suspend`, `herder pause`)."""
-    return bool(workers) and all(w.proc.snapshot().paused for w in workers)
+    """Every worker says it takes no jobs (`rq suspend`, `herder pause`; one that retires is
+    no pause: it is being replaced)."""
+    return bool(workers) and all(w.proc.snapshot().paused in PAUSES for w in workers)
+
+
+PAUSES = ("suspended", "paused")  # the reasons an idle worker gives that are a pause
 
 
 def loading(workers: Iterable[Worker]) -> int:

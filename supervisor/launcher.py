@@ -84,12 +84,18 @@ def worker_argv(cfg: Config) -> list[str]:
     return [sys.executable, "-P", "-m", "herder.worker"]
 
 
-def worker_env(cfg: Config, slot: int, pool: str = "default") -> dict[str, str]:
+def worker_env(
+    cfg: Config, slot: int, pool: str = "default", jobs_limit: int | None = None
+) -> dict[str, str]:
     """A worker's spec: the resolved Config (its pool's), handed over at its start and never
     left in its environment (herder.common.handover), and the documented HERDER_* variables;
     the Redis URL among them only for a --worker-command program, which may not read the
-    config (a command that runs herder's own worker does: docs/protocol.md, "Environment")."""
+    config (a command that runs herder's own worker does: docs/protocol.md, "Environment").
+    `jobs_limit`: the most jobs it takes (max_jobs plus its jitter draw, retirement.py)."""
     env = dict(os.environ)
+    env.pop(wp.ENV_JOBS_LIMIT, None)
+    if jobs_limit is not None:
+        env[wp.ENV_JOBS_LIMIT] = str(jobs_limit)
     env[ENV_RESOLVED] = cfg.to_json()
     env.update(
         {

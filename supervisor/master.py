@@ -42,6 +42,7 @@ from herder.supervisor.pool import Pool, active, host_floor, host_target, live, 
 from herder.supervisor.pressure import KernelLog, MemoryWatch, OomWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
+from herder.supervisor.retirement import working_to_its_limit
 from herder.supervisor.scaling import pick_idle_to_stop
 from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import (
@@ -50,6 +51,7 @@ from herder.supervisor.states import (
     WORKING,
     KillKind,
     MasterPhase,
+    Retire,
     WorkerState,
     change_state,
 )
@@ -677,6 +679,10 @@ class Master:
                 self.stop_worker(w, w.retire_reason)
             elif self.pool_of(w).draining:  # a reload removed its pool: finish the job, then go
                 self.stop_worker(w, f"pool {w.pool} removed by a reload")
+            elif w.retire == Retire.MAX_MEMORY and not w.retire_sent:
+                # Each job it takes may leak more: none from now on. Replaced, then sent `stop` (roll).
+                w.retire_sent = True
+                w.proc.send_retire()
         active = [p for p in self.pool_list() if not p.draining]
         # The host's workers limit, shared: every pool its minimum, the rest in turn (pool.py).
         shares = share_limit([(p.name, p.cfg.floor, p.target) for p in active], self.cfg.limit)
@@ -705,7 +711,8 @@ class Master:
 
         Replacements start first, up to a batch beyond the target; an old worker is sent
         `stop` (it finishes its job) only once a new one is ready to take its place, so
-        capacity never dips. If replacements keep failing, the old workers keep working.
+        capacity never dips. If replacements keep failing, the old workers keep working. One
+        replaced ahead of its jobs limit works on to the limit (retirement.working_to_its_limit).
         """
         old = [w for w in live if w.generation < pool.generation or w.retiring]
         if not old:
@@ -714,7 +721,12 @@ class Master:
         new = [w for w in live if w not in old]
         ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
         surplus = len(old) + len(ready_new) - target
-        for w in sorted(old, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]:
+        wall = self.clock.wall()
+        going = [  # one replaced ahead of its jobs limit works on to it (it stops there itself)
+            w for w in old
+            if w.generation < pool.generation or not working_to_its_limit(w, w.proc.snapshot(), wall)
+        ]  # fmt: skip
+        for w in sorted(going, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]:
             if w.recycling:
                 self.journal.record(
                     "recycled", w.pool, f"{w.label} {w.retire_reason}; replaced", w.slot, w.pid
@@ -742,7 +754,8 @@ class Master:
 
     def spawn(self, slot: Slot, pool: Pool) -> None:
         cfg = pool.cfg
-        argv, env = worker_argv(cfg), worker_env(cfg, slot.index, pool.name)
+        jobs_limit, age_limit = pool.retirement.draw_limits()  # the worker stops at its jobs limit
+        argv, env = worker_argv(cfg), worker_env(cfg, slot.index, pool.name, jobs_limit)
         proc = lifecycle.start(  # from the warm template (forkserver.py), or a new interpreter
             slot,
             cfg,
@@ -759,10 +772,11 @@ class Master:
             generation=pool.generation,
             pool=pool.name,
             threads=pool.cfg.threads if pool.cfg.worker_command is None else 1,
+            jobs_limit=jobs_limit,
+            age_limit=age_limit,
         )
         if pool.paused:
             proc.send_pause(True)
-        pool.retirement.limits_for(w)
         self.workers[slot.index] = w
         self.counters.totals.spawned += 1
         where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from herder.common.worker_protocol import Message
+from herder.common.worker_protocol import RETIRING, Message
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class Observations:
     throttled: int = 0  # times the reader paused a flooding worker
     stderr_dropped: int = 0
     last_error: str = ""
-    paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended or paused
+    paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended, paused, retiring
     endings: int = 0  # given-up jobs this worker ended (`end`), which count as no job
 
     def copy(self) -> Observations:
@@ -101,7 +101,9 @@ def record(o: Observations, finished: deque[FinishedJob], msg: Message, now: flo
         case "beat" if held is not None and held.job_id == msg.job_id:
             o.jobs[msg.thread] = replace(held, stuck_since=now - msg.stuck if msg.stuck > 0 else None)
         case "idle":
+            retiring = msg.paused == RETIRING and o.paused != RETIRING
             o.paused = msg.paused
+            return retiring  # it takes no more jobs: its replacement is due now, not at the tick
         case "busy":
             assert msg.job_id is not None
             o.jobs[msg.thread] = Held(msg.job_id, now, msg.timeout, msg.queue, msg.func, msg.ts)

@@ -4,6 +4,13 @@ worker whose jobs keep failing. A recycled worker is replaced first, then sent `
 culled worker is sent `stop` at once, in the pass its replacement starts: every job it
 would take meanwhile would fail (and spend that job's RQ retries), so it is no capacity.
 
+- The worker enforces its own jobs limit (drawn here at its spawn, jitter and all, and handed
+  to it): it takes no job past it, as RQ's --max-jobs, and says `idle <ts> retiring` until
+  `stop`. Its replacement starts ahead, when its job rate says it reaches the limit within a
+  replacement's start (timed per pool), and it is stopped at its limit, not before
+  (`working_to_its_limit`). Past max_memory the master tells it `retire` (manage sends it):
+  it takes no more jobs at once, while its replacement starts.
+
 - Planned recycles (gunicorn's max_requests, celery's max-tasks/max-memory-per-child, PM2's
   max_memory_restart, circus's max_age) are not faults: they spend no budget, back off no
   slot, and at most `recycle_share` of the fleet (at least one) retires at once. Each worker
@@ -29,6 +36,7 @@ from collections.abc import Callable, Iterator
 import psutil
 
 from herder.common.config import Config
+from herder.common.worker_protocol import RETIRING
 from herder.supervisor.fleet import Worker
 from herder.supervisor.observations import Observations
 from herder.supervisor.redis_side.budget import SlidingWindow
@@ -42,6 +50,13 @@ Killer = Callable[[Worker, str, KillKind], None]  # (worker, reason, the reason'
 ASK_AGAIN = 10.0  # seconds before a worker denied a cull asks again (the window moves on)
 RSS_EVERY = 2.0  # seconds between RSS readings of one worker
 MB = 2**20
+# A worker near its jobs limit is replaced ahead of it: from its job rate, once it will reach
+# the limit within a replacement's start plus the time until the loop surely looks again.
+START_GUESS = 1.0  # seconds a replacement takes to be ready, until the pool has timed one
+START_WEIGHT = 0.3  # the newest start's weight in the pool's running figure
+LOOK_AGAIN = 1.0  # seconds until the loop surely passes again (the master's settled TICK)
+RATE_AFTER = 3  # jobs a worker has done before its rate says when it reaches its limit
+STILL_TAKING = 1.0  # seconds since its last job within which a worker still takes jobs
 
 
 def rss_mb(pid: int) -> float | None:
@@ -70,6 +85,7 @@ class Retirement:
         self.local = SlidingWindow(cfg.cull_window)
         self.degraded = ""  # why health is degraded (the cull budget is spent), or ""
         self.recycled: Counter[str] = Counter()  # planned recycles and culls (Retire), hard kills
+        self.start_seconds = START_GUESS  # how long this pool's workers take to be ready, lately
         self._asking = 0  # cull tokens asked for and not yet answered
 
     def configure(self, cfg: Config) -> None:
@@ -77,13 +93,13 @@ class Retirement:
         if cfg.cull_window != self.local.window:
             self.local = SlidingWindow(cfg.cull_window)
 
-    def limits_for(self, w: Worker) -> None:
-        """A new worker's own recycling points: the limits plus its share of the jitter."""
+    def draw_limits(self) -> tuple[int | None, float | None]:
+        """A new worker's own recycling points, (jobs, age): the limits plus its share of the
+        jitter. Drawn before its spawn: the worker is told its jobs limit and stops there."""
         cfg = self.cfg
-        if cfg.max_jobs is not None:
-            w.jobs_limit = cfg.max_jobs + self.rng.randint(0, cfg.max_jobs_jitter)
-        if cfg.max_age is not None:
-            w.age_limit = cfg.max_age + self.rng.uniform(0, cfg.max_age_jitter)
+        jobs = None if cfg.max_jobs is None else cfg.max_jobs + self.rng.randint(0, cfg.max_jobs_jitter)
+        age = None if cfg.max_age is None else cfg.max_age + self.rng.uniform(0, cfg.max_age_jitter)
+        return jobs, age
 
     # ---- each pass of the loop -----------------------------------------------------------
 
@@ -105,6 +121,8 @@ class Retirement:
         room = max(1, math.floor(self.cfg.recycle_share * target)) - planned
         for w in live:
             obs = w.proc.snapshot()
+            if w.ready_at is None and obs.ready:
+                self._timed_start(w, now)
             if obs.jobs_failed != w.failed_seen or w.failures:  # else nothing to count or expire
                 self._count_failures(w, obs, now)
             if w.cull == Cull.ASKED and w.cull_ticket in answers:
@@ -117,7 +135,8 @@ class Retirement:
                 continue
             if w.failures or w.cull == Cull.DENIED:  # else no failure to cull for, none denied
                 self._consider_cull(w, now, wall)
-            if w.retiring or room <= 0:
+            # Room is for replacements started ahead: one that takes no more jobs is due, room or not.
+            if w.retiring or (room <= 0 and obs.paused != RETIRING):
                 continue
             planned = self.planned(w, obs, now)
             if planned is not None:
@@ -133,15 +152,37 @@ class Retirement:
     def planned(self, w: Worker, obs: Observations, now: float) -> tuple[Retire, str] | None:
         """A planned recycle due now, and its sentence; None if none is."""
         done = obs.jobs_ok + obs.jobs_failed
-        if w.jobs_limit is not None and done >= w.jobs_limit:
-            return Retire.MAX_JOBS, f"{Retire.MAX_JOBS}: {done} jobs done (limit {w.jobs_limit})"
+        if w.jobs_limit is not None:
+            if done >= w.jobs_limit:
+                return Retire.MAX_JOBS, f"{Retire.MAX_JOBS}: {done} jobs done (limit {w.jobs_limit})"
+            if done + self._jobs_ahead(w, done, now) >= w.jobs_limit:
+                return Retire.MAX_JOBS, (
+                    f"{Retire.MAX_JOBS}: {done} jobs done of its limit of {w.jobs_limit}, which it "
+                    f"reaches within a replacement's start ({self.start_seconds:.2f} s)"
+                )
         age = now - w.spawned_at
         if w.age_limit is not None and age >= w.age_limit:
             return Retire.MAX_AGE, f"{Retire.MAX_AGE}: {age:.0f} s old (limit {w.age_limit:.0f} s)"
         limit = self.cfg.max_memory
         if w.rss is not None and limit is not None and w.rss >= limit:
             return Retire.MAX_MEMORY, f"{Retire.MAX_MEMORY}: RSS {w.rss:.0f} MB (limit {limit:g} MB)"
+        if obs.paused == RETIRING:  # it takes no more jobs, by a limit the master did not set
+            return Retire.MAX_JOBS, f"{Retire.MAX_JOBS}: {done} jobs done, and it takes no more"
         return None
+
+    def _jobs_ahead(self, w: Worker, done: int, now: float) -> float:
+        """Jobs the worker likely does before a replacement started now is ready and the loop
+        has looked again: its rate since it became ready, times that time (0 until known)."""
+        if w.ready_at is None or done < RATE_AFTER or now <= w.ready_at:
+            return 0.0
+        return done / (now - w.ready_at) * (self.start_seconds + LOOK_AGAIN)
+
+    def _timed_start(self, w: Worker, now: float) -> None:
+        """The worker is ready (the loop looks at once on `ready`): how long its start took
+        goes into the pool's running figure."""
+        w.ready_at = now
+        took = max(0.0, now - w.spawned_at)
+        self.start_seconds += START_WEIGHT * (took - self.start_seconds)
 
     # ---- parts -------------------------------------------------------------------------
 
@@ -215,3 +256,16 @@ class Retirement:
                 self.cfg.cull_failure_window,
                 self.degraded,
             )
+
+
+def working_to_its_limit(w: Worker, obs: Observations, wall: float) -> bool:
+    """A worker replaced ahead of its jobs limit that still takes jobs: it is sent `stop` at
+    its limit (where it stops taking jobs and says `retiring`), not as soon as its replacement
+    is ready, which would waste the jobs it has left. One that has had no job for a moment
+    has no queue to work: it goes now."""
+    if w.retire != Retire.MAX_JOBS or w.jobs_limit is None or obs.paused is not None:
+        return False
+    if obs.jobs_ok + obs.jobs_failed >= w.jobs_limit:
+        return False  # past it (a --worker-command program that does not stop there)
+    recent = obs.last_done_wall is not None and wall - obs.last_done_wall < STILL_TAKING
+    return bool(obs.jobs) or recent

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from herder.common import handover
-from herder.common.worker_protocol import ENV_POOL, PAUSE, RESUME, STOP, end_request
+from herder.common.worker_protocol import ENV_POOL, PAUSE, RESUME, RETIRE, STOP, end_request
 from herder.supervisor import logs, pipes
 from herder.supervisor.dispatchers import StderrReader, StdoutReader
 from herder.supervisor.observations import FINISHED_KEPT, FinishedJob, Observations
@@ -205,6 +205,9 @@ class WorkerProcess:
 
     def send_end(self, job_id: str) -> None:
         self._tell(end_request(job_id))
+
+    def send_retire(self) -> None:
+        self._tell(RETIRE)  # a --worker-command program may ignore it: it then takes jobs until `stop`
 
     def _tell(self, line: bytes) -> None:
         assert self.popen.stdin

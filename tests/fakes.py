@@ -45,6 +45,8 @@ class FakeProc:
         self.stops = 0
         self.pauses: list[bool] = []
         self.ends: list[str] = []
+        self.retires = 0  # `retire` lines sent
+        self.env: dict[str, str] = {}  # what it was started with
         self.obeys_term = True
 
     # the ProcessHandle
@@ -67,6 +69,9 @@ class FakeProc:
 
     def send_end(self, job_id: str) -> None:
         self.ends.append(job_id)
+
+    def send_retire(self) -> None:
+        self.retires += 1
 
     def signal_group(self, sig: int) -> None:
         self.signals.append(sig)
@@ -92,6 +97,7 @@ class FakeProc:
         self.obs.jobs.pop(thread, None)
         self.obs.last_seen = self.clock.t
         self.obs.jobs_ok += 1
+        self.obs.last_done_wall = self.clock.wall()
 
     def beat(self) -> None:
         self.obs.last_seen = self.clock.t
@@ -117,6 +123,7 @@ class FakeLauncher(Launcher):
         if self.fail:
             raise OSError("no such file")
         proc = FakeProc(100 + len(self.spawned), self.clock)
+        proc.env = env
         self.spawned.append(proc)
         return proc
 

@@ -55,7 +55,7 @@ def test_parses_every_verb(line: bytes, expected: Message) -> None:
         (b"idle -5", "bad timestamp"),
         (b"done j 1.0 maybe", "bad outcome"),
         (b"ready x 1.0", "bad pid"),
-        (b"ready 1 1.0 9", "unsupported protocol version"),
+        (b"ready 1 1.0 10", "unsupported protocol version"),
         (b"t0 busy j 1.0", "bad thread tag"),  # thread 0 goes untagged
         (b"t256 busy j 1.0", "bad thread tag"),
         (b"t1 ready 1 1.0", "bad thread tag"),  # the process's own lines carry no thread
@@ -163,9 +163,9 @@ def test_what_the_worker_writes_the_master_reads(
     assert named.queue == (name if name and len(name) <= wp.MAX_NAME and name.isprintable() and fits else "?")
     assert len(wp.busy_line(job, ts, timeout, name, name)) <= wp.MAX_LINE_BYTES
     assert parse_line(wp.done_line(job, ts, ok)[:-1]).ok is ok
-    lines = (wp.STOP, wp.PAUSE, wp.RESUME, b"stopp\n", wp.end_request(job), b"end\n", b"end a b\n")
+    lines = (wp.STOP, wp.PAUSE, wp.RESUME, b"stopp\n", wp.end_request(job), b"end\n", b"end a b\n", wp.RETIRE)
     assert [wp.master_request(x) for x in lines] == [
-        ("stop", None), ("pause", None), ("resume", None), None, ("end", job), None, None
+        ("stop", None), ("pause", None), ("resume", None), None, ("end", job), None, None, ("retire", None)
     ]  # fmt: skip
     for thread in (1, 7, wp.MAX_THREADS - 1):  # version 8: a thread's busy, beat and done
         for line in (
@@ -180,7 +180,7 @@ def test_what_the_worker_writes_the_master_reads(
     assert wp.for_thread(wp.beat_line(job, ts), 0) == wp.beat_line(job, ts)  # thread 0 untagged
     ended = parse_line(wp.done_line(job, ts, None)[:-1])
     assert ended.verb == "done" and ended.ok is None  # an ending: neither ok nor failed
-    for paused in wp.PAUSE_REASONS:
+    for paused in wp.PAUSE_REASONS:  # version 9: `retiring` among them
         assert parse_line(wp.idle_line(ts, paused)[:-1]).paused == paused
     assert parse_line(wp.idle_line(ts)[:-1]).paused is None
     with pytest.raises(ProtocolError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 from fakes import FakeClock, all_ready, live, make
+from herder.common import worker_protocol as wp
 from herder.supervisor.states import WorkerState
 
 
@@ -139,3 +140,129 @@ def test_memory_soft_limit_recycles_and_hard_limit_kills(clock: FakeClock) -> No
     m.step()
     assert "max memory" in m.workers[0].retire_reason
     assert huge.signals[:1] == [15] and "hard memory limit" in m.workers[1].kill_reason
+
+
+def test_each_worker_is_told_its_own_jobs_limit_and_no_other(clock: FakeClock, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv(wp.ENV_JOBS_LIMIT, "7")  # the master's own environment never leaks through
+    m, launcher, _ = make(clock, workers=4, max_jobs=100, max_jobs_jitter=50)
+    m.step()
+    told = {w.pid: w.proc.env.get(wp.ENV_JOBS_LIMIT) for w in m.workers.values()}  # type: ignore[attr-defined]
+    assert told == {w.pid: str(w.jobs_limit) for w in m.workers.values()}
+    assert {wp.jobs_limit(p.env) for p in launcher.spawned} == {w.jobs_limit for w in m.workers.values()}
+    m, launcher, _ = make(clock, workers=1)  # no max_jobs: no limit
+    m.step()
+    assert wp.ENV_JOBS_LIMIT not in launcher.spawned[0].env
+
+
+def test_a_worker_is_replaced_ahead_of_its_jobs_limit_and_stopped_only_at_it(clock: FakeClock) -> None:
+    """From its job rate: its replacement is ready by the time it reaches its limit, and it works
+    on to its limit (it stops taking jobs there itself) before it is sent `stop`."""
+    m, launcher, _ = make(clock, workers=2, max_jobs=100)
+    m.step()
+    all_ready(m)
+    fast, slow = live(m)[0], live(m)[1]
+    lowest = 2
+    for _ in range(7):  # 10 jobs a second: 70 done, the limit 3 s away: not yet
+        clock.advance(1.0)
+        for proc in (fast, slow):
+            run_jobs(proc, 10 if proc is fast else 2)
+            proc.busy("j")
+        m.step()
+        for proc in launcher.spawned[2:]:
+            proc.ready()
+        lowest = min(lowest, ready_count(m))
+    assert not m.workers[0].retiring and len(launcher.spawned) == 2
+    clock.advance(1.0)
+    run_jobs(fast, 20)  # 90: the 10 left take less than a replacement's start (1.5 s so far) and a look
+    fast.busy("j")
+    slow.beat()
+    m.step()
+    assert "90 jobs done of its limit of 100" in m.workers[0].retire_reason
+    (new,) = launcher.spawned[2:]
+    new.ready()
+    clock.advance(0.5)
+    run_jobs(fast, 5)
+    fast.busy("j")
+    m.step()
+    assert fast.stops == 0 and fast.retires == 0  # ready beside it, but it still takes jobs
+    run_jobs(fast, 5)  # at its limit the worker stops taking jobs, and says so
+    fast.obs.jobs.clear()
+    fast.obs.paused = wp.RETIRING
+    m.step()
+    assert fast.stops == 1 and slow.stops == 0
+    assert lowest == 2 and ready_count(m) >= 2
+
+
+def test_an_early_replaced_worker_with_no_more_jobs_goes_once_its_replacement_is_ready(
+    clock: FakeClock,
+) -> None:
+    m, launcher, _ = make(clock, workers=1, max_jobs=100)
+    m.step()
+    all_ready(m)
+    (proc,) = live(m).values()
+    for _ in range(9):
+        clock.advance(1.0)
+        run_jobs(proc, 10)
+        proc.done()  # its last job a moment ago
+        m.step()
+    assert m.workers[0].retiring
+    launcher.spawned[-1].ready()
+    m.step()
+    assert proc.stops == 0  # its last job a moment ago: it works on
+    clock.advance(1.5)  # the queue ran dry: no job since
+    proc.beat()
+    m.step()
+    assert proc.stops == 1
+
+
+def test_workers_at_their_limit_are_all_replaced_whatever_the_recycle_share(clock: FakeClock) -> None:
+    """The recycle share paces replacements started ahead; one that takes no more jobs is no
+    capacity, and its replacement starts at once."""
+    m, launcher, _ = make(clock, workers=4, max_jobs=50, recycle_share=0.1)
+    m.step()
+    all_ready(m)
+    at_limit = [live(m)[0], live(m)[1], live(m)[2]]
+    for proc in at_limit:
+        run_jobs(proc, 50)
+        proc.obs.paused = wp.RETIRING
+    m.step()
+    assert sum(w.retiring for w in m.workers.values()) == 3
+    assert len(launcher.spawned) == 4 + 1  # one beyond the target at a time (a quarter of 4)
+    for proc in launcher.spawned[4:]:
+        proc.ready()
+    m.step()
+    assert sum(p.stops for p in at_limit) == 1  # one replaced; the next replacement starts as it exits
+
+
+def test_past_max_memory_the_worker_is_told_at_once_to_take_no_more_jobs(clock: FakeClock) -> None:
+    m, launcher, _ = make(clock, workers=1, max_memory=100.0)
+    rss = {}
+    m.pools["default"].retirement.rss_of = lambda pid: rss.get(pid, 50.0)
+    m.step()
+    all_ready(m)
+    (fat,) = live(m).values()
+    fat.busy("j")
+    rss[fat.pid] = 120.0
+    clock.advance(3)
+    fat.beat()
+    m.step()
+    assert "max memory" in m.workers[0].retire_reason
+    assert fat.retires == 1 and fat.stops == 0  # no more jobs now; `stop` once replaced
+    m.step()
+    assert fat.retires == 1  # once
+    launcher.spawned[-1].ready()
+    m.step()
+    assert fat.stops == 1
+
+
+def test_a_worker_says_when_it_takes_no_more_jobs_and_status_shows_it(clock: FakeClock) -> None:
+    m, _, _ = make(clock, workers=1, max_jobs=10)
+    m.step()
+    all_ready(m)
+    (proc,) = live(m).values()
+    run_jobs(proc, 10)
+    proc.obs.paused = wp.RETIRING
+    m.step()
+    (row,) = [r for r in m.take_snapshot().workers if r.pid == proc.pid]
+    assert (row.paused, row.jobs_limit) == ("retiring", 10)
+    assert row.retiring == "recycled after max jobs: 10 jobs done (limit 10)"

@@ -6,8 +6,10 @@ stopped in its own thread while its siblings run on."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import uuid
+from collections import Counter
 
 import pytest
 from redis import Redis
@@ -124,17 +126,24 @@ def test_worker_init_runs_once_per_process_and_recycling_counts_every_threads_jo
     herder, jobs: JobsHelper, tmp_path
 ) -> None:
     """As for a one-job worker: --worker-init once per process (before its threads start),
-    and max_jobs counts the jobs of all its threads (the replacement starts first)."""
+    and max_jobs counts the jobs of all its threads: the process takes no more than its limit,
+    however many of its threads dequeue at once (the replacement starts first)."""
     init_log = tmp_path / "init.log"
     h = herder(workers="1", threads="3", max_jobs="6", worker_init="herder_hooks:record_init",
                env={"HERDER_TEST_INIT_LOG": str(init_log)})  # fmt: skip
     (first,) = h.wait_workers(1)
     assert init_log.read_text().split() == [str(first.pid)]
     tag = uuid.uuid4().hex
-    ids = [jobs.enqueue("record", tag).id for _ in range(6)]
+    ids = [jobs.enqueue("record", tag).id for _ in range(12)]  # more than its limit, all at once
     for job_id in ids:
-        jobs.wait_finished(job_id, 10, what=f"job {job_id} to finish")
-    (second,) = h.wait_workers(1, timeout=20, without=[first.pid])  # recycled after its 6 jobs
-    assert init_log.read_text().split() == [str(first.pid), str(second.pid)]
+        jobs.wait_finished(job_id, 20, what=f"job {job_id} to finish")
+    ran = Counter(
+        int(re.search(r"\.(\d+)(?:\.t\d+)?$", Job.fetch(i, connection=jobs.conn).worker_name).group(1))
+        for i in ids
+    )  # by process, as RQ recorded each job's worker (one name per thread)
+    assert ran[first.pid] == 6 and max(ran.values()) == 6, ran
+    second = h.wait_workers(1, timeout=20, without=[first.pid])[0]  # recycled after its 6 jobs
+    started = init_log.read_text().split()
+    assert started[0] == str(first.pid) and str(second.pid) in started and len(set(started)) == len(started)
     assert "recycled after max jobs: 6 jobs done" in h.log()
     h.stop_and_check()

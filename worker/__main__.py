@@ -107,7 +107,11 @@ def main() -> int:
     # writes protocol lines.
     from herder.worker.channel import Channel
 
-    channel = Channel(heartbeat_interval=cfg.heartbeat_interval, orphan_log=cfg.orphan_log)
+    channel = Channel(
+        heartbeat_interval=cfg.heartbeat_interval,
+        orphan_log=cfg.orphan_log,
+        jobs_limit=wp.jobs_limit(os.environ),  # drawn by the master, jitter and all
+    )
     channel.start()
     # Job modules are imported after herder's own packages, so a user module named
     # like one of ours cannot replace it.

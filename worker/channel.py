@@ -43,9 +43,49 @@ class Progress:
         return 0.0 if self.in_job else time.monotonic() - self._progress_at
 
 
+class JobsLimit:
+    """The jobs a worker process may still take: its own limit (ENV_JOBS_LIMIT, drawn by the
+    master with its jitter) and the master's `retire` (past --max-memory). As RQ's --max-jobs,
+    the limit counts jobs taken, and the worker takes none past it. The threads of a threaded
+    worker share one: each reserves its next job before it dequeues (two threads blocked in a
+    dequeue may both be handed a job), so the process never takes more than its limit."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self.taken = 0
+        self.retired = False  # `retire` from the master: no more jobs, whatever the count
+        self._reserved = 0  # dequeues under way that may each take a job
+        self._lock = threading.Lock()
+
+    def reserve(self) -> bool:
+        """Room for one more job: True (settle() must follow), or False: take none."""
+        with self._lock:
+            if self.retired or (self.limit is not None and self.taken + self._reserved >= self.limit):
+                return False
+            self._reserved += 1
+            return True
+
+    def settle(self, took: bool) -> None:
+        """The reserved dequeue is over: it took a job, or none."""
+        with self._lock:
+            self._reserved -= 1
+            self.taken += took
+
+    def retire(self) -> None:
+        self.retired = True
+
+    @property
+    def reached(self) -> bool:
+        """It takes no more jobs: at its limit, or told to retire."""
+        return self.retired or (self.limit is not None and self.taken >= self.limit)
+
+
 class Channel(Progress):
-    def __init__(self, heartbeat_interval: float = 1.0, orphan_log: str | None = None) -> None:
+    def __init__(
+        self, heartbeat_interval: float = 1.0, orphan_log: str | None = None, jobs_limit: int | None = None
+    ) -> None:
         self.heartbeat_interval = heartbeat_interval
+        self.limit = JobsLimit(jobs_limit)  # the process's, its threads' too
         self.orphan_log = orphan_log
         self._fd = os.dup(1)  # private protocol fd; os.dup makes it non-inheritable
         os.dup2(2, 1)  # fd 1 -> stderr, for stray prints and child processes
@@ -152,7 +192,7 @@ class Channel(Progress):
             print(f"herder worker: stopping after the current job ({reason})", file=sys.stderr, flush=True)
 
     def on_request(self, wake: Callable[[], None]) -> None:
-        """Call `wake` on each request from the master (stop, pause, resume, end), on a thread
+        """Call `wake` on each request from the master (stop, pause, resume, retire, end), on a thread
         of its own: it may wait on Redis, and this thread must go on beating."""
         self._wakers.append(wake)
 
@@ -164,6 +204,10 @@ class Channel(Progress):
                 self.request_stop("stop from the master")
             case ("pause" | "resume" as verb, _):
                 self.paused = verb == "pause"
+            case ("retire", _):
+                if not self.limit.retired:
+                    self.limit.retire()
+                    print("herder worker: taking no more jobs (retire from the master)", file=sys.stderr)
             case ("end", job_id) if job_id:
                 self.endings.append(job_id)
         self.requests.set()
@@ -262,6 +306,7 @@ class ThreadChannel(Progress):
     stop_reason = property(lambda self: self.process.stop_reason)
     paused = property(lambda self: self.process.paused)
     requests = property(lambda self: self.process.requests)
+    limit = property(lambda self: self.process.limit)
     endings = property(lambda self: self.process.endings)
 
     def request_stop(self, reason: str) -> None:

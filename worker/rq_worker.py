@@ -46,6 +46,7 @@ from rq.worker import BaseWorker, SimpleWorker, WorkerStatus
 from herder.common import rq_seam
 from herder.common.redis_connect import RETRIES
 from herder.common.rq_names import client_name, lease_key
+from herder.common.worker_protocol import RETIRING
 from herder.worker.abandoned import end_abandoned
 from herder.worker.channel import Channel
 
@@ -324,8 +325,16 @@ class HerderMixin(BaseWorker):
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[Job, Queue] | None:
-        if timeout is None:  # burst mode: RQ's non-blocking dequeue, once
-            return self._took(super().dequeue_job_and_maintain_ttl(None, max_idle_time))
+        limit = self.channel.limit
+        if timeout is None:  # burst mode: RQ's non-blocking dequeue, once; past its limit, none
+            if not limit.reserve():
+                return None
+            result = None
+            try:
+                result = super().dequeue_job_and_maintain_ttl(None, max_idle_time)
+            finally:
+                limit.settle(result is not None)
+            return self._took(result)
         # Block for one slice at a time (RQ's max_idle_time makes its loop return None
         # after one empty BLPOP), and check for a stop request only here, before a
         # dequeue: never between popping a job and running it.
@@ -339,8 +348,12 @@ class HerderMixin(BaseWorker):
                 self.check_for_suspension(burst=False)
             first = False
             self.run_endings()
+            if not limit.reserve():  # at its jobs limit, or told to retire: no job, ever again
+                self.wait_retiring()
+                continue
             self.channel.progress()
             self._dequeuing = True
+            result = None
             try:
                 result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
             except Woken:
@@ -350,11 +363,25 @@ class HerderMixin(BaseWorker):
                 continue
             finally:
                 self._dequeuing = False
+                limit.settle(result is not None)
             self.redis_back()
             if result is not None:
                 return self._took(result)
             if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                 return None
+
+    def wait_retiring(self) -> None:
+        """A moment of the wait for `stop` once the process takes no more jobs (its jobs limit,
+        or the master's `retire`): it says so (`idle <ts> retiring`: the master replaces it,
+        then sends `stop`), and RQ's heartbeat goes on. Another thread's dequeue still under
+        way holds the last of a threaded worker's limit: this one waits for it, saying nothing."""
+        if self.channel.stop_reason:
+            raise StopRequested()
+        if self.channel.limit.reached:
+            self.channel.idle(paused=RETIRING)
+        self.beat_redis()
+        self.channel.requests.clear()
+        self.channel.requests.wait(min(0.5, self.channel.heartbeat_interval / 2))  # `stop` ends it at once
 
     def run_endings(self) -> None:
         """Jobs herder gave up on, which the master asked this worker to end (`end`): each

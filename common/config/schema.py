@@ -250,7 +250,12 @@ class Config:
         10, "Culls allowed per --cull-window, for all hosts on this Redis.", reload=APPLY
     )
     cull_window: float = setting(600.0, "Seconds of the cull budget's sliding window.", reload=APPLY)
-    max_jobs: int | None = setting(None, "Recycle a worker after this many jobs.", reload=APPLY, pool=True)
+    max_jobs: int | None = setting(
+        None,
+        "A worker takes at most this many jobs, then is replaced (its replacement starts ahead).",
+        reload=APPLY,
+        pool=True,
+    )
     max_jobs_jitter: int = setting(
         0,
         "Up to this many jobs more, at random per worker, so they recycle apart.",
@@ -265,7 +270,7 @@ class Config:
     )
     max_memory: float | None = setting(
         None,
-        "Recycle a worker, between jobs, past this RSS in MB.",
+        "Recycle a worker past this RSS in MB: it takes no more jobs, and is replaced.",
         reload=APPLY,
         pool=True,
     )

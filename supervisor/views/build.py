@@ -244,6 +244,8 @@ def _worker_row(w: Worker, o: Observations, now: float, usage: tuple[int | None,
         # A protocol line since its spawn: a starting worker without one is still loading and
         # holds the start window (fleet.loading); one with one is on its way to ready.
         heard_from=o.last_seen > w.spawned_at,
+        jobs_limit=w.jobs_limit,
+        retiring=w.retire_reason if w.retiring else None,
     )
 
 

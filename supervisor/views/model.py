@@ -84,6 +84,8 @@ class WorkerRow:
     malformed: int = view_only(0)  # protocol lines it sent that herder could not read
     paused: str | None = view_only()  # what it said of a pause (`suspended`, ...)
     heard_from: bool = view_only(False)  # a protocol line since its spawn
+    jobs_limit: int | None = view_only()  # the most jobs it takes: max_jobs plus its jitter draw
+    retiring: str | None = view_only()  # why it is being replaced (a recycle, a cull), as a sentence
 
 
 @dataclass(frozen=True, slots=True)

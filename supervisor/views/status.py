@@ -94,8 +94,10 @@ def _worker(w: WorkerRow) -> dict[str, Any]:
         "cpu_percent": w.cpu_percent,
         "uptime": w.uptime,
         "malformed_lines": w.malformed,
-        "paused": w.paused,
+        "paused": w.paused,  # why it takes no jobs: suspended, paused, retiring (waits for `stop`)
         "heard_from": w.heard_from,
+        "jobs_limit": w.jobs_limit,  # the most jobs it takes (max_jobs plus its jitter draw), or null
+        "retiring": w.retiring,  # why it is being replaced (a recycle, a cull), or null
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 
 def record_init() -> None:
@@ -13,3 +14,8 @@ def record_init() -> None:
 
 def failing_init() -> None:
     raise RuntimeError("no database today")
+
+
+def slow_start() -> None:
+    """A worker that takes $HERDER_TEST_SLOW_START seconds to start (a big app's imports)."""
+    time.sleep(float(os.environ["HERDER_TEST_SLOW_START"]))

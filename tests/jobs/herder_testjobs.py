@@ -103,8 +103,9 @@ def poison(tag: str) -> None:
 _leaked: list[bytearray] = []
 
 
-def leak(tag: str, megabytes: int) -> str:
-    """Keeps `megabytes` MB alive in this worker process after it returns."""
+def leak(tag: str, megabytes: int, seconds: float = 0.0) -> str:
+    """Keeps `megabytes` MB alive in this worker process after it returns (and takes `seconds`)."""
+    time.sleep(seconds)
     block = bytearray(megabytes * 2**20)
     block[::4096] = b"x" * len(block[::4096])  # touch every page: it counts in RSS
     _leaked.append(block)

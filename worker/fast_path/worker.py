@@ -793,11 +793,16 @@ class FastPathMixin(HerderMixin):
     ) -> tuple[Job, Queue] | None:
         if self._pending is not None:
             channel = self.channel
+            # At its jobs limit (or told to retire) the last job's finish takes nothing.
+            take = not (channel.stop_reason or channel.endings or channel.paused) and channel.limit.reserve()
+            result = None
             try:
-                result = self.flush(take=not (channel.stop_reason or channel.endings or channel.paused))
+                result = self.flush(take=take)
                 if result is not None:
                     return self._took(result)  # its `busy` takes the held `done` along
             finally:
+                if take:
+                    channel.limit.settle(result is not None)
                 channel.send_held()  # if no `busy` went out (none taken, or it raised)
             self.check_for_suspension(burst=timeout is None)  # the script took none: maybe suspended
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
