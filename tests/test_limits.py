@@ -81,7 +81,8 @@ def longest_dip(samples: list[tuple[float, int]], target: int) -> float:
     return longest
 
 
-def test_max_jobs_holds_per_worker_under_a_queue_that_never_empties(herder, conn: Redis) -> None:
+@pytest.mark.parametrize("path", ["fast", "rq"])
+def test_max_jobs_holds_per_worker_under_a_queue_that_never_empties(herder, conn: Redis, path: str) -> None:
     """The user's case: 4 workers, --max-jobs 40 with 20 of jitter, 10 ms jobs and a queue
     that never empties. Each worker runs no more jobs than its own limit (limit plus its
     jitter draw, which status shows), workers are recycled while the queue holds jobs, and
@@ -91,9 +92,11 @@ def test_max_jobs_holds_per_worker_under_a_queue_that_never_empties(herder, conn
     milliseconds (hundreds on a busy 2-core test machine); the master starts one ahead of a
     worker's limit from its job rate, and at the latest when the worker says it is at its
     limit (a line that wakes the loop at once). 2 s leaves room for a loaded machine and
-    still fails a master that waits for its 1 s tick, or for the queue to run dry."""
+    still fails a master that waits for its 1 s tick, or for the queue to run dry. On both
+    worker paths: the fast path takes the next job in the round trip that finishes the last."""
     target, max_jobs, jitter = 4, 40, 20
-    h = herder(workers=str(target), max_jobs=str(max_jobs), max_jobs_jitter=str(jitter))
+    flags = {"no_fast_path": True} if path == "rq" else {}
+    h = herder(workers=str(target), max_jobs=str(max_jobs), max_jobs_jitter=str(jitter), **flags)
     first = {p.pid for p in h.wait_workers(target)}
     limits: dict[int, int | None] = {}
     samples: list[tuple[float, int]] = []
@@ -157,13 +160,14 @@ def test_a_leaking_worker_stops_taking_jobs_at_once_past_max_memory(herder, conn
     )
     (leaky,) = h.wait_workers(1, timeout=30)
     marked: list[tuple[int, str | None]] = []  # (jobs the master had seen it finish, its retiring reason)
+    said: set[str | None] = set()  # why it took no jobs, as status showed it
 
     def keep(t: float, st: dict[str, Any]) -> None:
-        if marked or not st["totals"]["recycled"].get("recycled after max memory"):
-            return
         for w in st["workers"]:
             if w["pid"] == leaky.pid:
-                marked.append((w["jobs_ok"] + w["jobs_failed"], w.get("retiring")))
+                said.add(w["paused"])
+                if not marked and st["totals"]["recycled"].get("recycled after max memory"):
+                    marked.append((w["jobs_ok"] + w["jobs_failed"], w.get("retiring")))
 
     ids = enqueue(conn, "leak", 40, "leak", 2, 0.05)  # 2 MB more each job, 50 ms each
     sampler = Sampler(h, keep)
@@ -189,6 +193,8 @@ def test_a_leaking_worker_stops_taking_jobs_at_once_past_max_memory(herder, conn
     # take while its replacement starts.
     assert ran - seen <= 7, f"it took {ran - seen} jobs after the master marked it ({seen} seen, {ran} ran)"
     assert reason and "max memory" in reason, f"status did not say why it retires: {reason!r}"
+    assert "retiring" in said, f"status never showed it retiring while its replacement started: {said}"
+    assert [e["pid"] for e in h.graceful_exits()][:1] == [str(leaky.pid)]  # sent `stop`, once replaced
     totals = h.totals()
     assert totals["killed"] == 0
     assert totals["recycled"].get("recycled after max memory", 0) >= 1
