@@ -155,9 +155,10 @@ class Retirement:
         if w.jobs_limit is not None:
             if done >= w.jobs_limit:
                 return Retire.MAX_JOBS, f"{Retire.MAX_JOBS}: {done} jobs done (limit {w.jobs_limit})"
-            if done + self._jobs_ahead(w, done, now) >= w.jobs_limit:
+            taken = done + len(obs.jobs)  # as the worker counts: the jobs it runs are taken
+            if taken + self._jobs_ahead(w, done, now) >= w.jobs_limit:
                 return Retire.MAX_JOBS, (
-                    f"{Retire.MAX_JOBS}: {done} jobs done of its limit of {w.jobs_limit}, which it "
+                    f"{Retire.MAX_JOBS}: {taken} jobs taken of its limit of {w.jobs_limit}, which it "
                     f"reaches within a replacement's start ({self.start_seconds:.2f} s)"
                 )
         age = now - w.spawned_at

@@ -177,7 +177,7 @@ def test_a_worker_is_replaced_ahead_of_its_jobs_limit_and_stopped_only_at_it(clo
     fast.busy("j")
     slow.beat()
     m.step()
-    assert "90 jobs done of its limit of 100" in m.workers[0].retire_reason
+    assert "91 jobs taken of its limit of 100" in m.workers[0].retire_reason  # 90 done, 1 running
     (new,) = launcher.spawned[2:]
     new.ready()
     clock.advance(0.5)
@@ -266,3 +266,31 @@ def test_a_worker_says_when_it_takes_no_more_jobs_and_status_shows_it(clock: Fak
     (row,) = [r for r in m.take_snapshot().workers if r.pid == proc.pid]
     assert (row.paused, row.jobs_limit) == ("retiring", 10)
     assert row.retiring == "recycled after max jobs: 10 jobs done (limit 10)"
+
+
+def test_a_worker_that_took_its_last_long_job_is_replaced_while_it_runs_it(clock: FakeClock) -> None:
+    """Jobs of a minute: no rate foretells the limit, but the job it runs is its last (the
+    worker counts the jobs it takes), so its replacement starts now, not after that minute."""
+    m, launcher, _ = make(clock, workers=1, max_jobs=5, job_timeout=300.0)
+    m.step()
+    all_ready(m)
+    (proc,) = live(m).values()
+    for job in ("first", "second", "third", "fourth"):
+        if job != "first":
+            proc.done()
+        proc.busy(job)
+        for _ in range(60):  # a minute, its beat going on
+            clock.advance(1)
+            proc.beat()
+            m.step()
+    assert not m.workers[0].retiring  # 4 taken of 5, the next a minute away
+    proc.done()
+    proc.busy("fifth")
+    m.step()
+    assert "5 jobs taken of its limit of 5" in m.workers[0].retire_reason
+    assert len(launcher.spawned) == 2
+    launcher.spawned[1].ready()
+    clock.advance(30)
+    proc.beat()
+    m.step()
+    assert proc.stops == 0  # it runs its last job: stopped at its end, when it says `retiring`
