@@ -15,7 +15,7 @@ import pytest
 from redis import Redis
 from rq import Queue
 
-from harness import Herder, wait_for
+from harness import FAKE_WORKERS, Herder, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -199,3 +199,19 @@ def test_a_leaking_worker_stops_taking_jobs_at_once_past_max_memory(herder, conn
     assert totals["killed"] == 0
     assert totals["recycled"].get("recycled after max memory", 0) >= 1
     h.stop_and_check()
+
+
+def test_a_worker_command_that_ignores_its_jobs_limit_is_recycled_as_before(herder, conn: Redis) -> None:
+    """examples/shell_worker.sh knows nothing of HERDER_JOBS_LIMIT: the master counts its jobs
+    and replaces it past its limit, first, as it always has."""
+    script = FAKE_WORKERS.parent.parent / "examples" / "shell_worker.sh"
+    h = herder(workers="1", worker_command=f"bash {script}", max_jobs="3")
+    (first,) = h.wait_workers(1)
+    assert [w["jobs_limit"] for w in h.snapshot()["workers"]] == [3]
+    conn.rpush("shell-jobs", *["0.05"] * 8)
+    h.wait_workers(1, timeout=30, without={first.pid})
+    wait_for(lambda: conn.llen("shell-jobs") == 0, 30, what="every shell job taken")
+    totals = h.totals()
+    assert totals["recycled"].get("recycled after max jobs", 0) >= 1 and totals["killed"] == 0
+    h.stop_and_check(timeout=20)
+    assert str(first.pid) in [e["pid"] for e in h.graceful_exits()]
