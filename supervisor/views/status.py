@@ -96,6 +96,8 @@ def _worker(w: WorkerRow) -> dict[str, Any]:
         "malformed_lines": w.malformed,
         "paused": w.paused,
         "heard_from": w.heard_from,
+        "waiting_for": w.waiting_for,  # what it waits for before it can work: Redis, say
+        "waiting_seconds": w.waiting_seconds,
     }
 
 
