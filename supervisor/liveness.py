@@ -68,9 +68,9 @@ def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | No
     """Why this worker must be killed now, or None while it is fine. A kill for silence or for
     no `ready` names what the worker said it was waiting for, if it did (`wait`)."""
     verdict = _judge(w, obs, now, cfg)
-    if verdict is not None and obs.waiting is not None and verdict.kind in (KillKind.SILENT, KillKind.NO_READY):
-        return Verdict(f"{verdict.reason}; it was {obs.waiting.reason(now)}", verdict.judged_hung, verdict.kind)
-    return verdict
+    if verdict is None or obs.waiting is None or verdict.kind not in (KillKind.SILENT, KillKind.NO_READY):
+        return verdict
+    return Verdict(f"{verdict.reason}; it was {obs.waiting.reason(now)}", verdict.judged_hung, verdict.kind)
 
 
 def _judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | None:

@@ -12,6 +12,12 @@ the worker's main loop, so a stuck main loop goes silent and gets noticed. A bus
 main loop reports its progress too (`progress()`, and whether the job's own code runs): a
 beat says how long the loop has been stuck outside the job (a Redis call that never returns),
 and the master kills a worker stuck past --progress-timeout.
+
+A worker that cannot reach Redis says what it waits for (`wait`, `waiting()`): in place of its
+`idle` heartbeats, and from the sentinel too, so the master hears it while the main loop is
+blocked in an attempt (a name resolution or a connect, inside a C call). The sentinel says it
+only while the main loop has moved within `wait_bound` seconds: a loop stuck for good goes
+silent, and the master's kill names what it was waiting for.
 """
 
 from __future__ import annotations
@@ -44,8 +50,11 @@ class Progress:
 
 
 class Channel(Progress):
-    def __init__(self, heartbeat_interval: float = 1.0, orphan_log: str | None = None) -> None:
+    def __init__(
+        self, heartbeat_interval: float = 1.0, orphan_log: str | None = None, wait_bound: float = 30.0
+    ) -> None:
         self.heartbeat_interval = heartbeat_interval
+        self.wait_bound = wait_bound  # --progress-timeout: how long the sentinel speaks for a stuck wait
         self.orphan_log = orphan_log
         self._fd = os.dup(1)  # private protocol fd; os.dup makes it non-inheritable
         os.dup2(2, 1)  # fd 1 -> stderr, for stray prints and child processes
@@ -62,6 +71,9 @@ class Channel(Progress):
         self._orphaned = False
         self._last_idle = 0.0
         self._last_paused: str | None = None
+        # What the worker waits for (`waiting()`): (what, since, set at, said), monotonic times.
+        self._wait: tuple[str, float, float, bool] | None = None
+        self._last_wait = 0.0  # monotonic: the last `wait` line
         self.paused = False  # `herder pause`: take no new job until `resume`
         self.requests = threading.Event()  # set on each request from the master (stop, pause, resume, end)
         self.endings: deque[str] = deque()  # jobs herder gave up on, to end as RQ would (`end`)
@@ -101,11 +113,52 @@ class Channel(Progress):
 
     def idle(self, paused: str | None = None) -> None:
         """The main loop's heartbeat; at most twice per interval, however often it is called,
-        and at once when the reason it takes no jobs (`paused`) changes."""
+        and at once when the reason it takes no jobs (`paused`) changes. While the worker waits
+        (`waiting()`) the heartbeat is its `wait` line."""
         now = self._progress_at = time.monotonic()
+        if self._wait is not None:
+            self._say_wait(now)
+            return
         if now - self._last_idle >= self.heartbeat_interval / 2 or paused != self._last_paused:
             self._last_idle, self._last_paused = now, paused
             self._send(wp.idle_line(time.time(), paused))
+
+    def waiting(self, what: str, since: float, say: bool = True) -> None:
+        """The main loop waits for `what` ("Redis at host:6379: connection refused") since
+        `since` (monotonic). `say`: tell the master now if it is news; else (an attempt under
+        way, "name resolution ... not answered yet") the sentinel says it if it lasts a beat."""
+        now = self._progress_at = time.monotonic()
+        with self._lock:
+            before = self._wait
+            same = before is not None and before[0] == what
+            self._wait = (what, since, before[2] if same else now, same and before[3])
+        if say and not same:
+            self._say_wait(now, force=True)
+
+    def waited(self) -> None:
+        """It waits no more (Redis answered): its next line, `idle` or `ready`, says so."""
+        with self._lock:
+            self._wait = None
+
+    def _say_wait(self, now: float, force: bool = False) -> None:
+        """A `wait` line, at most twice per interval unless `force`d (news)."""
+        with self._lock:
+            wait = self._wait
+            if wait is None or not force and now - self._last_wait < self.heartbeat_interval / 2:
+                return
+            self._wait = (wait[0], wait[1], wait[2], True)
+            self._last_wait = now
+        self._send(wp.wait_line(time.time(), now - wait[1], wait[0]))
+
+    def _speak_for_wait(self) -> None:
+        """The sentinel's `wait`, while the main loop is in an attempt that has not answered (a
+        name resolution, a connect): only what has lasted half a beat, and only while the loop
+        has moved within wait_bound (a loop stuck for good goes silent and is killed)."""
+        now, wait = time.monotonic(), self._wait
+        if wait is None or now - self._progress_at > self.wait_bound:
+            return
+        if wait[3] or now - wait[2] >= self.heartbeat_interval / 2:
+            self._say_wait(now)
 
     def busy(
         self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
@@ -208,6 +261,7 @@ class Channel(Progress):
                 time.sleep(self.heartbeat_interval)
             if os.getppid() not in self._parents:
                 self._master_gone(f"parent changed from {self._parent} to {os.getppid()}")
+            self._speak_for_wait()
             busy = False
             for thread in self.threads or [self]:
                 with self._lock:
@@ -273,6 +327,13 @@ class ThreadChannel(Progress):
     def idle(self, paused: str | None = None) -> None:
         self.progress()
         self.process.idle(paused)
+
+    def waiting(self, what: str, since: float, say: bool = True) -> None:
+        self.progress()
+        self.process.waiting(what, since, say)
+
+    def waited(self) -> None:
+        self.process.waited()
 
     def ready(self) -> None:
         """Ready once every thread is: one `ready` for the process."""

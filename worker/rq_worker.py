@@ -46,6 +46,7 @@ from rq.worker import BaseWorker, SimpleWorker, WorkerStatus
 from herder.common import rq_seam
 from herder.common.redis_connect import RETRIES
 from herder.common.rq_names import client_name, lease_key
+from herder.worker import reach
 from herder.worker.abandoned import end_abandoned
 from herder.worker.channel import Channel
 
@@ -306,11 +307,15 @@ class HerderMixin(BaseWorker):
                 file=sys.stderr,
                 flush=True,
             )
+        # What it waits for, to the master (`wait`, in place of its `idle` until Redis answers).
+        target = reach.Target.of(self.connection)
+        self.channel.waiting(f"{target.where}: {reach.describe(exc, target.password)}", self._away_since)
         self.channel.idle()
         self.channel.requests.wait(min(1.0, self.channel.heartbeat_interval))
 
     def redis_back(self) -> None:
         if self._away_since is not None:
+            self.channel.waited()
             away, self._away_since = time.monotonic() - self._away_since, None
             print(f"herder worker: Redis answers again after {away:.1f} s", file=sys.stderr, flush=True)
 
