@@ -15,7 +15,6 @@ import json
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import HERDER, free_port, wait_for
+from harness import HERDER, free_port, unanswered_port, wait_for
 
 PASSWORD = "s3cret-pw"  # in every URL here: never in a line, a log or a status
 
@@ -143,29 +142,8 @@ def test_a_refused_connection_is_said_as_such() -> None:
 
 @pytest.fixture
 def unanswering_port() -> Iterator[int]:
-    """A port whose accept queue is full and never drained: a connect to it gets no SYN-ACK,
-    no refusal, nothing (as to a host that drops packets), until the client's own timeout."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    for _ in range(16):
-        s = socket.socket()
-        s.settimeout(0.3)
-        try:
-            s.connect(("127.0.0.1", port))
-        except TimeoutError:
-            s.close()
-            break
-        fillers.append(s)
-    else:
-        pytest.fail("the accept queue never filled: connects are answered")
-    try:
+    with unanswered_port() as port:
         yield port
-    finally:
-        for s in [*fillers, listener]:
-            s.close()
 
 
 def status_text(h) -> str:  # noqa: ANN001
