@@ -110,7 +110,7 @@ def record(o: Observations, finished: deque[FinishedJob], msg: Message, now: flo
     (a `ready` or a `stop`: a state to change at once, not at the next tick).
 
     A `wait` is a sign of life like `idle`: before `ready` it turns the start deadline into the
-    heartbeat deadline (docs/design.md, "Redis down is one cause, said once")."""
+    heartbeat deadline (docs/design.md, "The network is not reliable")."""
     o.last_seen = now
     held = o.jobs.get(msg.thread)
     match msg.verb:

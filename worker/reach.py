@@ -129,8 +129,8 @@ def wait_for_redis(connection: Redis, channel: Channel) -> bool:
 
     A worker started during a Redis outage waits instead of exiting, so the fleet keeps its size
     instead of churning through crash-and-respawn; and one that cannot resolve Redis's name, or
-    whose connect gets no answer, waits the same way (docs/design.md, "Redis down is one cause,
-    said once"). A wrong password or another configuration error is not an outage: it raises,
+    whose connect gets no answer, waits the same way (docs/design.md, "The network
+    is not reliable"). A wrong password or another configuration error is not an outage: it raises,
     and the worker exits. `connection` should time out within a heartbeat interval: a ping
     blocked on a frozen Redis must not keep the worker silent past its heartbeat deadline.
     """
