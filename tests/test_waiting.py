@@ -237,3 +237,28 @@ def test_a_worker_whose_redis_name_does_not_resolve_in_time_says_so(herder, tmp_
     assert logged.count(timed_out) == 1, logged
     assert PASSWORD not in h.log()
     h.stop_and_check()
+
+
+@pytest.mark.slow
+def test_a_ready_worker_whose_redis_stops_answering_says_so_until_it_answers(herder, own_redis):
+    """Between jobs too: an idle worker whose Redis freezes shows what it waits for, and the row
+    clears once Redis answers again."""
+    proc, port = own_redis
+    # The heartbeat timeout above --redis-timeout (5 s), as by default: a dequeue on a frozen
+    # Redis gives up before the worker's silence is a kill.
+    h = herder(
+        redis_url=f"redis://127.0.0.1:{port}/0", workers="1", no_scheduler=True, heartbeat_timeout="10"
+    )
+    (pid,) = [p.pid for p in h.wait_workers(1)]
+    proc.send_signal(signal.SIGSTOP)  # Redis hangs: connections open, nothing answers
+    try:
+        where = f"Redis at 127.0.0.1:{port}: "
+        st = h.wait_status(
+            lambda s: (s["workers"][0].get("waiting_for") or "").startswith(where), 30, what="the wait"
+        )
+        assert st["workers"][0]["pid"] == pid and st["workers"][0]["state"] == "idle", st["workers"]
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    st = h.wait_status(lambda s: s["workers"][0]["waiting_for"] is None, 30, what="the wait to clear")
+    assert st["workers"][0]["pid"] == pid and st["totals"]["killed"] == 0, st
+    h.stop_and_check()

@@ -15,13 +15,16 @@ and the master kills a worker stuck past --progress-timeout.
 
 A worker that cannot reach Redis says what it waits for (`wait`, `waiting()`): in place of its
 `idle` heartbeats, and from the sentinel too, so the master hears it while the main loop is
-blocked in an attempt (a name resolution or a connect, inside a C call). The sentinel says it
-only while the main loop has moved within `wait_bound` seconds: a loop stuck for good goes
-silent, and the master's kill names what it was waiting for.
+blocked in an attempt (a name resolution or a connect, inside a C call). A ready worker between
+jobs whose loop has made no progress for two slices is in a Redis call that has not answered
+(`stall`): the sentinel says that too. It speaks only while the main loop has moved within
+`wait_bound` seconds: a loop stuck for good goes silent, and the master's kill names what it
+was waiting for.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import sys
@@ -74,6 +77,11 @@ class Channel(Progress):
         # What the worker waits for (`waiting()`): (what, since, set at, said), monotonic times.
         self._wait: tuple[str, float, float, bool] | None = None
         self._last_wait = 0.0  # monotonic: the last `wait` line
+        # A ready worker between jobs: what its loop waits for when it has made no progress for
+        # stall_after seconds (its Redis call has not answered); set by the RQ worker's attach.
+        self.stall: str | None = None
+        self.stall_after = max(2 * heartbeat_interval, math.ceil(heartbeat_interval) + 1.0)
+        self._said_ready = False
         self.paused = False  # `herder pause`: take no new job until `resume`
         self.requests = threading.Event()  # set on each request from the master (stop, pause, resume, end)
         self.endings: deque[str] = deque()  # jobs herder gave up on, to end as RQ would (`end`)
@@ -109,6 +117,7 @@ class Channel(Progress):
 
     def ready(self) -> None:
         self.progress()
+        self._said_ready = True
         self._send(wp.ready_line(os.getpid(), time.time()))
 
     def idle(self, paused: str | None = None) -> None:
@@ -154,10 +163,15 @@ class Channel(Progress):
         """The sentinel's `wait`, while the main loop is in an attempt that has not answered (a
         name resolution, a connect): only what has lasted half a beat, and only while the loop
         has moved within wait_bound (a loop stuck for good goes silent and is killed)."""
-        now, wait = time.monotonic(), self._wait
-        if wait is None or now - self._progress_at > self.wait_bound:
+        now, wait, moved = time.monotonic(), self._wait, self._progress_at
+        if now - moved > self.wait_bound:
             return
-        if wait[3] or now - wait[2] >= self.heartbeat_interval / 2:
+        if wait is None and self.stall and self._said_ready and now - moved > self.stall_after:
+            if not any(t._job_id for t in self.threads or [self]) and self._stop_reason is None:
+                # Between jobs, a call that has not answered for two slices: Redis does not answer.
+                self._send(wp.wait_line(time.time(), now - moved, self.stall))
+            return
+        if wait is not None and (wait[3] or now - wait[2] >= self.heartbeat_interval / 2):
             self._say_wait(now)
 
     def busy(

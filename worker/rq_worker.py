@@ -103,6 +103,9 @@ class HerderMixin(BaseWorker):
         self.lease_renewed = float("-inf")  # monotonic
         channel.on_beat = self.renew_lease  # while a job runs, from the channel's thread
         channel.on_request(self.wake_dequeue)  # the process's channel, a threaded worker's too
+        process = getattr(channel, "process", channel)  # a threaded worker's: its process's
+        if isinstance(process, Channel):  # what a loop stuck in a Redis call between jobs waits for
+            process.stall = f"{reach.Target.of(self.connection).where}: no answer yet"
 
     def wake_dequeue(self) -> None:
         """A request came from the master: end this worker's blocking dequeue now, as its
