@@ -34,11 +34,15 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # Version 8: a worker process running jobs in several threads tags `busy`, `beat` and `done`
 # with the thread they are about: `t<i> busy ...` (no tag: thread 0, as every older worker).
 # Version 9: a worker knows its own jobs limit (ENV_JOBS_LIMIT) and the master may send `retire`;
-# a worker that takes no more jobs for either says `idle <ts> retiring` until `stop`.
+# a worker that takes no more jobs for either says `idle <ts> retiring` until `stop`. And
+# `wait <ts> <seconds> <what>`: a worker that cannot reach what it needs (Redis) says what it
+# waits for and for how long, each heartbeat interval, even while its main thread is blocked in
+# a call (a side thread writes it). An older worker never sends either.
 VERSION = 9
 SUPPORTED_VERSIONS = tuple(str(v) for v in range(1, VERSION + 1))  # `ready` accepts each of them
 MAX_THREADS = 256  # a tag past this is malformed
-VERBS = ("ready", "busy", "beat", "done", "idle", "stop")
+VERBS = ("ready", "busy", "beat", "done", "idle", "stop", "wait")
+MAX_WAIT_TEXT = 300  # characters of a `wait` line's `what`; a longer one is cut
 # Why an idle worker takes no jobs: `rq suspend` (every host), or `herder pause` (this one);
 # or, for good, `retiring`: at its jobs limit, or told `retire`, it waits for `stop`.
 RETIRING = "retiring"
@@ -83,6 +87,8 @@ class Message:
     func: str | None = None  # `busy` (version 5): the job's function, as RQ names it
     stuck: float = 0.0  # `beat` (version 6): seconds the main loop made no progress outside the job
     thread: int = 0  # version 8: the thread of a threaded worker the line is about
+    waited: float = 0.0  # `wait` (version 9): seconds it has waited
+    what: str | None = None  # `wait` (version 9): what it waits for, a short sentence
 
 
 # ---- worker side: building lines -------------------------------------------------------
@@ -131,6 +137,13 @@ def done_line(job_id: str, ts: float, ok: bool | None) -> bytes:
     """ok True/False: the job's outcome; None: an ending the master asked for (`end`)."""
     outcome = "ended" if ok is None else "ok" if ok else "failed"
     return f"done {job_id} {ts:.6f} {outcome}\n".encode()
+
+
+def wait_line(ts: float, waited: float, what: str) -> bytes:
+    """Waiting `waited` seconds so far for `what` ("Redis at host:6379: connection refused"):
+    one line, printable, cut to MAX_WAIT_TEXT characters."""
+    text = " ".join("".join(c if c.isprintable() else "?" for c in what).split())[:MAX_WAIT_TEXT]
+    return f"wait {ts:.6f} {max(0.0, waited):.1f} {text or '?'}\n".encode()
 
 
 def stop_line(ts: float) -> bytes:
@@ -245,9 +258,21 @@ def _stop(args: list[str]) -> Message:
     return Message("stop", _ts(args[0]))
 
 
+def _wait(args: list[str]) -> Message:
+    # wait <ts> <seconds> <what...>: the rest of the line, words joined by one space
+    if len(args) < 3:
+        raise ProtocolError("wrong number of fields for 'wait'")
+    what = " ".join(args[2:])
+    if len(what) > MAX_WAIT_TEXT or not what.isprintable():
+        raise ProtocolError("bad text in 'wait'")
+    return Message("wait", _ts(args[0]), waited=_ts(args[1]), what=what)
+
+
 # One parser per verb: a dict lookup, not a match tried case by case (the master reads a line
 # per worker per second at idle, and several per job).
-_PARSERS = {"ready": _ready, "busy": _busy, "beat": _beat, "done": _done, "idle": _idle, "stop": _stop}
+_PARSERS = {
+    "ready": _ready, "busy": _busy, "beat": _beat, "done": _done, "idle": _idle, "stop": _stop, "wait": _wait,
+}  # fmt: skip
 assert tuple(_PARSERS) == VERBS
 
 

@@ -10,6 +10,7 @@ pipe is left unread for the rest of the second, the worker blocks on it).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -19,7 +20,9 @@ from typing import IO, Any, Protocol
 
 from herder.common.worker_protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
 from herder.supervisor import logs
-from herder.supervisor.observations import FinishedJob, Observations, record
+from herder.supervisor.observations import FinishedJob, Observations, record, wait_to_log
+
+log = logging.getLogger("herder")
 
 # A busy worker sends ~3 lines a job; 20k lines/s is ~6x the fastest no-op job rate seen.
 STDOUT_LINES_PER_SECOND = 20_000
@@ -86,7 +89,11 @@ class StdoutReader:
                 obs.last_error = str(exc)
             return False
         with proc.changing() as obs:
-            return record(obs, proc.finished, msg, time.monotonic())
+            important = record(obs, proc.finished, msg, time.monotonic())
+            news = wait_to_log(obs) if msg.verb == "wait" else None
+        if news is not None:
+            log.warning("%s: waiting for %s", proc.label, news)
+        return important
 
     def eof(self) -> None:
         proc = self.proc

@@ -65,7 +65,15 @@ def read_late(verdict: Verdict | None, w: Worker) -> bool:
 
 
 def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | None:
-    """Why this worker must be killed now, or None while it is fine."""
+    """Why this worker must be killed now, or None while it is fine. A kill for silence or for
+    no `ready` names what the worker said it was waiting for, if it did (`wait`)."""
+    verdict = _judge(w, obs, now, cfg)
+    if verdict is None or obs.waiting is None or verdict.kind not in (KillKind.SILENT, KillKind.NO_READY):
+        return verdict
+    return Verdict(f"{verdict.reason}; it was {obs.waiting.reason(now)}", verdict.judged_hung, verdict.kind)
+
+
+def _judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | None:
     late = past_job_timeout(obs, now, cfg)
     # A stop timeout is part of a stop, and a job past its own timeout is killed as RQ itself
     # would: neither is a judgement a widespread fault could fool.
@@ -87,7 +95,8 @@ def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | No
         )
     if not obs.ready:
         if obs.last_seen > w.spawned_at:
-            # Heartbeats before `ready`: alive, waiting (for Redis, say); judged by silence.
+            # Heartbeats (`idle`, `wait`) before `ready`: alive, waiting (for Redis, say); judged
+            # by silence, as a worker that cannot reach Redis is replaced by one that cannot either.
             silent = now - obs.last_seen
             if silent > cfg.heartbeat_timeout:
                 why = f"silent for {silent:.1f} s before `ready` (limit {cfg.heartbeat_timeout:g} s)"

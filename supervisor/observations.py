@@ -28,6 +28,18 @@ class Held:
     stuck_since: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What a worker waits for before it can work (Redis, say), as its last `wait` line said."""
+
+    what: str  # "Redis at redis.example:6379: connection refused"
+    since: float  # monotonic: when its wait began, by its own count
+
+    def reason(self, now: float) -> str:
+        """A person's sentence: "waiting 12 s for Redis at ...: connection refused"."""
+        return f"waiting {max(0.0, now - self.since):.0f} s for {self.what}"
+
+
 @dataclass
 class Observations:
     """What the stdout reader saw. Written by the reader under `lock`, read by the loop (a
@@ -50,6 +62,10 @@ class Observations:
     last_error: str = ""
     paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended, paused, retiring
     endings: int = 0  # given-up jobs this worker ended (`end`), which count as no job
+    # What it waits for (`wait`, version 9) until it says ready, idle or busy again; and the
+    # wait the master last logged, so a worker that keeps waiting is logged once per change.
+    waiting: Waiting | None = None
+    wait_logged: str | None = None
 
     def copy(self) -> Observations:
         """A snapshot the loop may read while the reader records on (Held is immutable).
@@ -91,23 +107,31 @@ FINISHED_KEPT = 10_000
 
 def record(o: Observations, finished: deque[FinishedJob], msg: Message, now: float) -> bool:
     """Record one parsed line (`now`: monotonic, on receipt); True if the loop should look now
-    (a `ready` or a `stop`: a state to change at once, not at the next tick)."""
+    (a `ready` or a `stop`: a state to change at once, not at the next tick).
+
+    A `wait` is a sign of life like `idle`: before `ready` it turns the start deadline into the
+    heartbeat deadline (docs/design.md, "The network is not reliable")."""
     o.last_seen = now
     held = o.jobs.get(msg.thread)
     match msg.verb:
         case "ready":
             o.ready = True
+            o.waiting = o.wait_logged = None
             return True
         case "beat" if held is not None and held.job_id == msg.job_id:
             o.jobs[msg.thread] = replace(held, stuck_since=now - msg.stuck if msg.stuck > 0 else None)
         case "idle":
             retiring = msg.paused == RETIRING and o.paused != RETIRING
             o.paused = msg.paused
+            o.waiting = None
             return retiring  # it takes no more jobs: its replacement is due now, not at the tick
+        case "wait":
+            assert msg.what is not None
+            o.waiting = Waiting(msg.what, now - msg.waited)
         case "busy":
             assert msg.job_id is not None
             o.jobs[msg.thread] = Held(msg.job_id, now, msg.timeout, msg.queue, msg.func, msg.ts)
-            o.paused = None
+            o.paused = o.waiting = o.wait_logged = None
         case "done" if msg.ok is None:  # an ending (`end`) is over: no job of its own
             o.endings += 1
             if held is not None and held.job_id == msg.job_id:
@@ -130,3 +154,12 @@ def record(o: Observations, finished: deque[FinishedJob], msg: Message, now: flo
             o.said_stop = True
             return True
     return False
+
+
+def wait_to_log(o: Observations) -> str | None:
+    """What the worker now waits for, if the master has not logged it yet (then it is marked
+    logged): a wait is logged once per change of what it waits for, not once a line."""
+    if o.waiting is None or o.waiting.what == o.wait_logged:
+        return None
+    o.wait_logged = o.waiting.what
+    return o.waiting.what

@@ -20,6 +20,7 @@ state change that writes it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import http.client
 import json
@@ -33,7 +34,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,33 @@ def start_redis(workdir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], in
     password = extra[extra.index("--requirepass") + 1] if "--requirepass" in extra else None
     wait_until_redis_answers(Redis(port=port, password=password))
     return proc, port
+
+
+@contextlib.contextmanager
+def unanswered_port() -> Iterator[int]:
+    """A loopback port whose accept queue is full and never drained: a connect to it gets no
+    SYN-ACK, no refusal, nothing (as to a host that drops packets) until the client gives up."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(16):
+        s = socket.socket()
+        s.settimeout(0.3)
+        try:
+            s.connect(("127.0.0.1", port))
+        except TimeoutError:
+            s.close()
+            break
+        fillers.append(s)
+    else:
+        pytest.fail("the accept queue never filled: connects are answered")
+    try:
+        yield port
+    finally:
+        for s in [*fillers, listener]:
+            s.close()
 
 
 def wait_until_redis_answers(client: Redis, timeout: float = 10) -> None:

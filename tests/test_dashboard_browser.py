@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from harness import Herder, free_port, http_status, wait_for
+from harness import Herder, free_port, http_status, unanswered_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -213,6 +213,31 @@ def test_workers_chart_and_a_kill_9_marked_within_2_s(herder, jobs, browser, tmp
     print(f"kill -9 shown after {took:.2f} s; screenshot {shot}")
     assert browser_errors(browser) == []
     h.stop_and_check()
+
+
+def test_a_worker_that_waits_for_redis_says_why_on_its_row(herder, browser, tmp_path: Path) -> None:
+    """A worker whose Redis gets no answer: its row says what it waits for, and for how long."""
+    with unanswered_port() as redis_port:
+        port = free_port()
+        url = f"redis://:pw-not-shown@127.0.0.1:{redis_port}/0"
+        h = herder(redis_url=url, workers="2", no_scheduler=True, http=f"127.0.0.1:{port}")
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_status(base + "/api/snapshot") == 200, 20, what="/api/snapshot to answer")
+        open_page(browser, base)
+        why = f"for Redis at 127.0.0.1:{redis_port}: connect timed out"
+
+        def waiting_rows(d: Any) -> list[list[str]] | None:
+            rows = [r for r in d.execute_script(READ_TABLE, "#workers") if why in r[4] and "waiting" in r[4]]
+            return rows if len(rows) == 2 else None
+
+        rows = until(browser, 30, waiting_rows, f"both rows to say 'waiting ... {why}'")
+        assert all(r[3] == "starting" for r in rows), rows
+        shot = tmp_path / "waiting.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 20_000
+        print(f"screenshot {shot}")
+        assert "pw-not-shown" not in browser.page_source
+        assert browser_errors(browser) == []
+        h.stop_and_check()
 
 
 def test_a_scale_from_the_page_works_with_the_token_and_is_refused_without(herder, browser) -> None:

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections import deque
 from dataclasses import replace
 
 import pytest
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc, all_ready, live, make
+from herder.common.worker_protocol import parse_line, wait_line
 from herder.supervisor import fleet, pipes, reload
 from herder.supervisor.fleet import Worker
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import TICK, TICK_IN_MOTION, Master
-from herder.supervisor.observations import Held, Observations
+from herder.supervisor.observations import Held, Observations, record, wait_to_log
 from herder.supervisor.pool import PoolState
 from herder.supervisor.redis_side.load_reader import Reading
 from herder.supervisor.scaling import Load
@@ -314,6 +316,32 @@ def test_judge_eof_start_timeout_and_waiting_for_redis() -> None:
     eof = Observations(last_seen=0.0, ready=True, stdout_eof=True, eof_at=10.0)
     assert judge(worker(), eof, 10.0 + EOF_GRACE - 0.1, cfg) is None
     assert judge(worker(), eof, 10.0 + EOF_GRACE + 0.1, cfg)
+
+
+def test_a_wait_is_recorded_until_the_worker_works_and_a_kill_names_it() -> None:
+    cfg = SHORT_TIMEOUT_CONFIG
+    o, finished = Observations(last_seen=0.0), deque()
+    refused = parse_line(wait_line(100.0, 4.0, "Redis at r:6379: connection refused")[:-1])
+    record(o, finished, refused, now=10.0)
+    assert o.waiting and o.waiting.what == "Redis at r:6379: connection refused" and o.waiting.since == 6.0
+    assert wait_to_log(o) == "Redis at r:6379: connection refused"
+    record(o, finished, refused, now=11.0)
+    assert wait_to_log(o) is None  # the same wait again: logged once
+    # Silent past the heartbeat timeout while it waited: the kill says what it waited for.
+    verdict = judge(worker(WorkerState.STARTING), o, 11.0 + cfg.heartbeat_timeout + 0.1, cfg)
+    assert verdict and verdict.reason == (
+        f"silent for {cfg.heartbeat_timeout + 0.1:.1f} s before `ready` (limit {cfg.heartbeat_timeout:g} s); "
+        f"it was waiting {4.1 + cfg.heartbeat_timeout:.0f} s for Redis at r:6379: connection refused"
+    )  # since 7.0: its last line said 4 s at 11.0
+    record(o, finished, parse_line(wait_line(101.0, 5.0, "Redis: name resolution of r timed out")[:-1]), 12.0)
+    assert wait_to_log(o) == "Redis: name resolution of r timed out"  # a new cause: logged
+    record(o, finished, parse_line(b"idle 102.0"), 13.0)
+    assert o.waiting is None  # it works (or waits for work) again
+    record(o, finished, parse_line(b"ready 1 103.0 9"), 14.0)
+    assert o.waiting is None and o.wait_logged is None
+    # Never a wait at all: the start timeout's reason as before.
+    verdict = judge(worker(WorkerState.STARTING), Observations(last_seen=0.0), cfg.start_timeout + 0.1, cfg)
+    assert verdict and verdict.reason == f"no `ready` within the start timeout of {cfg.start_timeout:g} s"
 
 
 def test_derived_state_follows_the_worker_unless_the_master_decided() -> None:

@@ -38,6 +38,10 @@ from herder.common.worker_protocol import LineSplitter, Message, ProtocolError, 
         (b"idle 13.25", Message("idle", 13.25)),
         (b"stop 14", Message("stop", 14.0)),
         (b"idle 13.25\r", Message("idle", 13.25)),
+        (
+            b"wait 15.0 12.5 Redis at r.example:6379: connection refused",
+            Message("wait", 15.0, waited=12.5, what="Redis at r.example:6379: connection refused"),
+        ),
     ],
 )
 def test_parses_every_verb(line: bytes, expected: Message) -> None:
@@ -56,6 +60,9 @@ def test_parses_every_verb(line: bytes, expected: Message) -> None:
         (b"done j 1.0 maybe", "bad outcome"),
         (b"ready x 1.0", "bad pid"),
         (b"ready 1 1.0 10", "unsupported protocol version"),
+        (b"wait 1.0 2.0", "wrong number of fields for 'wait'"),
+        (b"wait 1.0 soon Redis", "bad timestamp"),
+        (b"wait 1.0 2.0 " + b"x" * 400, "bad text in 'wait'"),
         (b"t0 busy j 1.0", "bad thread tag"),  # thread 0 goes untagged
         (b"t256 busy j 1.0", "bad thread tag"),
         (b"t1 ready 1 1.0", "bad thread tag"),  # the process's own lines carry no thread
@@ -185,6 +192,11 @@ def test_what_the_worker_writes_the_master_reads(
     assert parse_line(wp.idle_line(ts)[:-1]).paused is None
     with pytest.raises(ProtocolError):
         parse_line(b"idle 1.0 napping")
+    # Version 9: what a worker waits for, any text it has: one printable line, cut to size.
+    waiting = parse_line(wp.wait_line(ts, 3.04, f"Redis: {name}")[:-1])
+    assert waiting.verb == "wait" and waiting.waited == pytest.approx(3.0)
+    assert waiting.what == " ".join(f"Redis: {name}".split())[: wp.MAX_WAIT_TEXT] or not name.isprintable()
+    assert len(waiting.what or "") <= wp.MAX_WAIT_TEXT and (waiting.what or "").isprintable()
 
 
 def test_what_the_master_writes_the_watchdog_reads() -> None:

@@ -128,7 +128,7 @@ API_FIELDS = {
     "pool": "name state autoscale min max wanted running busy queue_length growth oldest_age jobs_per_s "
     "failed_per_s jobs_ok jobs_failed queues",
     "worker": "pool slot pid state job func elapsed timeout jobs_done jobs_failed rss cpu_percent uptime "
-    "threads",
+    "threads waiting_for waiting_seconds",
     "thread": "thread job func elapsed",
 }
 

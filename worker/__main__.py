@@ -12,43 +12,12 @@ import math
 import os
 import socket
 import sys
-import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from redis import Redis
 
     from herder.common.config import Config
-
-
-def wait_for_redis(connection, channel) -> bool:
-    """Wait until Redis answers, heartbeating meanwhile; False if asked to stop first.
-
-    A worker started during a Redis outage waits instead of exiting, so the fleet keeps
-    its size instead of churning through crash-and-respawn. A wrong password or another
-    configuration error is not an outage: it raises, and the worker exits. `connection`
-    should time out within a heartbeat interval: a ping blocked on a frozen Redis must not
-    keep the worker silent past its heartbeat deadline.
-    """
-    from redis.exceptions import AuthenticationError, ConnectionError, TimeoutError
-
-    logged = False
-    while True:
-        try:
-            connection.ping()
-            if logged:
-                print("herder worker: Redis answers, starting", file=sys.stderr, flush=True)
-            return True
-        except AuthenticationError:
-            raise
-        except (ConnectionError, TimeoutError) as exc:
-            if not logged:
-                print(f"herder worker: waiting for Redis ({exc})", file=sys.stderr, flush=True)
-                logged = True
-        if channel.stop_reason:
-            return False
-        channel.idle()
-        time.sleep(channel.heartbeat_interval)
 
 
 def connections(cfg: Config) -> tuple[Redis, Redis]:
@@ -74,12 +43,16 @@ def prepare_ahead() -> None:
     Anything amiss (Redis away, a config it cannot read) leaves it all to main()."""
     from herder.common import handover, rq_seam
     from herder.common.config import Config
+    from herder.worker import reach
 
     try:
         cfg = Config.handed_over()
         if not cfg.redis_url:
             return
         connection, probe = connections(cfg)
+        target = reach.Target.of(probe)
+        if target.host:  # a resolver that does not answer must not hold the spare from its request
+            reach.resolver.resolve(target.host, target.port, max(0.5, cfg.heartbeat_interval))
         probe.ping()  # within a beat, or it raises
         pool = connection.connection_pool
         pool.release(rq_seam.pool_connection(pool))
@@ -111,6 +84,7 @@ def main() -> int:
         heartbeat_interval=cfg.heartbeat_interval,
         orphan_log=cfg.orphan_log,
         jobs_limit=wp.jobs_limit(os.environ),  # drawn by the master, jitter and all
+        wait_bound=cfg.progress_timeout,
     )
     channel.start()
     # Job modules are imported after herder's own packages, so a user module named
@@ -124,6 +98,7 @@ def main() -> int:
     from herder.common.redis_connect import bound_calls
     from herder.worker import hooks
     from herder.worker.factory import make_worker
+    from herder.worker.reach import wait_for_redis
     from herder.worker.rq_worker import log_to_master
 
     try:  # the user's start-up code: a failure is this worker's failed start (the slot backs off)

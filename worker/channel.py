@@ -12,10 +12,19 @@ the worker's main loop, so a stuck main loop goes silent and gets noticed. A bus
 main loop reports its progress too (`progress()`, and whether the job's own code runs): a
 beat says how long the loop has been stuck outside the job (a Redis call that never returns),
 and the master kills a worker stuck past --progress-timeout.
+
+A worker that cannot reach Redis says what it waits for (`wait`, `waiting()`): in place of its
+`idle` heartbeats, and from the sentinel too, so the master hears it while the main loop is
+blocked in an attempt (a name resolution or a connect, inside a C call). A ready worker between
+jobs whose loop has made no progress for two slices is in a Redis call that has not answered
+(`stall`): the sentinel says that too. It speaks only while the main loop has moved within
+`wait_bound` seconds: a loop stuck for good goes silent, and the master's kill names what it
+was waiting for.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import sys
@@ -82,10 +91,15 @@ class JobsLimit:
 
 class Channel(Progress):
     def __init__(
-        self, heartbeat_interval: float = 1.0, orphan_log: str | None = None, jobs_limit: int | None = None
+        self,
+        heartbeat_interval: float = 1.0,
+        orphan_log: str | None = None,
+        jobs_limit: int | None = None,
+        wait_bound: float = 30.0,
     ) -> None:
         self.heartbeat_interval = heartbeat_interval
         self.limit = JobsLimit(jobs_limit)  # the process's, its threads' too
+        self.wait_bound = wait_bound  # --progress-timeout: how long the sentinel speaks for a stuck wait
         self.orphan_log = orphan_log
         self._fd = os.dup(1)  # private protocol fd; os.dup makes it non-inheritable
         os.dup2(2, 1)  # fd 1 -> stderr, for stray prints and child processes
@@ -102,6 +116,14 @@ class Channel(Progress):
         self._orphaned = False
         self._last_idle = 0.0
         self._last_paused: str | None = None
+        # What the worker waits for (`waiting()`): (what, since, set at, said), monotonic times.
+        self._wait: tuple[str, float, float, bool] | None = None
+        self._last_wait = 0.0  # monotonic: the last `wait` line
+        # A ready worker between jobs: what its loop waits for when it has made no progress for
+        # stall_after seconds (its Redis call has not answered); set by the RQ worker's attach.
+        self.stall: str | None = None
+        self.stall_after = max(2 * heartbeat_interval, math.ceil(heartbeat_interval) + 1.0)
+        self._said_ready = False
         self.paused = False  # `herder pause`: take no new job until `resume`
         self.requests = threading.Event()  # set on each request from the master (stop, pause, resume, end)
         self.endings: deque[str] = deque()  # jobs herder gave up on, to end as RQ would (`end`)
@@ -137,15 +159,62 @@ class Channel(Progress):
 
     def ready(self) -> None:
         self.progress()
+        self._said_ready = True
         self._send(wp.ready_line(os.getpid(), time.time()))
 
     def idle(self, paused: str | None = None) -> None:
         """The main loop's heartbeat; at most twice per interval, however often it is called,
-        and at once when the reason it takes no jobs (`paused`) changes."""
+        and at once when the reason it takes no jobs (`paused`) changes. While the worker waits
+        (`waiting()`) the heartbeat is its `wait` line."""
         now = self._progress_at = time.monotonic()
+        if self._wait is not None:
+            self._say_wait(now)
+            return
         if now - self._last_idle >= self.heartbeat_interval / 2 or paused != self._last_paused:
             self._last_idle, self._last_paused = now, paused
             self._send(wp.idle_line(time.time(), paused))
+
+    def waiting(self, what: str, since: float, say: bool = True) -> None:
+        """The main loop waits for `what` ("Redis at host:6379: connection refused") since
+        `since` (monotonic). `say`: tell the master now if it is news; else (an attempt under
+        way, "name resolution ... not answered yet") the sentinel says it if it lasts a beat."""
+        now = self._progress_at = time.monotonic()
+        with self._lock:
+            before = self._wait
+            same = before is not None and before[0] == what
+            self._wait = (what, since, before[2] if same else now, same and before[3])
+        if say and not same:
+            self._say_wait(now, force=True)
+
+    def waited(self) -> None:
+        """It waits no more (Redis answered): its next line, `idle` or `ready`, says so."""
+        with self._lock:
+            self._wait = None
+
+    def _say_wait(self, now: float, force: bool = False) -> None:
+        """A `wait` line, at most twice per interval unless `force`d (news)."""
+        with self._lock:
+            wait = self._wait
+            if wait is None or not force and now - self._last_wait < self.heartbeat_interval / 2:
+                return
+            self._wait = (wait[0], wait[1], wait[2], True)
+            self._last_wait = now
+        self._send(wp.wait_line(time.time(), now - wait[1], wait[0]))
+
+    def _speak_for_wait(self) -> None:
+        """The sentinel's `wait`, while the main loop is in an attempt that has not answered (a
+        name resolution, a connect): only what has lasted half a beat, and only while the loop
+        has moved within wait_bound (a loop stuck for good goes silent and is killed)."""
+        now, wait, moved = time.monotonic(), self._wait, self._progress_at
+        if now - moved > self.wait_bound:
+            return
+        if wait is None and self.stall and self._said_ready and now - moved > self.stall_after:
+            if not any(t._job_id for t in self.threads or [self]) and self._stop_reason is None:
+                # Between jobs, a call that has not answered for two slices: Redis does not answer.
+                self._send(wp.wait_line(time.time(), now - moved, self.stall))
+            return
+        if wait is not None and (wait[3] or now - wait[2] >= self.heartbeat_interval / 2):
+            self._say_wait(now)
 
     def busy(
         self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
@@ -252,6 +321,7 @@ class Channel(Progress):
                 time.sleep(self.heartbeat_interval)
             if os.getppid() not in self._parents:
                 self._master_gone(f"parent changed from {self._parent} to {os.getppid()}")
+            self._speak_for_wait()
             busy = False
             for thread in self.threads or [self]:
                 with self._lock:
@@ -318,6 +388,13 @@ class ThreadChannel(Progress):
     def idle(self, paused: str | None = None) -> None:
         self.progress()
         self.process.idle(paused)
+
+    def waiting(self, what: str, since: float, say: bool = True) -> None:
+        self.progress()
+        self.process.waiting(what, since, say)
+
+    def waited(self) -> None:
+        self.process.waited()
 
     def ready(self) -> None:
         """Ready once every thread is: one `ready` for the process."""

@@ -47,6 +47,7 @@ from herder.common import rq_seam
 from herder.common.redis_connect import RETRIES
 from herder.common.rq_names import client_name, lease_key
 from herder.common.worker_protocol import RETIRING
+from herder.worker import reach
 from herder.worker.abandoned import end_abandoned
 from herder.worker.channel import Channel
 
@@ -103,6 +104,9 @@ class HerderMixin(BaseWorker):
         self.lease_renewed = float("-inf")  # monotonic
         channel.on_beat = self.renew_lease  # while a job runs, from the channel's thread
         channel.on_request(self.wake_dequeue)  # the process's channel, a threaded worker's too
+        process = getattr(channel, "process", channel)  # a threaded worker's: its process's
+        if isinstance(process, Channel):  # what a loop stuck in a Redis call between jobs waits for
+            process.stall = f"{reach.Target.of(self.connection).where}: no answer yet"
 
     def wake_dequeue(self) -> None:
         """A request came from the master: end this worker's blocking dequeue now, as its
@@ -307,11 +311,15 @@ class HerderMixin(BaseWorker):
                 file=sys.stderr,
                 flush=True,
             )
+        # What it waits for, to the master (`wait`, in place of its `idle` until Redis answers).
+        target = reach.Target.of(self.connection)
+        self.channel.waiting(f"{target.where}: {reach.describe(exc, target.password)}", self._away_since)
         self.channel.idle()
         self.channel.requests.wait(min(1.0, self.channel.heartbeat_interval))
 
     def redis_back(self) -> None:
         if self._away_since is not None:
+            self.channel.waited()
             away, self._away_since = time.monotonic() - self._away_since, None
             print(f"herder worker: Redis answers again after {away:.1f} s", file=sys.stderr, flush=True)
 

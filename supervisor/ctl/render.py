@@ -84,6 +84,8 @@ def render(status: dict[str, Any]) -> str:
         rss = f"{w['rss'] / 2**20:.0f}M" if w["rss"] else "-"
         cpu = f"{w['cpu_percent']:.0f}" if w["cpu_percent"] is not None else "-"
         job = f"{w['job']} ({_duration(w['job_seconds'])})" if w["job"] else ""
+        if not job and w.get("waiting_for"):  # why it does not work: it waits (for Redis, say)
+            job = f"waiting {_duration(w.get('waiting_seconds') or 0)} for {w['waiting_for']}"
         more = len(w.get("jobs", [])) - 1  # a threaded worker's other jobs
         job += f" and {more} more" if more > 0 else ""
         state = w.get("paused") or w["state"] if w["state"] == "idle" else w["state"]

@@ -238,6 +238,8 @@ def _worker_row(w: Worker, o: Observations, now: float, usage: tuple[int | None,
             ThreadJob(thread=t, job=h.job_id, func=h.func, elapsed=round(now - h.started, 1))
             for t, h in sorted(o.jobs.items())
         ),
+        waiting_for=o.waiting.what if o.waiting else None,
+        waiting_seconds=round(max(0.0, now - o.waiting.since), 1) if o.waiting else None,
         last_done=o.last_done_wall,
         malformed=o.malformed,
         paused=o.paused,

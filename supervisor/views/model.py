@@ -80,6 +80,10 @@ class WorkerRow:
     cpu_percent: float | None
     uptime: float
     threads: tuple[ThreadJob, ...]
+    # What it said it waits for before it can work (`wait`: "Redis at host:6379: connection
+    # refused") and for how many seconds; None while it waits for nothing.
+    waiting_for: str | None = None
+    waiting_seconds: float | None = None
     last_done: float | None = view_only()  # wall clock of its last finished job
     malformed: int = view_only(0)  # protocol lines it sent that herder could not read
     paused: str | None = view_only()  # what it said of a pause (`suspended`, ...)

@@ -98,6 +98,8 @@ def _worker(w: WorkerRow) -> dict[str, Any]:
         "heard_from": w.heard_from,
         "jobs_limit": w.jobs_limit,  # the most jobs it takes (max_jobs plus its jitter draw), or null
         "retiring": w.retiring,  # why it is being replaced (a recycle, a cull), or null
+        "waiting_for": w.waiting_for,  # what it waits for before it can work: Redis, say
+        "waiting_seconds": w.waiting_seconds,
     }
 
 

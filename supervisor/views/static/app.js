@@ -357,8 +357,11 @@
       parts.push(el("ul", { class: "threads" },
         ...threads.map((th) => el("li", { text: `thread ${th.thread}: ${th.func || "(unknown function)"} ${th.job} · ${duration(th.elapsed)}` }))));
     }
+    // Why it does not work yet: it waits (for Redis, say), and for how long.
+    const waiting = !parts.length && w.waiting_for ? `waiting ${duration(Math.round(w.waiting_seconds || 0))} for ${w.waiting_for}` : null;
+    if (waiting) parts.push(el("span", { class: "waiting", text: waiting }));
     if (!parts.length) parts.push(dash);
-    const sig = JSON.stringify([w.job, w.func, threads.map((th) => [th.thread, th.job, Math.floor(th.elapsed)])]);
+    const sig = JSON.stringify([w.job, w.func, threads.map((th) => [th.thread, th.job, Math.floor(th.elapsed)]), waiting]);
     if (cell.dataset.sig !== sig) {
       cell.dataset.sig = sig;
       cell.replaceChildren(...parts);
