@@ -90,6 +90,45 @@ def test_a_dead_workers_requeue_leaves_a_run_another_host_took_since(conn: Redis
     assert r.counts.requeued == 1
 
 
+def test_a_dead_workers_self_deleted_job_is_neither_requeued_nor_made_again(
+    conn: Redis, redis_url: str
+) -> None:
+    """A job whose own code deleted it, its worker dead before its finish: RQ's own clean-up finds
+    no job and leaves it so. herder's requeue and sweep do the same: nothing put back, no hash made."""
+    gone = started_under(conn, "herder.h2.1.9", "e1")
+    left = started_under(conn, "herder.h2.1.9", "e2")  # its member left in the registry (as an rq might)
+    conn.zrem(WIP, f"{gone}:e1")
+    conn.delete(f"rq:job:{gone}", f"rq:job:{left}")
+    r = RecoveryThread(conn, Config(redis_url=redis_url, queues=["default"]), sweeping=True)
+    r.start()
+    try:
+        r.requeue(gone, "test: its worker died", "died", workers=("herder.h2.1.9",))
+        wait_for(lambda: conn.zcard(WIP) == 0, 10, what="the sweep to clear the left member")
+        wait_for(lambda: r.pending() == 0, 5, what="the requeue done")
+    finally:
+        r.drain(1)
+    assert conn.llen("rq:queue:default") == 0
+    assert not conn.exists(f"rq:job:{gone}", f"rq:job:{left}", f"herder:moved:{gone}", f"herder:moved:{left}")
+    assert r.counts.requeued == 0
+
+
+def test_a_move_counts_the_job_beside_its_hash(conn: Redis, redis_url: str) -> None:
+    """The move writes the job's moves in its hash and under herder:moved:<id> (which outlives a
+    hash deleted since), in the same script: what a stale start or finish is fenced on."""
+    job_id = started_under(conn, "herder.h2.1.9", "e1")
+    conn.set(f"herder:moved:{job_id}", 2)  # moved twice before, its hash since made anew
+    r = RecoveryThread(conn, Config(redis_url=redis_url, queues=["default"]), sweeping=False)
+    r.start()
+    try:
+        r.requeue(job_id, "test: its worker died", "died", workers=("herder.h2.1.9",))
+        wait_for(lambda: r.pending() == 0, 5, what="the requeue done")
+    finally:
+        r.drain(1)
+    assert conn.hget(f"rq:job:{job_id}", "herder_requeues") == b"3"
+    assert conn.get(f"herder:moved:{job_id}") == b"3"
+    assert 0 < conn.ttl(f"herder:moved:{job_id}") <= 7 * 24 * 3600
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("path", "func"),
