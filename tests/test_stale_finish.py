@@ -70,6 +70,12 @@ def test_a_finish_for_a_job_its_own_code_deleted_is_written_as_rq_writes_it(conn
     assert call(conn, 1, (WIP, "j:e1", 0)) == [1]
     assert conn.hget("rq:job:j", "status") == b"finished"
     assert conn.xlen("rq:results:j") == 1
+    # ...and so after a heartbeat of the job since (RQ's forking worker beats a running job):
+    # a hash of that one field, no status.
+    conn.delete("rq:job:j")
+    conn.hset("rq:job:j", "last_heartbeat", "2026-11-29T00:00:00.000000Z")
+    assert call(conn, 2, (WIP, "j:e1", 0)) == [1]
+    assert conn.hget("rq:job:j", "status") == b"finished"
 
 
 def test_a_finish_for_a_recovered_job_deleted_since_writes_nothing(conn: Redis) -> None:

@@ -16,8 +16,9 @@ When it goes on, it must neither start that job nor write its finish over the ot
   (herder.common.rq_names.MOVES_LUA). The worker notes them when its start is written (or, on
   the fast path, when the script takes the job), atomically with it.
 - **A finish** is written while RQ still has the job started under this worker's execution;
-  without it, only while the job's hash is gone and its moves are unchanged: its own code deleted
-  it (`job.delete()` in the job), and RQ writes the finish all the same. Otherwise it was
+  without it, only while the job's hash is gone (or holds no status: RQ's job heartbeat after
+  the delete makes a hash of its one field) and its moves are unchanged: its own code deleted it
+  (`job.delete()` in the job), and RQ writes the finish all the same. Otherwise it was
   recovered from this worker and runs or ran elsewhere, whose outcome stands.
 
 Each check rides in the call that writes (RQ's transaction sent as one script call: the same one
@@ -68,7 +69,7 @@ FINISH_FENCE = (
     MOVES_LUA
     + """
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('HEXISTS', KEYS[2], 'status') == 1 then return 0 end
 if ARGV[3] ~= '' and moves(KEYS[2], ARGV[2]) ~= tonumber(ARGV[3]) then return 0 end
 return 1
 """

@@ -43,11 +43,11 @@ from herder.common.rq_names import MOVES_LUA
 # moved it from a worker (herder.common.rq_names.MOVES_LUA), noted when the worker took it (or
 # started it). A start is written only while the job is still where its take put it (taken out
 # of it here, so of two workers that both took it one starts it), and its moves, when noted, are
-# unchanged. A finish is written
-# while RQ still has its execution started; without it, only while the job's hash is gone (its own
-# code deleted it: RQ writes the finish all the same) and its moves are unchanged. Otherwise the
-# job was recovered from this worker, which could not reach Redis past its lease, and may run or
-# have run elsewhere: nothing of this worker's is written over that run.
+# unchanged. A finish is written while RQ still has its execution started; without it, only while
+# the job's hash has no status (its own code deleted it: RQ writes the finish all the same) and
+# its moves are unchanged. Otherwise the job was recovered from this worker, which could not reach
+# Redis past its lease, and may run or have run elsewhere: nothing of this worker's is written
+# over that run.
 # Each call's outcome is kept under the record key (its number, its code, the moves and the job it
 # took), so the same call sent again after a lost reply is answered from it, never run twice; a
 # job taken by it that was moved since is no longer this worker's (answered {1}).
@@ -92,7 +92,8 @@ local function run()
     local registry, member, moved = arg(), arg(), arg()
     if not redis.call('ZSCORE', registry, member) then
       local id = string.match(member, '^(.*):[^:]*$') or member
-      if redis.call('EXISTS', prefix .. id) == 1 then return {6} end  -- not deleted: recovered
+      -- Not deleted (a job's heartbeat after its delete makes a hash of that field alone): recovered.
+      if redis.call('HEXISTS', prefix .. id, 'status') == 1 then return {6} end
       if moved ~= '' and moves(prefix .. id, id) ~= tonumber(moved) then return {6} end
     end
   elseif fence == 'S' then  -- and the job still where its take put it: taken out of it here
