@@ -48,7 +48,7 @@ class StartRefused(Exception):  # noqa: N818 - a verdict, not a mistake
 FENCED_START = (
     MOVES_LUA
     + """
-local m = moves(KEYS[1], ARGV[1])
+local m = moves(ARGV[1])
 if ARGV[2] ~= '' and m ~= tonumber(ARGV[2]) then return {7} end
 if ARGV[3] == '1' and redis.call('LREM', KEYS[2], 1, ARGV[1]) == 0 then return {7} end
 local i, err = 4, nil
@@ -70,7 +70,7 @@ FINISH_FENCE = (
     + """
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
 if redis.call('HEXISTS', KEYS[2], 'status') == 1 then return 0 end
-if ARGV[3] ~= '' and moves(KEYS[2], ARGV[2]) ~= tonumber(ARGV[3]) then return 0 end
+if ARGV[3] ~= '' and moves(ARGV[2]) ~= tonumber(ARGV[3]) then return 0 end
 return 1
 """
 )

@@ -94,9 +94,9 @@ else
 end
 if removed == 0 then return {{'gone', 0}} end
 if status ~= 'started' and status ~= 'queued' then return {{'litter', 0}} end
--- Counted in the hash and beside it (a hash deleted since keeps its count): the worker it came
--- from, back after a cut, starts and ends it no more (herder.common.rq_names.MOVES_LUA).
-local n = moves(KEYS[4], ARGV[3]) + 1
+-- Counted in the hash and beside it (a hash deleted or made anew since keeps its count): the
+-- worker it came from, back after a cut, starts and ends it no more (rq_names.MOVES_LUA).
+local n = math.max(tonumber(redis.call('HGET', KEYS[4], ARGV[7]) or '0') or 0, moves(ARGV[3])) + 1
 redis.call('HSET', KEYS[4], ARGV[7], n)
 redis.call('SET', '{MOVED_PREFIX}' .. ARGV[3], n, 'EX', {MOVED_TTL})
 if n > tonumber(ARGV[4]) then

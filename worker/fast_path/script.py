@@ -79,7 +79,7 @@ if last then
     if code == 2 or code == 4 then
       local h = redis.call('HGETALL', prefix .. id)
       if #h == 0 then return {1} end  -- taken, then deleted by someone: nothing to run
-      if moves(prefix .. id, id) ~= mv then return {1} end  -- taken, then recovered: not this worker's
+      if moves(id) ~= mv then return {1} end  -- taken, then recovered: not this worker's
       return job_reply(code, queue, id, h, code == 4 and failed or nil, mv)
     end
     if code == 3 then return {3, failed} end
@@ -94,11 +94,11 @@ local function run()
       local id = string.match(member, '^(.*):[^:]*$') or member
       -- Not deleted (a job's heartbeat after its delete makes a hash of that field alone): recovered.
       if redis.call('HEXISTS', prefix .. id, 'status') == 1 then return {6} end
-      if moved ~= '' and moves(prefix .. id, id) ~= tonumber(moved) then return {6} end
+      if moved ~= '' and moves(id) ~= tonumber(moved) then return {6} end
     end
   elseif fence == 'S' then  -- and the job still where its take put it: taken out of it here
     local id, moved, claim = arg(), arg(), arg()
-    noted = moves(prefix .. id, id)
+    noted = moves(id)
     if moved ~= '' and noted ~= tonumber(moved) then return {7} end
     if claim ~= '' and redis.call('LREM', claim, 1, id) == 0 then return {7} end
   end
@@ -158,8 +158,8 @@ local function run()
     local h = redis.call('HGETALL', prefix .. id)
     if #h == 0 then return nil end
     local failed = starts > 0 and start(h, id)
-    if failed then return job_reply(4, queue, id, h, failed, moves(prefix .. id, id)) end
-    return job_reply(2, queue, id, h, nil, moves(prefix .. id, id))
+    if failed then return job_reply(4, queue, id, h, failed, moves(id)) end
+    return job_reply(2, queue, id, h, nil, moves(id))
   end
   if mode == 'move' then
     local src, dst = arg(), arg()
