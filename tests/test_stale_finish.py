@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,15 @@ def blocked_in_dequeue(conn: Redis, pid: int) -> bool:
     )
 
 
+def taken_within(conn: Redis, intermediate: str, job_id: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if conn.lrange(intermediate, 0, -1) == [job_id.encode()]:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ["fast", "rq"])
 def test_a_job_taken_before_a_stall_and_recovered_meanwhile_is_not_started_after_it(
@@ -211,12 +221,15 @@ def test_a_job_taken_before_a_stall_and_recovered_meanwhile_is_not_started_after
     must not start the job (it did, and the job ran twice). It drops it, says why, and goes on."""
     h = herder(
         workers="1",
-        heartbeat_timeout="120",
+        heartbeat_timeout="120",  # a stopped worker says nothing: not killed for it meanwhile
+        redis_timeout="15",  # nor does its take's reply time out while it is stopped
+        progress_timeout="70",  # (longer than 4 times that, as herder requires)
         no_scheduler=True,
         **({"no_fast_path": True} if path == "rq" else {}),
     )
     (worker,) = h.wait_workers(1)
     q = Queue("default", connection=conn)
+    intermediate = "rq:queue:default:intermediate"
     job = None
     try:
         for _ in range(30):  # its dequeue waits a heartbeat interval at a time: catch it waiting
@@ -226,11 +239,14 @@ def test_a_job_taken_before_a_stall_and_recovered_meanwhile_is_not_started_after
             os.kill(worker.pid, signal.SIGSTOP)
             if blocked_in_dequeue(conn, worker.pid):
                 job = q.enqueue("herder_testjobs.record", "stalled")
-                break
+                if taken_within(conn, intermediate, job.id, 2.0):
+                    break
+                # Its wait ended in the instant between: the job stays queued. Another try.
+                conn.lrem("rq:queue:default", 0, job.id)
+                job.delete()
+                job = None
             os.kill(worker.pid, signal.SIGCONT)
         assert job is not None, "the worker's dequeue was never caught waiting"
-        intermediate = "rq:queue:default:intermediate"
-        wait_for(lambda: conn.lrange(intermediate, 0, -1) == [job.id.encode()], 5, what="the take")
         # The sweep finds it held by no worker, twice, and puts it back at the front of its queue.
         wait_for(lambda: conn.lrange("rq:queue:default", 0, -1) == [job.id.encode()], 10, what="the requeue")
         assert conn.hget(job.key, "herder_requeues") == b"1"
