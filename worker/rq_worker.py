@@ -270,8 +270,13 @@ class HerderMixin(BaseWorker):
         if fence is None or fence.job_id != job.id or not isinstance(real, Redis):
             return call(job, *args, **kwargs)
         self.connection = FencedConnection(real, fence)  # type: ignore[assignment]
+        before = set(self.executions)
         try:
             return call(job, *args, **kwargs)
+        except StartRefused:
+            for execution_id in set(self.executions) - before:  # RQ's objects of a start never written
+                del self.executions[execution_id]
+            raise
         finally:
             self.connection = real
 
@@ -308,10 +313,19 @@ class HerderMixin(BaseWorker):
 
     def handle_exception(self, job: Job, *exc_info) -> None:  # noqa: ANN002
         """rq 2 ends a stopped job through its failure path: as its forking worker does for a
-        stopped horse, the exception handlers do not see it (rq 3 ends it in _finalize_failure)."""
-        if exc_info and exc_info[0] is JobStopped:
+        stopped horse, the exception handlers do not see it (rq 3 ends it in _finalize_failure).
+        Nor do they see a start the fence refused (rq 2, the same path)."""
+        if exc_info and exc_info[0] in (JobStopped, StartRefused):
             return
         super().handle_exception(job, *exc_info)
+
+    def handle_job_failure(self, job: Job, *args, **kwargs) -> None:  # type: ignore[override]  # noqa: ANN002, ANN003
+        """rq 2's perform_job ends a start the fence refused (its second start transaction) as a
+        failure, inline: nothing is written for it (rq 3's goes to _finalize_failure)."""
+        if sys.exc_info()[0] is StartRefused:
+            self.start_refused(job)
+            return None
+        return super().handle_job_failure(job, *args, **kwargs)
 
     def _stop_job_now(self, signum: int, frame: object) -> None:
         job_id = rq_seam.stopped_job_id(self)
