@@ -71,3 +71,22 @@ CALL_RECORD_PREFIX = "herder:call:"
 
 def call_record_key(worker_name: str) -> str:
     return CALL_RECORD_PREFIX + worker_name
+
+
+# How many times herder's recovery has moved a job from a worker (requeued it, or given it up):
+# counted in the job's hash (REQUEUES_FIELD: the requeue limit's count) and, the same number,
+# under MOVED_PREFIX + job id, which outlives a hash deleted since (a job that deletes itself, a
+# result TTL of 0). Both are written by the one move (herder.supervisor.redis_side.recovery's
+# MOVE), in its script. A worker notes the latter when it takes or starts a job; its start and
+# its finish are fenced on it (herder.worker.fence, and the fast path's script): a worker whose
+# job was recovered from it while it could not reach Redis neither starts nor ends that job.
+REQUEUES_FIELD = "herder_requeues"
+MOVED_PREFIX = "herder:moved:"
+MOVED_TTL = 7 * 24 * 3600  # a host cut off longer than this could end a job moved from it
+
+# Lua: the job's moves so far, by its id (one GET: the fast path's script reads it at every take).
+MOVES_LUA = f"""
+local function moves(job_id)
+  return tonumber(redis.call('GET', '{MOVED_PREFIX}' .. job_id) or '0') or 0
+end
+"""

@@ -319,3 +319,46 @@ def test_a_job_past_its_timeout_fails_as_under_rq_and_the_next_one_runs(herder, 
     assert result is not None
     assert "JobTimeoutException: Task exceeded maximum timeout value (1 seconds)" in (result.exc_string or "")
     assert after.get_status(refresh=True).value == "finished"
+
+
+def enqueue_self_deleting(conn: Redis) -> list[str]:
+    """Jobs whose own code deletes their job (get_current_job().delete(), and Job.fetch(...)
+    .delete()), between plain ones, so on the fast path some start and finish by the script's
+    templates: RQ's SimpleWorker writes their finish all the same."""
+    q = Queue("default", connection=conn)
+    ids = []
+    for n, how in enumerate(["current", "fetched", "current", "fetched"]):
+        ids.append(q.enqueue("herder_rqcompat.add", n, 1, job_id=f"ok-{n}", result_ttl=600).id)
+        job = q.enqueue("herder_rqcompat.delete_itself", how, job_id=f"self-{how}-{n}", result_ttl=600)
+        ids.append(job.id)
+    ids.append(q.enqueue("herder_rqcompat.add", 9, 9, job_id="last", result_ttl=600).id)
+    return ids
+
+
+@pytest.mark.parametrize("path", ["fast", "rq"])
+def test_a_job_that_deletes_itself_ends_as_under_rqs_simple_worker(herder, two_redis, path: str) -> None:
+    """The job's execution leaves RQ's started registry with its hash: herder's fence tells
+    that from a recovery (herder.worker.fence), and the finish is written as RQ writes it."""
+    (by_rq, by_herder), (rq_port, herder_port) = two_redis
+    ids = enqueue_self_deleting(by_rq)
+    assert enqueue_self_deleting(by_herder) == ids
+    run_rqs_simple_worker(rq_port)
+
+    def finished(conn: Redis) -> bool:  # read as it is: a job may be deleted while it runs
+        with conn.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.hget(f"rq:job:{i}", "status")
+            return all(s == b"finished" for s in pipe.execute())
+
+    assert finished(by_rq)
+    flags = {"no_fast_path": True} if path == "rq" else {}
+    h = herder(redis_url=f"redis://127.0.0.1:{herder_port}", workers="1", no_scheduler=True, **flags)
+    wait_for(lambda: finished(by_herder), 30, what="herder to end every job")
+    h.stop_and_check()
+
+    assert "its finish was not written" not in h.log()
+    assert worker_stats(by_herder) == worker_stats(by_rq) == [(len(ids), 0)]
+    ours, theirs = state(by_herder, worker_names(by_herder)), state(by_rq, worker_names(by_rq))
+    assert sorted(ours) == sorted(theirs)  # the same keys
+    for key in theirs:
+        assert ours[key] == theirs[key], key

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -50,6 +51,7 @@ from herder.common.worker_protocol import RETIRING
 from herder.worker import reach
 from herder.worker.abandoned import end_abandoned
 from herder.worker.channel import Channel
+from herder.worker.fence import Fence, FencedConnection, StartRefused, finish_fenced_off
 
 # What an idle worker's connection is blocked in, as CLIENT LIST names it.
 BLOCKING_DEQUEUES = frozenset({"blmove", "blpop", "brpoplpush", "bzpopmin"})
@@ -91,6 +93,10 @@ class HerderMixin(BaseWorker):
     _performing: str | None = None  # the job whose own code is running now
     _rq_beat_at = float("-inf")  # monotonic time of the last plain heartbeat() sent to RQ
     lease_quiet = False  # while the fast path records RQ's start: the lease rides apart
+    # The job herder's dequeue took last, and what its start and finish are fenced on
+    # (herder.worker.fence); None before the first.
+    _fence: Fence | None = None
+    _fenced_off: str | None = None  # the job whose start or finish the fence refused
 
     nice_when_ready = 0  # the increment on its niceness to take once registered (--worker-nice)
     # The thread it runs in, when it is one of a threaded worker's (worker/threads.py): its job's
@@ -189,18 +195,23 @@ class HerderMixin(BaseWorker):
             os.kill(os.getpid(), STOP_JOB_SIGNAL)
 
     def recovered_from_me(self, job: Job, queue: Queue, execution) -> bool:  # noqa: ANN001
-        """True when RQ no longer has the job started under this execution: it was recovered
-        from this worker (its lease ran out while its host could not reach Redis) and runs or
-        ran elsewhere, whose outcome stands. RQ's finish would overwrite it: none is written
-        (rq 3's finishes; the fast path's success checks this inside its own script)."""
+        """True when the finish is not this worker's to write (herder.worker.fence): RQ no longer
+        has the job started under this execution and the job was recovered from this worker (its
+        lease ran out while its host could not reach Redis), so it runs or ran elsewhere, whose
+        outcome stands. A job whose own code deleted it is not: RQ writes its finish all the same.
+        (rq 3's finishes; the fast path's success checks this inside its own script.)"""
         if execution is None:
             return False
+        fence = self._fence
+        moved = fence.moves if fence is not None and fence.job_id == job.id else None
         try:
-            held = self.connection.zscore(queue.started_job_registry.key, execution.composite_key)
+            registry, member = queue.started_job_registry.key, execution.composite_key
+            fenced = finish_fenced_off(self.connection, registry, member, job.key, job.id, moved)
         except (RedisConnectionError, RedisTimeoutError):
             return False  # RQ's own writes meet the same outage, and are tried again
-        if held is not None:
+        if not fenced:
             return False
+        self._fenced_off = job.id
         self.log.warning(
             "Worker %s: job %s ran here, but its finish was not written: the job was recovered "
             "from this worker while it could not reach Redis (its lease ran out), so it runs or "
@@ -217,6 +228,9 @@ class HerderMixin(BaseWorker):
     def _finalize_failure(self, job: Job, queue: Queue, execution, exc_info) -> None:  # noqa: ANN001
         """A job ended by JobStopped is a stopped job, as RQ's forking worker ends one: its
         `on_stopped` callback runs (not `on_failure`), and RQ marks it stopped."""
+        if exc_info[0] is StartRefused:  # RQ's start fenced off (prepare_job_execution): nothing to end
+            self.start_refused(job)
+            return None
         if self.recovered_from_me(job, queue, execution):
             return None
         if exc_info[0] is not JobStopped:
@@ -242,11 +256,54 @@ class HerderMixin(BaseWorker):
         EXEC reply was lost writes its fields again, the same values."""
         return self._tried_again(super().handle_job_success, *args, **kwargs)
 
-    def prepare_job_execution(self, *args, **kwargs) -> None:  # type: ignore[override]  # noqa: ANN002, ANN003
+    def prepare_job_execution(self, job: Job, *args, **kwargs) -> None:  # type: ignore[override]  # noqa: ANN002, ANN003
         """RQ's start of a job in the horse's half (state, heartbeats, the job's fields), one
         transaction of the same values each try: tried again when its connection breaks
-        (redis-py 5 never retries a transaction on a reset), so the job runs rather than fails."""
-        return self._tried_again(super().prepare_job_execution, *args, **kwargs)
+        (redis-py 5 never retries a transaction on a reset), so the job runs rather than fails.
+        Fenced, as prepare_execution."""
+        return self._tried_again(self._fenced, super().prepare_job_execution, job, *args, **kwargs)
+
+    def prepare_execution(self, job: Job):  # type: ignore[override]  # noqa: ANN201 - RQ's Execution
+        """RQ's first start transaction, written only while the job is still where this worker's
+        take put it, not recovered since (herder.worker.fence): StartRefused otherwise."""
+        return self._fenced(super().prepare_execution, job)
+
+    def _fenced(self, call, job: Job, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        """`call` (RQ's start) with this worker's connection fenced for `job`, the job herder's
+        dequeue took. Not while the fast path records RQ's start (its script fences it)."""
+        fence, real = self._fence, self.connection
+        if fence is None or fence.job_id != job.id or not isinstance(real, Redis):
+            return call(job, *args, **kwargs)
+        self.connection = FencedConnection(real, fence)  # type: ignore[assignment]
+        before = set(self.executions)
+        try:
+            return call(job, *args, **kwargs)
+        except StartRefused:
+            for execution_id in set(self.executions) - before:  # RQ's objects of a start never written
+                del self.executions[execution_id]
+            raise
+        finally:
+            self.connection = real
+
+    def claim_key(self) -> str:
+        """Where RQ's dequeue puts the job it takes (RQ's rule: one queue, Redis 6.2 and later):
+        the queue's intermediate list. '' for none: LPOP from several queues (a job no sweep sees,
+        so none recovers), or a queue class that takes jobs its own way."""
+        if self.queue_class.dequeue_any.__func__ is not Queue.dequeue_any.__func__:  # type: ignore[attr-defined]
+            return ""
+        if len(self.queues) == 1 and self.get_redis_server_version() >= (6, 2, 0):
+            return self.queues[0].intermediate_queue_key
+        return ""
+
+    def start_refused(self, job: Job) -> None:
+        """A start the fence refused: the job is dropped here, said once, and the next taken."""
+        self._fenced_off = job.id
+        self.log.warning(
+            "Worker %s: job %s not started: it was recovered from this worker while it could not "
+            "reach Redis (its take was not followed by its start in time), so it runs or has run "
+            "elsewhere",
+            self.name, job.id,
+        )  # fmt: skip
 
     def _tried_again(self, call, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         for tries in range(RETRIES + 1):
@@ -261,10 +318,19 @@ class HerderMixin(BaseWorker):
 
     def handle_exception(self, job: Job, *exc_info) -> None:  # noqa: ANN002
         """rq 2 ends a stopped job through its failure path: as its forking worker does for a
-        stopped horse, the exception handlers do not see it (rq 3 ends it in _finalize_failure)."""
-        if exc_info and exc_info[0] is JobStopped:
+        stopped horse, the exception handlers do not see it (rq 3 ends it in _finalize_failure).
+        Nor do they see a start the fence refused (rq 2, the same path)."""
+        if exc_info and exc_info[0] in (JobStopped, StartRefused):
             return
         super().handle_exception(job, *exc_info)
+
+    def handle_job_failure(self, job: Job, *args, **kwargs) -> None:  # type: ignore[override]  # noqa: ANN002, ANN003
+        """rq 2's perform_job ends a start the fence refused (its second start transaction) as a
+        failure, inline: nothing is written for it (rq 3's goes to _finalize_failure)."""
+        if sys.exc_info()[0] is StartRefused:
+            self.start_refused(job)
+            return None
+        return super().handle_job_failure(job, *args, **kwargs)
 
     def _stop_job_now(self, signum: int, frame: object) -> None:
         job_id = rq_seam.stopped_job_id(self)
@@ -455,6 +521,8 @@ class HerderMixin(BaseWorker):
             job = result[0]
             # Before any bookkeeping (see the module doc); the queue and function label its metrics.
             self.channel.busy(job.id, job.timeout, job.origin, function_name(job))
+            if self._fence is None or self._fence.job_id != job.id:  # not the fast path's script's take
+                self._fence = Fence(job.key, job.id, None, self.claim_key())  # its moves: at its start
         return result
 
     def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:  # type: ignore[override]
@@ -528,20 +596,26 @@ class HerderMixin(BaseWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         self._job_ok: bool | None = None  # perform_job says, unless it ran in a forked horse
+        self._fenced_off = None
         self.channel.in_job = True  # its time is the job's (a forking class's horse's too)
         try:
             super().execute_job(job, queue)
+        except StartRefused:  # RQ's first start transaction (prepare_execution): dropped here
+            self.start_refused(job)
         finally:
             self.channel.in_job = False
             self.channel.progress()
             ok = self._job_ok
-            if ok is None:  # the horse's verdict is only in Redis
-                try:
-                    ok = job.get_status(refresh=True) == JobStatus.FINISHED
-                except RedisError:
-                    ok = False
-            if not self.finished(job.id, ok):
-                self.channel.done(job.id, ok)
+            if self._fenced_off == job.id:  # not started, or its finish not written: no job of ours
+                self.channel.done(job.id, None)
+            else:
+                if ok is None:  # the horse's verdict is only in Redis
+                    try:
+                        ok = job.get_status(refresh=True) == JobStatus.FINISHED
+                    except RedisError:
+                        ok = False
+                if not self.finished(job.id, ok):
+                    self.channel.done(job.id, ok)
 
     def finished(self, job_id: str, ok: bool) -> bool:
         """True when the `done` line is held back (the fast path sends it with the finish)."""

@@ -46,7 +46,7 @@ from rq.worker_registration import unregister
 
 from herder.common import rq_seam
 from herder.common.config import Config, pool_configs
-from herder.common.rq_names import ENDINGS_KEY, lease_key
+from herder.common.rq_names import ENDINGS_KEY, MOVED_PREFIX, MOVED_TTL, MOVES_LUA, REQUEUES_FIELD, lease_key
 from herder.supervisor.redis_side.budget import CULL_TAKE, cull_keys
 from herder.supervisor.redis_side.sweep import Fleet, Popped, Recover, Started, plan
 
@@ -55,7 +55,7 @@ log = logging.getLogger("herder")
 MAX_ATTEMPTS = 5
 RETRY_INITIAL, RETRY_MAX = 0.5, 10.0
 SCAN_LIMIT = 1000  # entries read per list per sweep: a huge backlog of orphans takes a few sweeps
-COUNT_FIELD = "herder_requeues"  # in the job's hash: requeues so far, counted atomically
+COUNT_FIELD = REQUEUES_FIELD  # in the job's hash: requeues so far, counted atomically
 
 # A sweep renews every live worker's lease in one call: a pipeline of one SET each cost the
 # master a command to pack and a reply to parse per worker per second (0.8% of a core at 256).
@@ -73,40 +73,47 @@ return #KEYS
 #       fail it here (a --worker-command fleet), 9 the ending's record (JSON), 10 the reaped
 #       worker's RQ names, comma-separated ('' for any): a started job whose worker_name is
 #       another's was recovered from that worker and taken by another since ('elsewhere')
-MOVE = """
-if ARGV[5] == '1' and redis.call('EXISTS', KEYS[5]) == 1 then return {'held', 0} end
+MOVE = (
+    MOVES_LUA
+    + f"""
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[5]) == 1 then return {{'held', 0}} end
 local status = redis.call('HGET', KEYS[4], 'status') or ''
 local removed
 if ARGV[1] == 'wip' and ARGV[10] ~= '' then
   local holder = redis.call('HGET', KEYS[4], 'worker_name') or ''
   if holder ~= '' and not string.find(',' .. ARGV[10] .. ',', ',' .. holder .. ',', 1, true) then
-    return {'elsewhere', 0}
+    return {{'elsewhere', 0}}
   end
 end
 if ARGV[1] == 'wip' then
   removed = redis.call('ZREM', KEYS[1], ARGV[2])
   if removed == 1 then redis.call('LREM', KEYS[2], 0, ARGV[3]) end
 else
-  if status == 'started' then return {'running', 0} end
+  if status == 'started' then return {{'running', 0}} end
   removed = redis.call('LREM', KEYS[2], 1, ARGV[3])
 end
-if removed == 0 then return {'gone', 0} end
-if status ~= 'started' and status ~= 'queued' then return {'litter', 0} end
-local n = redis.call('HINCRBY', KEYS[4], ARGV[7], 1)
+if removed == 0 then return {{'gone', 0}} end
+if status ~= 'started' and status ~= 'queued' then return {{'litter', 0}} end
+-- Counted in the hash and beside it (a hash deleted or made anew since keeps its count): the
+-- worker it came from, back after a cut, starts and ends it no more (rq_names.MOVES_LUA).
+local n = math.max(tonumber(redis.call('HGET', KEYS[4], ARGV[7]) or '0') or 0, moves(ARGV[3])) + 1
+redis.call('HSET', KEYS[4], ARGV[7], n)
+redis.call('SET', '{MOVED_PREFIX}' .. ARGV[3], n, 'EX', {MOVED_TTL})
 if n > tonumber(ARGV[4]) then
   if ARGV[8] == '1' then
     redis.call('HSET', KEYS[7], ARGV[3], ARGV[9])
-    return {'over', n}
+    return {{'over', n}}
   end
   local t = redis.call('TIME')
   redis.call('ZADD', KEYS[6], tonumber(t[1]) + tonumber(ARGV[6]), ARGV[3])
   redis.call('HSET', KEYS[4], 'status', 'failed')
-  return {'over', n}
+  return {{'over', n}}
 end
 redis.call('HSET', KEYS[4], 'status', 'queued')
 redis.call('LPUSH', KEYS[3], ARGV[3])
-return {'requeued', n}
+return {{'requeued', n}}
 """
+)
 
 
 @dataclass

@@ -26,6 +26,20 @@ def add(a: int, b: int) -> dict:
     return {"sum": a + b, "queue": job.origin}
 
 
+def delete_itself(how: str) -> str:
+    """A job that deletes its own job, the two ways job code does: RQ's worker writes its finish
+    all the same (the hash comes back, finished, with its result)."""
+    from rq.job import Job
+
+    job = get_current_job()
+    assert job is not None
+    if how == "current":
+        job.delete()
+    else:
+        Job.fetch(job.id, connection=job.connection).delete()
+    return f"deleted ({how})"
+
+
 def fail(reason: str) -> None:
     raise ValueError(reason)
 

@@ -18,43 +18,59 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from herder.common import rq_seam
+from herder.common.rq_names import MOVES_LUA
 
 # The finish RQ built, then the next job and its start, as one numbered call of one worker. ARGV:
 # the worker's call record key (herder.common.rq_names.call_record_key), the call's number (rising
-# through the worker's life) and the job key prefix; the owner (0, or 2 then the
-# StartedJobRegistry key and the finished execution's member, which must still be in it); the
-# guards (their number, then the sets that must be empty), the recorded commands (their number,
-# then each one's argument count and its arguments), the start template (start_template.py: its
-# number of commands, 0 for none; then the job `timeout` field it is for, the execution id, the
-# time as RQ's ISO string and as a float, the number of scores and the scores, then its commands
-# as start_template.script_command lays them out: pieces and a plan), then the take: '' for none,
-# or the suspension key and 'move' src dst | 'pop' n queue-keys...
-# Returns {0} (a guard set is not empty: nothing written), {1} (written, no job taken), {2,
-# queue_key, job_id, field sizes (big-endian 32-bit), fields joined} (taken), {3, error} (a
-# recorded command failed; as with EXEC, the others ran), {4, queue_key, job_id, field sizes,
-# fields joined, error or ''} (taken and started from the template), {5} (an older call than the
-# last one this worker made: it arrived late, and did nothing) or {6} (the owner's member is gone:
-# the job was recovered from this worker, which could not reach Redis past its lease, and may have
-# run and finished elsewhere since, so this finish would overwrite that run's: nothing written,
-# nothing taken).
-# Each call's outcome is kept under the record key (its number, its code, the job it took), so the
-# same call sent again after a lost reply is answered from it, never run twice.
-FINISH_AND_TAKE = """
+# through the worker's life) and the job key prefix; the fence ('0' for none; 'F' then the
+# StartedJobRegistry key, the finished execution's member and the job's moves when it was taken,
+# or '' (a finish); 'S' then the job id, its moves when it was taken or '', and the intermediate
+# list its take put it in, or '' (a start of its own)); the guards (their number, then the sets that must
+# be empty), the recorded commands (their number, then each one's argument count and its
+# arguments), the start template (start_template.py: its number of commands, 0 for none; then the
+# job `timeout` field it is for, the execution id, the time as RQ's ISO string and as a float, the
+# number of scores and the scores, then its commands as start_template.script_command lays them
+# out: pieces and a plan), then the take: '' for none, or the suspension key and 'move' src dst |
+# 'pop' n queue-keys...
+# Returns {0} (a guard set is not empty: nothing written), {1} (written, no job taken; a start of
+# its own: {1, the job's moves}), {2,
+# queue_key, job_id, field sizes (big-endian 32-bit), fields joined, '', moves} (taken), {3, error}
+# (a recorded command failed; as with EXEC, the others ran), {4, queue_key, job_id, field sizes,
+# fields joined, error or '', moves} (taken and started from the template), {5} (an older call
+# than the last one this worker made: it arrived late, and did nothing), {6} (a finish fenced off:
+# nothing written, nothing taken) or {7} (a start fenced off: nothing written).
+# The fences (herder.worker.fence has the why): a job's moves are how many times herder's recovery
+# moved it from a worker (herder.common.rq_names.MOVES_LUA), noted when the worker took it (or
+# started it). A start is written only while the job is still where its take put it (taken out
+# of it here, so of two workers that both took it one starts it), and its moves, when noted, are
+# unchanged. A finish is written while RQ still has its execution started; without it, only while
+# the job's hash has no status (its own code deleted it: RQ writes the finish all the same) and
+# its moves are unchanged. Otherwise the job was recovered from this worker, which could not reach
+# Redis past its lease, and may run or have run elsewhere: nothing of this worker's is written
+# over that run.
+# Each call's outcome is kept under the record key (its number, its code, the moves and the job it
+# took), so the same call sent again after a lost reply is answered from it, never run twice; a
+# job taken by it that was moved since is no longer this worker's (answered {1}).
+FINISH_AND_TAKE = (
+    MOVES_LUA
+    + """
 local i = 1
 local function arg() local v = ARGV[i]; i = i + 1; return v end
 local record, call_text, prefix = arg(), arg(), arg()
 local call = tonumber(call_text)  -- exact: a double holds every integer below 2^53
-local function job_reply(code, queue, id, h, failed)  -- the hash as two strings: one reply, not fifty
+local function job_reply(code, queue, id, h, failed, moved)  -- the hash as two strings: one reply, not fifty
   local sizes = {}  -- packed, not written out: a number written as text costs a printf
   for k = 1, #h do sizes[k] = #h[k] end
-  return {code, queue, id, struct.pack('>' .. string.rep('I4', #h), unpack(sizes)), table.concat(h), failed}
+  local packed = struct.pack('>' .. string.rep('I4', #h), unpack(sizes))
+  return {code, queue, id, packed, table.concat(h), failed or '', moved}
 end
 -- A call asked again (its reply was lost) answers what it did the first time; an older call
 -- that arrives late does nothing.
 local last = redis.call('GET', record)
 if last then
-  local head, seq, code, ql, il, fl = string.match(last, '^((%d+),(%d+),(%d+),(%d+),(%d+),)')
-  seq, code, ql, il, fl = tonumber(seq), tonumber(code), tonumber(ql), tonumber(il), tonumber(fl)
+  local head, seq, code, mv, ql, il, fl = string.match(last, '^((%d+),(%d+),(%d+),(%d+),(%d+),(%d+),)')
+  seq, code, mv = tonumber(seq), tonumber(code), tonumber(mv)
+  ql, il, fl = tonumber(ql), tonumber(il), tonumber(fl)
   if call < seq then return {5} end
   if call == seq then
     local at = #head
@@ -63,16 +79,28 @@ if last then
     if code == 2 or code == 4 then
       local h = redis.call('HGETALL', prefix .. id)
       if #h == 0 then return {1} end  -- taken, then deleted by someone: nothing to run
-      return job_reply(code, queue, id, h, code == 4 and failed or nil)
+      if moves(id) ~= mv then return {1} end  -- taken, then recovered: not this worker's
+      return job_reply(code, queue, id, h, code == 4 and failed or nil, mv)
     end
     if code == 3 then return {3, failed} end
     return {code}
   end
 end
 local function run()
-  if tonumber(arg()) > 0 then
-    local registry, member = arg(), arg()
-    if not redis.call('ZSCORE', registry, member) then return {6} end
+  local fence, noted = arg(), nil
+  if fence == 'F' then
+    local registry, member, moved = arg(), arg(), arg()
+    if not redis.call('ZSCORE', registry, member) then
+      local id = string.match(member, '^(.*):[^:]*$') or member
+      -- Not deleted (a job's heartbeat after its delete makes a hash of that field alone): recovered.
+      if redis.call('HEXISTS', prefix .. id, 'status') == 1 then return {6} end
+      if moved ~= '' and moves(id) ~= tonumber(moved) then return {6} end
+    end
+  elseif fence == 'S' then  -- and the job still where its take put it: taken out of it here
+    local id, moved, claim = arg(), arg(), arg()
+    noted = moves(id)
+    if moved ~= '' and noted ~= tonumber(moved) then return {7} end
+    if claim ~= '' and redis.call('LREM', claim, 1, id) == 0 then return {7} end
   end
   for _ = 1, tonumber(arg()) do
     if redis.call('SCARD', arg()) > 0 then return {0} end
@@ -124,14 +152,14 @@ local function run()
     return failed
   end
   local mode = arg()
-  if mode == '' then return {1} end
+  if mode == '' then return {1, noted} end  -- a start of its own: the job's moves as it started
   if redis.call('EXISTS', arg()) == 1 then return {1} end
   local function taken(queue, id)
     local h = redis.call('HGETALL', prefix .. id)
     if #h == 0 then return nil end
     local failed = starts > 0 and start(h, id)
-    if failed then return job_reply(4, queue, id, h, failed) end
-    return job_reply(2, queue, id, h)
+    if failed then return job_reply(4, queue, id, h, failed, moves(id)) end
+    return job_reply(2, queue, id, h, nil, moves(id))
   end
   if mode == 'move' then
     local src, dst = arg(), arg()
@@ -158,13 +186,14 @@ local function run()
   end
 end
 local reply = run()
-local code, queue, id, failed = reply[1], '', '', ''
-if code == 2 or code == 4 then queue, id, failed = reply[2], reply[3], reply[6] or '' end
+local code, queue, id, failed, moved = reply[1], '', '', '', 0
+if code == 2 or code == 4 then queue, id, failed, moved = reply[2], reply[3], reply[6], reply[7] end
 if code == 3 then failed = reply[2] end
-redis.call('SET', record, call_text .. ',' .. code .. ',' .. #queue .. ',' .. #id .. ',' .. #failed .. ',' ..
-  queue .. id .. failed, 'EX', 3600)
+redis.call('SET', record, call_text .. ',' .. code .. ',' .. moved .. ',' .. #queue .. ',' .. #id .. ',' ..
+  #failed .. ',' .. queue .. id .. failed, 'EX', 3600)
 return reply
 """
+)
 SCRIPT_SHA = hashlib.sha1(FINISH_AND_TAKE.encode()).hexdigest()
 
 

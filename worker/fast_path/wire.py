@@ -147,16 +147,22 @@ def resp_request(
     start: tuple[StartTemplate, list[Any]] | None,
     take: list[Any],
     encode: Any,
-    owner: tuple[str, str] | None = None,
+    owner: tuple[str, str] | tuple[str, str, int] | None = None,
+    fence: tuple[str, int | str, str] | None = None,
 ) -> bytes:
     """The EVALSHA call as the bytes Redis reads (RESP), framed here in one pass: redis-py's
     per-argument packing was a third of the worker's CPU per job. Each command goes as its own
     arguments, so the script splits nothing (splitting one joined argument in Lua cost Redis
     about 16 us a call); each argument's bytes are what redis-py's encoder makes of it. A start
     template's commands are framed once, when it is made. `call`: the worker's call record key,
-    the call's number and the job key prefix (script.py); `owner`: the StartedJobRegistry key and
-    the member a finish is for (it is written only while the member is there)."""
-    held = [2, *owner] if owner else [0]
+    the call's number and the job key prefix (script.py); `owner`: the StartedJobRegistry key, the
+    member a finish is for and the job's moves when it was taken (if known): the finish's fence;
+    `fence`: a start's, the job's id, its moves when it was taken ('' if not known) and the
+    intermediate list it is taken out of ('' for none)."""
+    if owner:
+        held: list[Any] = ["F", *owner] if len(owner) == 3 else ["F", *owner, ""]
+    else:
+        held = ["S", *fence] if fence else ["0"]
     n = sum(c.commands if type(c) is Framed else 1 for c in commands)
     args: list[Any] = ["EVALSHA", SCRIPT_SHA, 0, *call, *held, len(guards), *guards, n]
     chunks: list[bytes] = []

@@ -74,6 +74,7 @@ from herder.worker.fast_path.start_template import (
     whole_seconds,
 )
 from herder.worker.fast_path.wire import Framed, make_encoder, resp_request, text, unpack_hash
+from herder.worker.fence import Fence, StartRefused
 from herder.worker.rq_worker import HerderMixin, held_log_lines
 
 
@@ -90,6 +91,7 @@ class PendingFinish:
     finish: list[Any]  # RQ's finish transaction: recorded commands, or a template's (Framed)
     after: RecordingPipeline  # state and heartbeat writes RQ makes after it
     done: tuple[str, bool] | None = None  # the `done` line, sent once the finish is in Redis
+    moved: int | str = ""  # the job's moves when it was taken (herder.worker.fence), '' if not known
 
 
 MAX_TEMPLATES = 16  # start templates a worker keeps (one per job timeout it has seen)
@@ -143,6 +145,7 @@ class FastPathMixin(HerderMixin):
             self.channel.progress()
 
     def _start_in_one_call(self, job: Job) -> Execution:
+        fence = self._fence if self._fence is not None and self._fence.job_id == job.id else None
         t, execution_id = now(), uuid.uuid4().hex
         try:
             execution, commands = self._record_start(job, t, execution_id)
@@ -152,9 +155,17 @@ class FastPathMixin(HerderMixin):
             return super().prepare_execution(job)
         lease = RecordingPipeline(self.connection)
         self.renew_lease(lease)  # herder's lease, when due, rides along
-        reply = self._run_script([], [*commands, *lease.take_recorded()], None, [""])  # one reply
-        if int(reply[0]) == 3:
+        # One reply; written only while the job is where its take put it (herder.worker.fence).
+        fenced = None if fence is None else (job.id, "" if fence.moves is None else fence.moves, fence.claim)
+        reply = self._run_script([], [*commands, *lease.take_recorded()], None, [""], fence=fenced)
+        code = int(reply[0])
+        if code == 7:
+            self.executions.pop(execution_id, None)  # RQ's objects for a start Redis never had
+            raise StartRefused(job.id)
+        if code == 3:
             raise ResponseError(text(reply[1]))
+        if fence is not None and len(reply) > 1:  # its moves as it started (none after a lost reply)
+            fence.moves, fence.claim = int(reply[1]), ""
         self._prepared = job.id
         self._learn_template(job, t, execution_id, commands)
         return execution
@@ -376,6 +387,7 @@ class FastPathMixin(HerderMixin):
         commands: list[Any],
     ) -> None:
         assert self._job_beat is not None
+        fence = self._fence
         self._pending = PendingFinish(
             job=job,
             queue=queue,
@@ -387,6 +399,7 @@ class FastPathMixin(HerderMixin):
             guards=guards,
             finish=commands,
             after=RecordingPipeline(self.connection),
+            moved="" if fence is None or fence.job_id != job.id or fence.moves is None else fence.moves,
         )
 
     # ---- the finish template (finish_template.py) -----------------------------------
@@ -652,7 +665,7 @@ class FastPathMixin(HerderMixin):
         if take and self._template is not None:
             t, execution_id = now(), uuid.uuid4().hex
             start = (self._template, self._template.script_values(t, execution_id, self._encode))
-        owner = (pending.started_key, pending.execution.composite_key)
+        owner = (pending.started_key, pending.execution.composite_key, pending.moved)
         take_args = self._take_args() if take else [""]
         reply = self._run_script(pending.guards, commands, start, take_args, owner)
         code = int(reply[0])
@@ -666,11 +679,14 @@ class FastPathMixin(HerderMixin):
                 self.name, pending.job.id,
             )  # fmt: skip
         if pending.done is not None:  # held when a job was taken: its `busy` follows at once
-            self.channel.done(*pending.done, hold=code in (2, 4))
+            job_id, ok = pending.done
+            self.channel.done(job_id, None if code == 6 else ok, hold=code in (2, 4))  # none of ours
         if code == 3:
             raise ResponseError(text(reply[1]))
         if code in (2, 4):
             job_id = text(reply[2])
+            # Its moves, read by the take itself; a start of its own takes it out of the list.
+            self._fence = Fence(self.job_class.key_for(job_id), job_id, int(reply[6]), self.claim_key())
             if code == 4:  # its start is written: prepare_execution makes RQ's objects only
                 self._started = (job_id, t, execution_id, text(reply[5]))
             return self._took_from_script(text(reply[1]), job_id, unpack_hash(reply[3], reply[4]))
@@ -682,18 +698,21 @@ class FastPathMixin(HerderMixin):
         commands: list[tuple[Any, ...]],
         start: tuple[StartTemplate, list[Any]] | None,
         take: list[Any],
-        owner: tuple[str, str] | None = None,
+        owner: tuple[str, str, int | str] | None = None,
+        fence: tuple[str, int | str, str] | None = None,
     ) -> list[Any]:
         """One numbered call of this worker (script.py): sent again until Redis answers it, and
-        never run twice. With `owner`, a finish is written only while RQ still has the job started
-        under its execution."""
+        never run twice. With `owner`, a finish is written only while it is this worker's (RQ
+        still has the job started under its execution; or its own code deleted it); with `fence`,
+        a start only while the job was not moved since it was taken (herder.worker.fence)."""
         if self._script is None:
             self._script = ScriptConnection(self.connection.connection_pool, self._reply_lost)
             self._calls = time.time_ns() // 1000  # rising, also past an earlier process of this name
         self._calls += 1
         self._lost = 0
         call = [call_record_key(self.name), self._calls, self.job_class.redis_job_namespace_prefix]
-        reply = self._script.call(resp_request(call, guards, commands, start, take, self._encode, owner))
+        request = resp_request(call, guards, commands, start, take, self._encode, owner, fence)
+        reply = self._script.call(request)
         if self._lost:
             self.log.warning("Worker %s: Redis answered the call after %d tries", self.name, self._lost + 1)
         if int(reply[0]) == 5:  # only if this name's record is from the future (the clock went back)
