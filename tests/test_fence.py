@@ -30,14 +30,16 @@ def taken(conn: Redis, worker) -> object:  # noqa: ANN001
     """A job as RQ's dequeue leaves it: moved into the intermediate list, its fence noted."""
     job = Queue("default", connection=conn).enqueue("herder_testjobs.record", "fence")
     conn.lmove("rq:queue:default", INTERMEDIATE)
-    worker._fence = Fence(job.key, job.id, None, worker.claim_key())
+    worker._fence = Fence(job.key, job.id, None, worker.claim_key(), worker.held())
     return job
 
 
 def test_a_start_takes_the_job_out_of_the_intermediate_list_and_notes_its_moves(conn: Redis, worker) -> None:  # noqa: ANN001
     job = taken(conn, worker)
     conn.set(f"herder:moved:{job.id}", 2)  # moved twice before this take
+    conn.delete(worker.lease)  # lapsed while the worker could not reach Redis
     execution = worker.prepare_execution(job)
+    assert 0 < conn.ttl(worker.lease) <= 3  # renewed by the start itself: the job is held under it
     assert conn.llen(INTERMEDIATE) == 0  # taken out by the first transaction, RQ's LREM after
     assert conn.zscore("rq:wip:default", execution.composite_key) is not None
     assert worker._fence.moves == 2 and worker._fence.claim == ""

@@ -36,7 +36,9 @@ FINISH = [("HSET", "rq:job:j", "status", "finished"), ("XADD", "rq:results:j", "
 def call(conn: Redis, number: int, owner: tuple[str, str] | None) -> list:
     script = ScriptConnection(conn.connection_pool, lambda exc, tries: None)
     encode = make_encoder(conn.connection_pool.get_encoder())
-    request = resp_request(["herder:call:w", number, "rq:job:"], [], FINISH, None, [""], encode, owner)
+    request = resp_request(
+        ["herder:call:w", number, "rq:job:", "herder:alive:w", 3], [], FINISH, None, [""], encode, owner
+    )
     try:
         return script.call(request)
     finally:
@@ -267,3 +269,24 @@ def test_a_job_taken_before_a_stall_and_recovered_meanwhile_is_not_started_after
     assert conn.xlen(f"rq:results:{job.id}") == 1
     assert conn.hget(job.key, "status") == b"finished"
     assert h.log().count(f"job {job.id} not started") == 1
+
+
+def test_a_job_taken_is_held_under_a_renewed_lease_even_when_asked_again(conn: Redis) -> None:
+    """A worker back from a cut has no lease until its next renewal; a job it takes meanwhile
+    would look like a dead worker's to another host's sweep (taken over, and run twice). The take
+    renews the lease in the same script call, and so does the same call asked again."""
+    job = Queue("default", connection=conn).enqueue("herder_testjobs.record", "t")
+    script = ScriptConnection(conn.connection_pool, lambda exc, tries: None)
+    encode = make_encoder(conn.connection_pool.get_encoder())
+    take = ["move", "rq:suspended", "rq:queue:default", "rq:queue:default:intermediate"]
+    request = resp_request(["herder:call:w", 1, "rq:job:", "herder:alive:w", 3], [], [], None, take, encode)
+    try:
+        assert not conn.exists("herder:alive:w")  # lapsed while the worker was cut off
+        reply = script.call(request)
+        assert int(reply[0]) == 2 and reply[2] == job.id.encode()
+        assert 0 < conn.ttl("herder:alive:w") <= 3
+        conn.delete("herder:alive:w")  # the reply was lost, and the lease lapsed again meanwhile
+        assert int(script.call(request)[0]) == 2  # answered from the call's record
+        assert 0 < conn.ttl("herder:alive:w") <= 3
+    finally:
+        script.release()

@@ -21,6 +21,13 @@ When it goes on, it must neither start that job nor write its finish over the ot
   (`job.delete()` in the job), and RQ writes the finish all the same. Otherwise it was
   recovered from this worker and runs or ran elsewhere, whose outcome stands.
 
+- **The lease.** A job is held under its worker's lease: another host's sweep takes a job whose
+  holder's lease has lapsed for a dead worker's. A worker back from a cut has no lease until its
+  next renewal, so the start (and, on the fast path, the take) renews it in the same call: no
+  job is ever started under a lapsed lease, and so none is recovered from a live worker in the
+  moment after a cut. (Seen in tests/test_hosts.py before: a job the returning host started in
+  its first second back was taken over by another host's sweep and ran on both.)
+
 Each check rides in the call that writes (RQ's transaction sent as one script call: the same one
 round trip as its MULTI/EXEC), so none costs a round trip of its own.
 """
@@ -42,16 +49,18 @@ class StartRefused(Exception):  # noqa: N818 - a verdict, not a mistake
 
 
 # KEYS: 1 the job's hash, 2 the intermediate list to take it out of (the job's hash again when
-# none). ARGV: 1 the job id, 2 its moves when taken ('' if not known), 3 '1' to take it out of the
-# list, then each command's argument count and its arguments. {1, moves} written, {7} fenced off
-# (nothing written), {3, error} (a command failed; as with EXEC, the others ran).
+# none), 3 the worker's lease. ARGV: 1 the job id, 2 its moves when taken ('' if not known), 3 '1'
+# to take it out of the list, 4 the lease's TTL in seconds, then each command's argument count and
+# its arguments. {1, moves} written (the lease renewed with it), {7} fenced off (nothing written),
+# {3, error} (a command failed; as with EXEC, the others ran).
 FENCED_START = (
     MOVES_LUA
     + """
 local m = moves(ARGV[1])
 if ARGV[2] ~= '' and m ~= tonumber(ARGV[2]) then return {7} end
 if ARGV[3] == '1' and redis.call('LREM', KEYS[2], 1, ARGV[1]) == 0 then return {7} end
-local i, err = 4, nil
+redis.call('SET', KEYS[3], '1', 'EX', ARGV[4])
+local i, err = 5, nil
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   local r = redis.pcall(unpack(ARGV, i + 1, i + n))
@@ -88,12 +97,13 @@ class FencedPipeline(Pipeline):
         if self.watching or not self.command_stack:  # not a start RQ builds: as redis-py would
             return super().execute(raise_on_error)
         f = self._fence
-        args: list[Any] = [f.job_id, "" if f.moves is None else f.moves, "1" if f.claim else "0"]
+        lease, ttl = f.lease
+        args: list[Any] = [f.job_id, "" if f.moves is None else f.moves, "1" if f.claim else "0", ttl]
         n = len(self.command_stack)
         for command, _ in self.command_stack:
             args += [len(command), *command]
         self.reset()
-        reply = _run(self._real, FENCED_START, [f.job_key, f.claim or f.job_key], args)
+        reply = _run(self._real, FENCED_START, [f.job_key, f.claim or f.job_key, lease], args)
         code = int(reply[0])
         if code == 7:
             raise StartRefused(f.job_id)
@@ -110,10 +120,14 @@ class FencedPipeline(Pipeline):
 
 class Fence:
     """What a job's start is fenced on: the job, its moves (None: not known yet) and the list it is
-    taken out of by the next start transaction ('' for none)."""
+    taken out of by the next start transaction ('' for none); and the worker's lease (key, TTL),
+    renewed by the start that is written."""
 
-    def __init__(self, job_key: str, job_id: str, moves: int | None, claim: str) -> None:
+    def __init__(
+        self, job_key: str, job_id: str, moves: int | None, claim: str, lease: tuple[str, int]
+    ) -> None:
         self.job_key, self.job_id, self.moves, self.claim = job_key, job_id, moves, claim
+        self.lease = lease
 
 
 class FencedConnection:

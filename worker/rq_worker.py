@@ -285,6 +285,11 @@ class HerderMixin(BaseWorker):
         finally:
             self.connection = real
 
+    def held(self) -> tuple[str, int]:
+        """This worker's lease key and TTL: renewed in the very call that starts a job (fence.py), so
+        no job is started under a lease that lapsed while the worker could not reach Redis."""
+        return self.lease, self.lease_ttl
+
     def claim_key(self) -> str:
         """Where RQ's dequeue puts the job it takes (RQ's rule: one queue, Redis 6.2 and later):
         the queue's intermediate list. '' for none: LPOP from several queues (a job no sweep sees,
@@ -522,7 +527,9 @@ class HerderMixin(BaseWorker):
             # Before any bookkeeping (see the module doc); the queue and function label its metrics.
             self.channel.busy(job.id, job.timeout, job.origin, function_name(job))
             if self._fence is None or self._fence.job_id != job.id:  # not the fast path's script's take
-                self._fence = Fence(job.key, job.id, None, self.claim_key())  # its moves: at its start
+                self._fence = Fence(
+                    job.key, job.id, None, self.claim_key(), self.held()
+                )  # its moves: at its start
         return result
 
     def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:  # type: ignore[override]

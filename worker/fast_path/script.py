@@ -22,7 +22,8 @@ from herder.common.rq_names import MOVES_LUA
 
 # The finish RQ built, then the next job and its start, as one numbered call of one worker. ARGV:
 # the worker's call record key (herder.common.rq_names.call_record_key), the call's number (rising
-# through the worker's life) and the job key prefix; the fence ('0' for none; 'F' then the
+# through the worker's life), the job key prefix, the worker's lease key and its TTL in seconds
+# (renewed with every job it takes or starts); the fence ('0' for none; 'F' then the
 # StartedJobRegistry key, the finished execution's member and the job's moves when it was taken,
 # or '' (a finish); 'S' then the job id, its moves when it was taken or '', and the intermediate
 # list its take put it in, or '' (a start of its own)); the guards (their number, then the sets that must
@@ -56,8 +57,12 @@ FINISH_AND_TAKE = (
     + """
 local i = 1
 local function arg() local v = ARGV[i]; i = i + 1; return v end
-local record, call_text, prefix = arg(), arg(), arg()
+local record, call_text, prefix, lease, lease_ttl = arg(), arg(), arg(), arg(), arg()
 local call = tonumber(call_text)  -- exact: a double holds every integer below 2^53
+-- A job this worker takes or starts is held under a live lease, renewed in the same step: a worker
+-- back from a cut (its lease lapsed) must not hold a job that another host's sweep would take
+-- for a dead worker's, in the moment before its next renewal.
+local function hold() redis.call('SET', lease, '1', 'EX', lease_ttl) end
 local function job_reply(code, queue, id, h, failed, moved)  -- the hash as two strings: one reply, not fifty
   local sizes = {}  -- packed, not written out: a number written as text costs a printf
   for k = 1, #h do sizes[k] = #h[k] end
@@ -80,6 +85,7 @@ if last then
       local h = redis.call('HGETALL', prefix .. id)
       if #h == 0 then return {1} end  -- taken, then deleted by someone: nothing to run
       if moves(id) ~= mv then return {1} end  -- taken, then recovered: not this worker's
+      hold()
       return job_reply(code, queue, id, h, code == 4 and failed or nil, mv)
     end
     if code == 3 then return {3, failed} end
@@ -187,6 +193,7 @@ local function run()
 end
 local reply = run()
 local code, queue, id, failed, moved = reply[1], '', '', '', 0
+if code == 2 or code == 4 or (code == 1 and reply[2]) then hold() end  -- taken, or started: held
 if code == 2 or code == 4 then queue, id, failed, moved = reply[2], reply[3], reply[6], reply[7] end
 if code == 3 then failed = reply[2] end
 redis.call('SET', record, call_text .. ',' .. code .. ',' .. moved .. ',' .. #queue .. ',' .. #id .. ',' ..

@@ -686,7 +686,9 @@ class FastPathMixin(HerderMixin):
         if code in (2, 4):
             job_id = text(reply[2])
             # Its moves, read by the take itself; a start of its own takes it out of the list.
-            self._fence = Fence(self.job_class.key_for(job_id), job_id, int(reply[6]), self.claim_key())
+            self._fence = Fence(
+                self.job_class.key_for(job_id), job_id, int(reply[6]), self.claim_key(), self.held()
+            )
             if code == 4:  # its start is written: prepare_execution makes RQ's objects only
                 self._started = (job_id, t, execution_id, text(reply[5]))
             return self._took_from_script(text(reply[1]), job_id, unpack_hash(reply[3], reply[4]))
@@ -710,7 +712,13 @@ class FastPathMixin(HerderMixin):
             self._calls = time.time_ns() // 1000  # rising, also past an earlier process of this name
         self._calls += 1
         self._lost = 0
-        call = [call_record_key(self.name), self._calls, self.job_class.redis_job_namespace_prefix]
+        call = [
+            call_record_key(self.name),
+            self._calls,
+            self.job_class.redis_job_namespace_prefix,
+            self.lease,
+            self.lease_ttl,
+        ]
         request = resp_request(call, guards, commands, start, take, self._encode, owner, fence)
         reply = self._script.call(request)
         if self._lost:
