@@ -168,6 +168,7 @@ class HerderMixin(BaseWorker):
                 "Worker %s: RQ's shutdown command: finishing the current job, then exiting", self.name
             )
             self.channel.request_stop("RQ's shutdown command")
+            self.wake_dequeue()  # an idle worker stops now, as RQ's does, not at its slice's end
             return
         super().handle_payload(message)
 
