@@ -16,6 +16,7 @@ counted in the summary.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 from collections import deque
@@ -98,7 +99,7 @@ for module in (rq, rq.worker):
 
 
 def listed() -> dict[str, str]:
-    """deselected.txt: `test id  # reason` a line; blank lines and lines starting `#` are comments."""
+    """deselected.txt: `test id # reason` a line; blank lines and lines starting `#` are comments."""
     tests = {}
     for line in LISTED.read_text().splitlines():
         test_id, _, reason = line.partition(" # ")
@@ -140,3 +141,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         f"herder: rq.Worker and rq.SimpleWorker are {worker_named()} (rq {rq.__version__}); "
         f"{n} of rq's tests deselected as listed in {LISTED.name}"
     )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Worker processes a failed test of RQ's WorkerPool leaves would hold pytest's exit
+    (multiprocessing joins its children): ended here, so a failure ends the run."""
+    for child in multiprocessing.active_children():
+        child.kill()
