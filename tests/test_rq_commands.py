@@ -64,3 +64,18 @@ def test_send_stop_job_command_stops_the_job_as_rq_marks_it_and_the_worker_goes_
     assert jobs.started("long") == [long.id] and jobs.finished("long") == []
     assert jobs.status(long.id) == "stopped"
     h.stop_and_check()
+
+
+def test_send_shutdown_command_stops_an_idle_worker_at_once(herder, conn: Redis) -> None:
+    """As RQ's own worker stops at once: not at the end of its blocking dequeue's slice (a
+    heartbeat interval, 5 s here). Found by rq's test_worker_pool (check_workers, reap_workers)."""
+    h = herder(workers="1", heartbeat_interval="5", heartbeat_timeout="30")
+    pid = h.wait_workers(1)[0].pid
+    wait_for(lambda: any(w.pid == pid for w in Worker.all(connection=conn)), 10, what="the worker listed")
+    time.sleep(0.5)  # in its blocking dequeue
+    name = next(w.name for w in Worker.all(connection=conn) if w.pid == pid)
+    sent = time.monotonic()
+    send_shutdown_command(conn, name)
+    wait_for(lambda: pid not in {p.pid for p in h.workers()}, 10, what="the worker to stop")
+    assert time.monotonic() - sent < 2.5
+    h.stop_and_check()

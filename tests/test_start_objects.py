@@ -140,3 +140,33 @@ def test_a_job_started_by_the_template_gets_the_built_objects(
         worker.prepare_execution(job)
     worker.log.setLevel(logging.NOTSET)
     assert calls == ["built", "replayed"]
+
+
+def test_a_job_whose_data_cannot_be_read_fails_in_perform_job_as_under_rq(
+    worker: HerderFastWorker, conn: Redis
+) -> None:
+    """RQ writes such a job's start and then raises (its func_name, in prepare_job_execution)
+    inside perform_job, which fails the job; the fast path records that start in
+    prepare_execution, before perform_job: the error is raised where RQ raises it (rq's own
+    test_deserializing_failure_is_handled, side by side with RQ's SimpleWorker)."""
+    import zlib
+
+    from rq.registry import FailedJobRegistry, StartedJobRegistry
+    from rq.worker import SimpleWorker
+
+    ended = {}
+    rqs = SimpleWorker([Queue("rq", connection=conn)], connection=conn)
+    for name, w in (("rq", rqs), ("herder", worker)):
+        q = Queue("rq" if name == "rq" else "default", connection=conn)
+        job = q.enqueue("herder_rqcompat.add", 1, 2)
+        conn.hset(job.key, "data", zlib.compress(job.data.replace(b"herder_rqcompat.add", b"")))
+        job = Job.fetch(job.id, connection=conn)
+        execution = w.prepare_execution(job)  # herder's raised here, out of the worker's loop
+        assert w.perform_job(job, q, execution) is False
+        ended[name] = (
+            job.get_status(refresh=True),
+            job.id in FailedJobRegistry(queue=q),
+            job.id in StartedJobRegistry(queue=q),
+        )
+    assert ended["herder"] == ended["rq"] == (ended["rq"][0], True, False)
+    assert ended["rq"][0].value == "failed"

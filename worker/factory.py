@@ -36,17 +36,27 @@ def fast_path_unavailable() -> str | None:
     return _fast_path_off[0]
 
 
-def make_worker(cfg: Config, name: str, connection: Redis) -> HerderMixin:
-    """The worker `rq worker` would build from the same options (docs/migrating-from-rq.md)."""
-    cls: type[BaseWorker] = herder_worker_class(
-        import_attribute(cfg.worker_class) if cfg.worker_class else SimpleWorker
-    )  # RQ's own code path, call by call
+def fast_path_chosen(cfg: Config) -> bool:
+    """Whether this process runs the fast path: asked for, RQ's own classes and dequeue, and an
+    rq and redis-py it runs on."""
     fast = cfg.fast_path and not (cfg.worker_class or cfg.queue_class) and cfg.dequeue_strategy == "default"
-    fast = fast and fast_path_unavailable() is None
-    if fast:
+    return fast and fast_path_unavailable() is None
+
+
+def worker_class(cfg: Config) -> type[BaseWorker]:
+    """The class this process builds for `cfg`: herder's fast worker where fast_path_chosen, else
+    RQ's class (SimpleWorker, or the user's) with herder's protocol mixed in, RQ's own code path
+    call by call. scripts/rq_suite runs RQ's own tests against the class it returns."""
+    if fast_path_chosen(cfg):
         from herder.worker.fast_path.worker import HerderFastWorker  # RQ's writes in one round trip
 
-        cls = HerderFastWorker
+        return HerderFastWorker
+    return herder_worker_class(import_attribute(cfg.worker_class) if cfg.worker_class else SimpleWorker)
+
+
+def make_worker(cfg: Config, name: str, connection: Redis) -> HerderMixin:
+    """The worker `rq worker` would build from the same options (docs/migrating-from-rq.md)."""
+    cls, fast = worker_class(cfg), fast_path_chosen(cfg)
     options: dict = {"name": name, "connection": connection}
     if cfg.job_class:
         options["job_class"] = import_attribute(cfg.job_class)

@@ -118,10 +118,13 @@ class HerderMixin(BaseWorker):
         """A request came from the master: end this worker's blocking dequeue now, as its
         timeout would (CLIENT UNBLOCK: Redis returns nothing, or the job it already moved),
         so the loop sees the request at once, not at the end of the slice. Best effort: where
-        CLIENT LIST or UNBLOCK is denied, the slice's end does it. Called on a thread of its own."""
+        CLIENT LIST or UNBLOCK is denied, the slice's end does it. Called on a thread of its own.
+        Marked woken even when not in the dequeue yet: a request that comes between the loop's
+        look at the requests and its blocking call would otherwise wait out a whole slice; RQ's
+        loop's first heartbeat() leaves it instead (and a worker busy then looks once more)."""
+        self._woken = True  # RQ's loop would block again for the rest of its idle time: heartbeat()
         if not self._dequeuing:
             return
-        self._woken = True  # RQ's loop would block again for the rest of its idle time: heartbeat()
         names = {self.name, client_name()}  # RQ names one of its connections; herder names every one
         for _ in range(3):  # the loop may be between two calls: a moment later it blocks
             try:
@@ -179,6 +182,7 @@ class HerderMixin(BaseWorker):
                 "Worker %s: RQ's shutdown command: finishing the current job, then exiting", self.name
             )
             self.channel.request_stop("RQ's shutdown command")
+            self.wake_dequeue()  # an idle worker stops now, as RQ's does, not at its slice's end
             return
         super().handle_payload(message)
 

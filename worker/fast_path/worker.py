@@ -104,6 +104,8 @@ class FastPathMixin(HerderMixin):
     _deferring: Job | None = None  # the job whose success is being recorded
     _job_beat: tuple[Any, int] | None = None
     _prepared: str | None = None  # the job whose start went out with its execution
+    # What RQ's start of that job raised after its writes (its data unreadable): raised in its place
+    _start_error: tuple[str, Exception] | None = None
     _script: ScriptConnection | None = None
     _calls = 0  # the number of this worker's last script call
     _lost = 0  # tries of the current call whose reply was lost
@@ -167,7 +169,8 @@ class FastPathMixin(HerderMixin):
         if fence is not None and len(reply) > 1:  # its moves as it started (none after a lost reply)
             fence.moves, fence.claim = int(reply[1]), ""
         self._prepared = job.id
-        self._learn_template(job, t, execution_id, commands)
+        if self._start_error is None:  # a start that raised is no model for the next ones
+            self._learn_template(job, t, execution_id, commands)
         return execution
 
     def _record_start(
@@ -180,6 +183,8 @@ class FastPathMixin(HerderMixin):
         the job's and the worker's fields) are left as RQ leaves them."""
         if self._clock is None:
             self._clock = FrozenClock()
+        if self._start_error is not None:  # an earlier job's, never raised
+            self._start_error = None
         real, job_real = self.connection, job.connection
         stand_in = Recorder(real, strict=True) if keep else Discard(real)
         self.connection = job.connection = stand_in  # type: ignore[assignment]
@@ -187,7 +192,12 @@ class FastPathMixin(HerderMixin):
         try:
             with self._clock(t, execution_id):
                 execution = super().prepare_execution(job)
-                super().prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
+                try:
+                    super().prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
+                except NotRecordable:
+                    raise
+                except Exception as exc:  # after its writes: a job whose data cannot be read (func_name)
+                    self._start_error = (job.id, exc)  # raised by prepare_job_execution, as RQ's is
         finally:
             self.connection, job.connection = real, job_real
             self.lease_quiet = False
@@ -298,6 +308,9 @@ class FastPathMixin(HerderMixin):
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         if self._prepared == job.id:  # recorded with its execution, and written
             self._prepared = None
+            error, self._start_error = self._start_error, None
+            if error is not None and error[0] == job.id:
+                raise error[1]  # where RQ raises it: in perform_job, which fails the job
             return
         super().prepare_job_execution(job, remove_from_intermediate_queue)
 
