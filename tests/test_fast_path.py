@@ -327,7 +327,7 @@ def enqueue_self_deleting(conn: Redis) -> list[str]:
     templates: RQ's SimpleWorker writes their finish all the same."""
     q = Queue("default", connection=conn)
     ids = []
-    for n, how in enumerate(["current", "fetched", "current", "fetched"]):
+    for n, how in enumerate(["current", "fetched", "cancelled", "current", "fetched", "cancelled"]):
         ids.append(q.enqueue("herder_rqcompat.add", n, 1, job_id=f"ok-{n}", result_ttl=600).id)
         job = q.enqueue("herder_rqcompat.delete_itself", how, job_id=f"self-{how}-{n}", result_ttl=600)
         ids.append(job.id)

@@ -15,11 +15,13 @@ When it goes on, it must neither start that job nor write its finish over the ot
 - **A job's moves** are how many times herder's recovery moved it from a worker
   (herder.common.rq_names.MOVES_LUA). The worker notes them when its start is written (or, on
   the fast path, when the script takes the job), atomically with it.
-- **A finish** is written while RQ still has the job started under this worker's execution;
-  without it, only while the job's hash is gone (or holds no status: RQ's job heartbeat after
-  the delete makes a hash of its one field) and its moves are unchanged: its own code deleted it
-  (`job.delete()` in the job), and RQ writes the finish all the same. Otherwise it was
-  recovered from this worker and runs or ran elsewhere, whose outcome stands.
+- **A finish** is written while the job's moves, noted at its start, are unchanged: only
+  herder's recovery takes a job from its worker. A cancel while it runs (`job.cancel()`) or a
+  delete by its own code (`job.delete()`) takes it out of RQ's registry too, and RQ writes the
+  finish all the same. Where the moves were not noted, while RQ still has the job started under
+  this worker's execution, or its hash is gone (or holds no status: RQ's job heartbeat after the
+  delete makes a hash of its one field). Otherwise it was recovered from this worker and runs
+  or ran elsewhere, whose outcome stands.
 
 - **The lease.** A job is held under its worker's lease: another host's sweep takes a job whose
   holder's lease has lapsed for a dead worker's. A worker back from a cut has no lease until its
@@ -77,9 +79,9 @@ return {1, m}
 FINISH_FENCE = (
     MOVES_LUA
     + """
+if ARGV[3] ~= '' then return moves(ARGV[2]) == tonumber(ARGV[3]) and 1 or 0 end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
 if redis.call('HEXISTS', KEYS[2], 'status') == 1 then return 0 end
-if ARGV[3] ~= '' and moves(ARGV[2]) ~= tonumber(ARGV[3]) then return 0 end
 return 1
 """
 )

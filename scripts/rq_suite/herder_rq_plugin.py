@@ -30,7 +30,7 @@ import rq.worker
 from rq.worker import BaseWorker
 
 from herder.common.config import Config
-from herder.worker.channel import Progress
+from herder.worker.channel import JobsLimit, Progress
 from herder.worker.factory import worker_class
 
 LISTED = Path(__file__).with_name("deselected.txt")
@@ -48,6 +48,7 @@ class StandInChannel(Progress):
         self.requests = threading.Event()
         self.endings: deque[str] = deque()
         self.on_beat: Callable[[], None] | None = None
+        self.limit = JobsLimit()  # no jobs limit: the master hands a worker one only with max_jobs
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:

@@ -27,14 +27,17 @@ def add(a: int, b: int) -> dict:
 
 
 def delete_itself(how: str) -> str:
-    """A job that deletes its own job, the two ways job code does: RQ's worker writes its finish
-    all the same (the hash comes back, finished, with its result)."""
+    """A job that deletes its own job, the two ways job code does, or cancels it (as another
+    client's `job.cancel()` would while it runs): RQ's worker writes its finish all the same
+    (the hash comes back, finished, with its result)."""
     from rq.job import Job
 
     job = get_current_job()
     assert job is not None
     if how == "current":
         job.delete()
+    elif how == "cancelled":
+        Job.fetch(job.id, connection=job.connection).cancel()
     else:
         Job.fetch(job.id, connection=job.connection).delete()
     return f"deleted ({how})"

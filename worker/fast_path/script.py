@@ -44,11 +44,12 @@ from herder.common.rq_names import MOVES_LUA
 # moved it from a worker (herder.common.rq_names.MOVES_LUA), noted when the worker took it (or
 # started it). A start is written only while the job is still where its take put it (taken out
 # of it here, so of two workers that both took it one starts it), and its moves, when noted, are
-# unchanged. A finish is written while RQ still has its execution started; without it, only while
-# the job's hash has no status (its own code deleted it: RQ writes the finish all the same) and
-# its moves are unchanged. Otherwise the job was recovered from this worker, which could not reach
-# Redis past its lease, and may run or have run elsewhere: nothing of this worker's is written
-# over that run.
+# unchanged. A finish is written while the job's moves, noted when it was taken, are unchanged:
+# a cancel (`job.cancel()` while it runs) or a delete by its own code takes it out of RQ's
+# registry too, and RQ writes the finish all the same. Where they were not noted, while RQ still
+# has its execution started, or the job's hash has no status (deleted). Otherwise the job was
+# recovered from this worker, which could not reach Redis past its lease, and may run or have
+# run elsewhere: nothing of this worker's is written over that run.
 # Each call's outcome is kept under the record key (its number, its code, the moves and the job it
 # took), so the same call sent again after a lost reply is answered from it, never run twice; a
 # job taken by it that was moved since is no longer this worker's (answered {1}).
@@ -96,11 +97,13 @@ local function run()
   local fence, noted = arg(), nil
   if fence == 'F' then
     local registry, member, moved = arg(), arg(), arg()
-    if not redis.call('ZSCORE', registry, member) then
+    if moved ~= '' then  -- noted at its take: only a move of herder's took it from this worker
+      local id = string.match(member, '^(.*):[^:]*$') or member
+      if moves(id) ~= tonumber(moved) then return {6} end
+    elseif not redis.call('ZSCORE', registry, member) then
       local id = string.match(member, '^(.*):[^:]*$') or member
       -- Not deleted (a job's heartbeat after its delete makes a hash of that field alone): recovered.
       if redis.call('HEXISTS', prefix .. id, 'status') == 1 then return {6} end
-      if moved ~= '' and moves(id) ~= tonumber(moved) then return {6} end
     end
   elseif fence == 'S' then  -- and the job still where its take put it: taken out of it here
     local id, moved, claim = arg(), arg(), arg()

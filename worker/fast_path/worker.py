@@ -277,6 +277,9 @@ class FastPathMixin(HerderMixin):
             _, recorded = self._record_start(
                 stand_in, start_template.STAND_IN_TIME, start_template.STAND_IN_EXECUTION
             )
+            failed, self._start_error = self._start_error, None
+            if failed is not None:  # kept for a real job's perform_job; a stand-in's is no model
+                raise failed[1]
             template = StartTemplate.from_recording(key, recorded, encode)
         except NotTemplatable as exc:
             self._drop_template(str(exc))
