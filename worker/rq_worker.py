@@ -279,12 +279,13 @@ class HerderMixin(BaseWorker):
         if fence is None or fence.job_id != job.id or not isinstance(real, Redis):
             return call(job, *args, **kwargs)
         self.connection = FencedConnection(real, fence)  # type: ignore[assignment]
-        before = set(self.executions)
+        executions: dict = getattr(self, "executions", {})  # rq >= 3 keeps them on the worker; rq 2 does not
+        before = set(executions)
         try:
             return call(job, *args, **kwargs)
         except StartRefused:
-            for execution_id in set(self.executions) - before:  # RQ's objects of a start never written
-                del self.executions[execution_id]
+            for execution_id in set(executions) - before:  # RQ's objects of a start never written
+                del executions[execution_id]
             raise
         finally:
             self.connection = real
