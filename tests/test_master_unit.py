@@ -321,17 +321,17 @@ def test_judge_eof_start_timeout_and_waiting_for_redis() -> None:
 def test_a_wait_is_recorded_until_the_worker_works_and_a_kill_names_it() -> None:
     cfg = SHORT_TIMEOUT_CONFIG
     o, finished = Observations(last_seen=0.0), deque()
-    refused = parse_line(wait_line(100.0, 4.0, "Redis at r:6379: connection refused")[:-1])
+    refused = parse_line(wait_line(100.0, 4.0, "Redis at r:16390: connection refused")[:-1])
     record(o, finished, refused, now=10.0)
-    assert o.waiting and o.waiting.what == "Redis at r:6379: connection refused" and o.waiting.since == 6.0
-    assert wait_to_log(o) == "Redis at r:6379: connection refused"
+    assert o.waiting and o.waiting.what == "Redis at r:16390: connection refused" and o.waiting.since == 6.0
+    assert wait_to_log(o) == "Redis at r:16390: connection refused"
     record(o, finished, refused, now=11.0)
     assert wait_to_log(o) is None  # the same wait again: logged once
     # Silent past the heartbeat timeout while it waited: the kill says what it waited for.
     verdict = judge(worker(WorkerState.STARTING), o, 11.0 + cfg.heartbeat_timeout + 0.1, cfg)
     assert verdict and verdict.reason == (
         f"silent for {cfg.heartbeat_timeout + 0.1:.1f} s before `ready` (limit {cfg.heartbeat_timeout:g} s); "
-        f"it was waiting {4.1 + cfg.heartbeat_timeout:.0f} s for Redis at r:6379: connection refused"
+        f"it was waiting {4.1 + cfg.heartbeat_timeout:.0f} s for Redis at r:16390: connection refused"
     )  # since 7.0: its last line said 4 s at 11.0
     record(o, finished, parse_line(wait_line(101.0, 5.0, "Redis: name resolution of r timed out")[:-1]), 12.0)
     assert wait_to_log(o) == "Redis: name resolution of r timed out"  # a new cause: logged

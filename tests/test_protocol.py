@@ -39,8 +39,8 @@ from herder.common.worker_protocol import LineSplitter, Message, ProtocolError, 
         (b"stop 14", Message("stop", 14.0)),
         (b"idle 13.25\r", Message("idle", 13.25)),
         (
-            b"wait 15.0 12.5 Redis at r.example:6379: connection refused",
-            Message("wait", 15.0, waited=12.5, what="Redis at r.example:6379: connection refused"),
+            b"wait 15.0 12.5 Redis at r.example:16390: connection refused",
+            Message("wait", 15.0, waited=12.5, what="Redis at r.example:16390: connection refused"),
         ),
     ],
 )

@@ -101,13 +101,13 @@ def waits(lines: Lines) -> list[tuple[float, float, str]]:
 
 
 def test_a_name_that_does_not_resolve_in_time_is_said_and_tried_again() -> None:
-    lines, stderr = run_waiter("resolve", f"redis://:{PASSWORD}@stall.invalid:6379/0", 3.5)
+    lines, stderr = run_waiter("resolve", f"redis://:{PASSWORD}@stall.invalid:16390/0", 3.5)
     said = waits(lines)
     # The first attempt, while getaddrinfo blocks: said within a beat of it, by the sentinel.
     assert said and said[0][0] < 1.0, lines
-    assert said[0][2] == "Redis at stall.invalid:6379: name resolution of stall.invalid not answered yet"
+    assert said[0][2] == "Redis at stall.invalid:16390: name resolution of stall.invalid not answered yet"
     # Then bounded: the attempt gives up after RESOLVE_TIMEOUT, says why, and tries again.
-    timed_out = "Redis at stall.invalid:6379: name resolution of stall.invalid timed out after 1 s"
+    timed_out = "Redis at stall.invalid:16390: name resolution of stall.invalid timed out after 1 s"
     assert [w for w in said if w[2] == timed_out], lines
     # A line every beat or so throughout: the master hears a wait, never a silence.
     arrivals = [at for at, _, _ in said]
@@ -212,7 +212,7 @@ def test_a_worker_whose_redis_name_does_not_resolve_in_time_says_so(herder, tmp_
     (tmp_path / "herder_stall_hook.py").write_text(HOOK)
     from harness import JOBS_DIR
 
-    url = f"redis://:{PASSWORD}@redis.stall.invalid:6379/0"
+    url = f"redis://:{PASSWORD}@redis.stall.invalid:16390/0"
     h = herder(
         redis_url=url,
         workers="1",
@@ -221,7 +221,7 @@ def test_a_worker_whose_redis_name_does_not_resolve_in_time_says_so(herder, tmp_
         worker_init="herder_stall_hook:stall_resolver",
     )
     name = "redis.stall.invalid"
-    timed_out = f"Redis at {name}:6379: name resolution of {name} timed out after 5 s"
+    timed_out = f"Redis at {name}:16390: name resolution of {name} timed out after 5 s"
     st = h.wait_status(
         lambda s: any(w.get("waiting_for") == timed_out for w in s["workers"]), 30, what="the wait"
     )
