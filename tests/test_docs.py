@@ -205,3 +205,164 @@ def test_config_examples_are_valid_configs(where: str, text: str, tmp_path: Path
     path.write_text(text)
     result = CliRunner().invoke(cli, ["config", "--config", str(path)], env={"HERDER_CONFIG": None})
     assert result.exit_code == 0, f"{where}: {result.output}"
+
+
+# ---- Benchmark figures: quoted from benchmarks.md, never from memory -------------------------
+
+BENCHMARKS = REPO / "docs" / "benchmarks.md"
+SIMPLE = "rq worker-pool -w rq.worker.SimpleWorker"
+IDLE_CRASH = "Crash to replacement at idle"
+NOISY_CRASH = "Crash to replacement under noisy"
+IDLE_POOLS = "Start-up, memory and graceful stop"
+SCALING = "Scaling: pool sizes"
+DASHBOARD = "The dashboard's cost to the master"
+CPU_PER_1000 = "supervisor CPU per 1,000 jobs"
+
+# Each figure a page quotes from docs/benchmarks.md: (page, pattern whose one group is the figure
+# as written, benchmarks.md table (the start of its heading), row (its first cell; "herder at 4"
+# where the table has a workers column), column). A cell's unit (" ms") may be left out of a quote.
+# A pattern is matched against the page with its whitespace collapsed, so a quote may wrap.
+QUOTED_FIGURES: list[tuple[str, str, str, str, str]] = [
+    (
+        "README.md",
+        r"at ([\d.]+x) the throughput of `rq worker-pool -w SimpleWorker`",
+        "Ratios",
+        f"herder / {SIMPLE}",
+        "jobs/s",
+    ),
+    (
+        "README.md",
+        r"and ([\d.]+x) that of supervisord \+ `rq worker`",
+        "Ratios",
+        "herder / supervisord + rq worker -w rq.worker.SimpleWorker",
+        "jobs/s",
+    ),
+    ("README.md", r"replacement ([\d.]+ ms) after the `kill -9`", IDLE_CRASH, "herder", "listed median"),
+    ("README.md", r"after the `kill -9` \(rq's pool: ([\d.]+ ms)\)", IDLE_CRASH, SIMPLE, "listed median"),
+    ("README.md", r"holds ([\d.]+ MB) of memory of its own", IDLE_POOLS, "herder", "worker USS"),
+    ("README.md", r"of its own \(rq's pool: ([\d.]+ MB)\)", IDLE_POOLS, SIMPLE, "worker USS"),
+    (
+        "README.md",
+        r"first job is done ([\d.]+ ms) after the launch",
+        IDLE_POOLS,
+        "herder",
+        "launch -> first job done",
+    ),
+    (
+        "README.md",
+        r"after the launch \(rq's pool: ([\d.]+ ms)\)",
+        IDLE_POOLS,
+        SIMPLE,
+        "launch -> first job done",
+    ),
+    ("docs/operations.md", r"listed by RQ ([\d.]+ ms) after a crash", IDLE_CRASH, "herder", "listed median"),
+    (
+        "docs/operations.md",
+        r"after a crash \(([\d.]+ ms) among busy workers",
+        NOISY_CRASH,
+        "herder",
+        "listed median",
+    ),
+    (
+        "docs/design.md",
+        r"its CPU per 1,000 jobs is (\d+) ms at 4 workers",
+        SCALING,
+        "herder at 4",
+        CPU_PER_1000,
+    ),
+    ("docs/design.md", r"at 4 workers, (\d+) ms at 64", SCALING, "herder at 64", CPU_PER_1000),
+    ("docs/design.md", r"ms at 64 and (\d+) ms at 256", SCALING, "herder at 256", CPU_PER_1000),
+]
+IDLE_CPU, JOB_CPU = "master CPU idle, ms/s", "master CPU per 1,000 jobs, ms"
+QUOTED_FIGURES += [
+    ("docs/dashboard.md", pattern, DASHBOARD, row, column)
+    for pattern, row, column in [
+        (r"went from ([\d.]+) to [\d.]+ ms a second with 4", IDLE_CPU, "4 workers, page closed"),
+        (r"went from [\d.]+ to ([\d.]+) ms a second with 4", IDLE_CPU, "4 workers, page open"),
+        (r"and from ([\d.]+) to [\d.]+ ms with 64", IDLE_CPU, "64 workers, page closed"),
+        (r"and from [\d.]+ to ([\d.]+) ms with 64", IDLE_CPU, "64 workers, page open"),
+        (r"per 1,000 jobs from (\d+) to \d+ ms", JOB_CPU, "4 workers, page closed"),
+        (r"per 1,000 jobs from \d+ to (\d+) ms", JOB_CPU, "4 workers, page open"),
+        (r"and from (\d+) to \d+ ms \(", JOB_CPU, "64 workers, page closed"),
+        (r"and from \d+ to (\d+) ms \(", JOB_CPU, "64 workers, page open"),
+    ]
+]
+FIGURE = re.compile(r"\d[\d,]*(?:\.\d+)?\s?(?:x|ms|s|MB|MiB|GB|%|jobs/s)(?![\w/])")
+
+
+def tables(text: str) -> dict[str, list[dict[str, str]]]:
+    """Every markdown table of the text by the heading above it: its rows, each {column: cell}
+    (the first column's header may be empty: its key is "")."""
+    found: dict[str, list[dict[str, str]]] = {}
+    heading, header, rows = "", None, None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            heading, header = line.lstrip("#").strip(), None
+        elif line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header, rows = cells, found.setdefault(heading, [])
+            elif not set("".join(cells)) <= set("-: "):  # not the |---| line
+                rows.append(dict(zip(header, cells, strict=False)))
+        else:
+            header = None
+    return found
+
+
+def results_cell(where: str, row: str, column: str) -> str:
+    """A cell of docs/benchmarks.md: of a table of its "Results" (the report of its latest full
+    run), or of the dashboard's section."""
+    text = BENCHMARKS.read_text()
+    if where != DASHBOARD:
+        text = text.split("\n## Results\n", 1)[1].split("\n## Reading the results", 1)[0]
+    matches = [rows for heading, rows in tables(text).items() if heading.startswith(where)]
+    assert len(matches) == 1, f"benchmarks.md: {len(matches)} tables under a heading starting {where!r}"
+
+    def key(r: dict[str, str]) -> str:
+        first = next(iter(r.values()))
+        return f"{first} at {r['workers']}" if "workers" in r else first
+
+    cells = [r[column] for r in matches[0] if key(r) == row and column in r]
+    assert len(cells) == 1, f"benchmarks.md, {where!r}: no one row {row!r} with a column {column!r}"
+    return cells[0]
+
+
+def flat(page: str) -> str:
+    return " ".join((REPO / page).read_text().split())
+
+
+def test_every_quoted_benchmark_figure_is_the_results_one() -> None:
+    """A figure quoted from the benchmark is the one docs/benchmarks.md records now: a new run
+    that moves it fails here until the quote follows."""
+    wrong = []
+    for page, pattern, where, row, column in QUOTED_FIGURES:
+        found = re.findall(pattern, flat(page))
+        assert len(found) == 1, f"{page}: {len(found)} places match {pattern!r} (QUOTED_FIGURES is stale)"
+        recorded = results_cell(where, row, column)
+        if found[0] not in (recorded, recorded.removesuffix(" ms")):
+            wrong.append(
+                f"{page} says {found[0]}, benchmarks.md's {where!r} {row!r} {column!r} says {recorded}"
+            )
+    assert not wrong, "stale benchmark figures: " + "; ".join(wrong)
+
+
+def test_readmes_performance_figures_are_all_quoted() -> None:
+    """README's Performance section states no figure that QUOTED_FIGURES does not tie to Results."""
+    readme = flat("README.md")
+    start = readme.index("## Performance")
+    end = readme.find("## ", start + 3)
+    section = (start, len(readme) if end < 0 else end)
+    tied = [
+        m.span(1)
+        for page, pattern, *_ in QUOTED_FIGURES
+        if page == "README.md"
+        for m in re.finditer(pattern, readme)
+    ]
+    loose = [
+        m.group(0)
+        for m in FIGURE.finditer(readme, *section)
+        if not any(a <= m.start() and m.end() <= b for a, b in tied)
+    ]
+    assert not loose, (
+        f"README.md's Performance states figures not tied to benchmarks.md (QUOTED_FIGURES): {loose}"
+    )
