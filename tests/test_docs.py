@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import click
@@ -365,4 +366,27 @@ def test_readmes_performance_figures_are_all_quoted() -> None:
     ]
     assert not loose, (
         f"README.md's Performance states figures not tied to benchmarks.md (QUOTED_FIGURES): {loose}"
+    )
+
+
+def test_no_user_doc_names_a_commit() -> None:
+    """The user docs say what is, not at which commit it was measured (that is the commit
+    message's and CHANGELOG's)."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    tokens = {
+        (rel(page), t)
+        for page in DOCS
+        for t in re.findall(r"\b[0-9a-f]{7,40}\b", page.read_text())  # a word of a-f too: git decides
+    }
+    named = [
+        f"{page}: {t}"
+        for page, t in sorted(tokens)
+        if subprocess.run(
+            ["git", "-C", str(REPO), "cat-file", "-e", f"{t}^{{commit}}"], capture_output=True, check=False
+        ).returncode
+        == 0
+    ]
+    assert not named, (
+        "commit hashes in user docs (they belong in CHANGELOG.md or a commit message): " + "; ".join(named)
     )
