@@ -390,3 +390,42 @@ def test_no_user_doc_names_a_commit() -> None:
     assert not named, (
         "commit hashes in user docs (they belong in CHANGELOG.md or a commit message): " + "; ".join(named)
     )
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The #fragments GitHub gives a page's headings: lower case, punctuation but - and _
+    dropped, spaces as -; a repeated heading gets -1, -2."""
+    seen: dict[str, int] = {}
+    out = set()
+    fenced = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not re.match(r"#{1,6} ", line):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_every_link_between_the_docs_lands() -> None:
+    """Every relative link of README.md and docs/ names a file that exists and, with a #fragment,
+    a heading of that page (a page moved or a heading renamed breaks no link)."""
+    broken = []
+    for page in DOCS:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for target in LINK.findall(line):
+                if re.match(r"[a-z]+:", target):  # https:, mailto:
+                    continue
+                path, _, fragment = target.partition("#")
+                dest = (page.parent / path).resolve() if path else page
+                if not dest.exists():
+                    broken.append(f"{rel(page)}:{number}: {target} (no such file)")
+                elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+                    broken.append(f"{rel(page)}:{number}: {target} (no such heading)")
+    assert not broken, "broken links: " + "; ".join(broken)

@@ -2,7 +2,8 @@
 control socket, config files and flags, and queue and function names on the wire.
 
 Each property has a fixed budget (EXAMPLES below) so CI's run is bounded; HERDER_FUZZ_SCALE=N
-multiplies every budget for a long run (docs/fuzzing.md gives the command and the figures).
+multiplies every budget for a long run (docs/development.md, "Fuzzing", gives the command and
+the figures).
 """
 
 from __future__ import annotations
