@@ -217,6 +217,7 @@ NOISY_CRASH = "Crash to replacement under noisy"
 IDLE_POOLS = "Start-up, memory and graceful stop"
 SCALING = "Scaling: pool sizes"
 DASHBOARD = "The dashboard's cost to the master"
+SPIKE = "Autoscaling: a spike"
 CPU_PER_1000 = "supervisor CPU per 1,000 jobs"
 
 # Each figure a page quotes from docs/benchmarks.md: (page, pattern whose one group is the figure
@@ -288,6 +289,23 @@ QUOTED_FIGURES += [
         (r"and from \d+ to (\d+) ms \(", JOB_CPU, "64 workers, page open"),
     ]
 ]
+QUOTED_FIGURES += [
+    (
+        "docs/scaling.md",
+        r"max workers ([\d.]+ s) after the spike",
+        SPIKE,
+        "spike to max workers",
+        "herder (measured)",
+    ),
+    ("docs/scaling.md", r"queue drained at ([\d.]+ s)", SPIKE, "spike to queue drained", "herder (measured)"),
+    (
+        "docs/scaling.md",
+        r"back to 1 worker ([\d.]+ s) after that",
+        SPIKE,
+        "drained to min workers",
+        "herder (measured)",
+    ),
+]
 FIGURE = re.compile(r"\d[\d,]*(?:\.\d+)?\s?(?:x|ms|s|MB|MiB|GB|%|jobs/s)(?![\w/])")
 
 
@@ -312,9 +330,9 @@ def tables(text: str) -> dict[str, list[dict[str, str]]]:
 
 def results_cell(where: str, row: str, column: str) -> str:
     """A cell of docs/benchmarks.md: of a table of its "Results" (the report of its latest full
-    run), or of the dashboard's section."""
+    run), or of a scenario's section (the dashboard's, the spike's)."""
     text = BENCHMARKS.read_text()
-    if where != DASHBOARD:
+    if where not in (DASHBOARD, SPIKE):
         text = text.split("\n## Results\n", 1)[1].split("\n## Reading the results", 1)[0]
     matches = [rows for heading, rows in tables(text).items() if heading.startswith(where)]
     assert len(matches) == 1, f"benchmarks.md: {len(matches)} tables under a heading starting {where!r}"
