@@ -156,7 +156,7 @@ class Commands:
             return {"ok": False, "error": f"no live worker with pid {pid}"}
         w = found[0]
         self.m.stop_worker(w, "stopped by an operator")
-        log.info("%s: stopped by an operator (its slot starts a new one)", w.label)
+        log.info("%s: stopped by an operator (a replacement starts in a free slot)", w.label)
         return {"ok": True, "pid": w.pid, "slot": w.slot, "pool": w.pool}
 
     def named_pools(self, name: object) -> list[Pool] | dict:

@@ -61,6 +61,9 @@ MASTER_TRANSITIONS: dict[MasterState, frozenset[MasterState]] = {
 
 # A master silent because it waits for a CPU is spared for this many heartbeat timeouts.
 STARVED_TIMEOUTS = 4
+# Signals whose default would end the watchdog at once and strand an embedded Redis: SIGUSR1 is
+# ignored (logged), SIGUSR2 forwarded (the master writes every thread's stack to its log).
+STRAY = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 def main_thread(pid: int) -> tuple[bool, float] | None:
@@ -156,7 +159,7 @@ class Watchdog:
         self._signals.append(signum)
 
     def install_signals(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD, *STRAY):
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self._wake_w)
         # `herder run` blocked these across its exec (a PID 1 drops what it has no handler
@@ -171,6 +174,9 @@ class Watchdog:
             if sig == signal.SIGCHLD:
                 continue
             name = signal.Signals(sig).name
+            if sig == signal.SIGUSR1:
+                log.warning("SIGUSR1 is not one of herder's signals: ignored (docs/cli.md, Signals)")
+                continue
             if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT) and not self.stopping:
                 self.begin_stop(time.monotonic())
                 self.notify.stopping()
