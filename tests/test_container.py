@@ -281,6 +281,28 @@ def test_grace_period_outlasts_the_drain(tmp_path: Path) -> None:
         assert pool.stop_timeout >= pool.job_timeout + pool.job_timeout_grace, name
 
 
+def test_the_podman_commands_in_the_docs_name_the_manifests_objects() -> None:
+    """docs/deploy/containers.md, "Trying the manifests with podman": the secret, the pod's and
+    container's names as podman makes them, the grace period given by hand and the ConfigMap's
+    volume are the manifests' own (tests/test_kube.py runs the same commands)."""
+    text = (REPO / "docs" / "deploy" / "containers.md").read_text()
+    section = text.split("## Trying the manifests with podman", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh", 1)[1].split("```", 1)[0]
+    spec, c = pod_spec(), container()
+    (secret,) = [e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e]
+    pod = f"{manifests()['Deployment']['metadata']['name']}-pod-0"  # one pod: no `replicas`
+    expected = [
+        f'printf \'{{"{secret["key"]}": "%s"}}\'',
+        f"podman secret create {secret['name']} -",
+        "podman kube play --configmap deploy/kubernetes/configmap.yaml deploy/kubernetes/deployment.yaml",
+        f"podman stop -t {spec['terminationGracePeriodSeconds']} {pod}-{c['name']}",
+        "podman kube down deploy/kubernetes/deployment.yaml",
+        f"podman secret rm {secret['name']} && podman volume rm {volume('config')['configMap']['name']}",
+    ]
+    for line in expected:
+        assert line in block, f"the docs' podman commands should say: {line}"
+
+
 def test_keda_scales_on_the_wanted_gauge_by_one_pods_workers(tmp_path: Path) -> None:
     cfg = resolve(write_config(tmp_path), pod_env())
     trigger, metric, pool_name = keda_trigger()
