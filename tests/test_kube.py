@@ -110,16 +110,14 @@ def with_image(text: str, image: str) -> str:
     return text.replace(line, f"image: {image}")
 
 
-def app_image(podman: Podman, herder: str, tmp_path: Path) -> str:
+def build_app_image(podman: Podman, herder: str, tag: str, tmp_path: Path) -> None:
     """The operator's image: FROM herder's, the job code in /srv/app (the Dockerfile's header)."""
     context = tmp_path / "app"
     context.mkdir()
     (context / JOBS.name).write_bytes(JOBS.read_bytes())
     (context / "Containerfile").write_text(f"FROM {herder}\nCOPY {JOBS.name} /srv/app/\n")
-    tag = herder.replace("/herder-test:", "/herder-test-app:")
     podman.run("build", *podman.ulimits(), "--network", "none", "--format", "docker", "-t", tag, str(context),
                timeout=300)  # fmt: skip
-    return tag
 
 
 def create_secret(podman: Podman, spec: dict[str, Any], redis_url: str) -> str:
@@ -170,16 +168,16 @@ def played(
         taken += [f"host port {p}" for p in ports if listening(p)]
     assert not taken, f"already here: {', '.join(taken)} (another run's? `podman kube down` it)"
 
-    app = app_image(podman, herder, tmp_path)
+    app = herder.replace("/herder-test:", "/herder-test-app:")
     played_file = tmp_path / DEPLOYMENT.name
     played_file.write_text(with_image(text, app))
     url = urlsplit(redis_url)
-    create_secret(podman, spec, urlunsplit(url._replace(netloc=f"{HOST_LOOPBACK}:{url.port}")))
-    p = Played(podman, v, played_file, spec, pod, f"{pod}-{c['name']}")
     try:
+        build_app_image(podman, herder, app, tmp_path)
+        create_secret(podman, spec, urlunsplit(url._replace(netloc=f"{HOST_LOOPBACK}:{url.port}")))
         podman.run("kube", "play", "--network", NETWORK, "--configmap", str(CONFIGMAP), str(played_file),
                    timeout=300)  # fmt: skip
-        yield p
+        yield Played(podman, v, played_file, spec, pod, f"{pod}-{c['name']}")
     finally:
         podman.run("kube", "down", str(played_file), check=False, timeout=300)
         podman.run("pod", "rm", "-f", "-t", "0", pod, check=False, timeout=120)  # after a failed play
@@ -205,7 +203,7 @@ def test_podman_plays_the_deployment_runs_jobs_and_drains_on_stop(played: Played
         st = wait_for(running, 90, 0.5, what="herder running in the pod, all workers up")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; its log ends:\n{p.logs()}") from None
-    print(f"herder running {time.monotonic() - started:.1f} s after `podman kube play`")
+    print(f"herder running {time.monotonic() - started:.1f} s after `podman kube play` returned")
     assert st["workers_limit"] == 16, st  # min(16 x 2 CPUs, 1 GiB / 64 MiB): the pod's limits
     pid1 = p.exec("cat", "/proc/1/cmdline").stdout.split("\0")
     assert pid1[-3:-1] == ["-m", "herder.watchdog"], pid1
