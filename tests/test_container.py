@@ -8,7 +8,8 @@
   Dockerfile.dockerignore allowlist) holds what `pip install` of the source needs.
 - The entrypoint as PID 1 of a PID namespace, as in a pod: the watchdog is PID 1, reaps an
   orphan re-parented to it, and a SIGTERM drains (the running job finishes), exit 0.
-- The image itself, built and run by podman: tests/test_image.py.
+- The image itself, built and run by podman: tests/test_image.py; the Deployment played by
+  `podman kube play`: tests/test_kube.py.
 """
 
 from __future__ import annotations
@@ -255,6 +256,8 @@ def test_probes_reach_the_http_endpoint_the_config_serves(tmp_path: Path) -> Non
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = c[kind]["httpGet"]
         assert probe["path"] == "/healthz", kind
+        # By number: `podman kube play` before podman 4.7 reads a port's name as 0 (test_kube.py).
+        assert isinstance(probe["port"], int), f"{kind} names its port: podman 4.3 would probe port 0"
         assert ports.get(probe["port"], probe["port"]) == port, f"{kind} probes another port than {port}"
     svc = manifests()["Service"]
     (svc_port,) = svc["spec"]["ports"]
@@ -276,6 +279,28 @@ def test_grace_period_outlasts_the_drain(tmp_path: Path) -> None:
     # short by a drain.
     for name, pool in settings.pool_configs(cfg).items():
         assert pool.stop_timeout >= pool.job_timeout + pool.job_timeout_grace, name
+
+
+def test_the_podman_commands_in_the_docs_name_the_manifests_objects() -> None:
+    """docs/deploy/containers.md, "Trying the manifests with podman": the secret, the pod's and
+    container's names as podman makes them, the grace period given by hand and the ConfigMap's
+    volume are the manifests' own (tests/test_kube.py runs the same commands)."""
+    text = (REPO / "docs" / "deploy" / "containers.md").read_text()
+    section = text.split("## Trying the manifests with podman", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh", 1)[1].split("```", 1)[0]
+    spec, c = pod_spec(), container()
+    (secret,) = [e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e]
+    pod = f"{manifests()['Deployment']['metadata']['name']}-pod-0"  # one pod: no `replicas`
+    expected = [
+        f'printf \'{{"{secret["key"]}": "%s"}}\'',
+        f"podman secret create {secret['name']} -",
+        "podman kube play --configmap deploy/kubernetes/configmap.yaml deploy/kubernetes/deployment.yaml",
+        f"podman stop -t {spec['terminationGracePeriodSeconds']} {pod}-{c['name']}",
+        "podman kube down deploy/kubernetes/deployment.yaml",
+        f"podman secret rm {secret['name']} && podman volume rm {volume('config')['configMap']['name']}",
+    ]
+    for line in expected:
+        assert line in block, f"the docs' podman commands should say: {line}"
 
 
 def test_keda_scales_on_the_wanted_gauge_by_one_pods_workers(tmp_path: Path) -> None:

@@ -227,10 +227,12 @@ def test_compose_starts_herder_and_redis_and_runs_the_example_jobs(image: tuple[
         assert c.state("ExitCode") == "0", c.logs()[-20:]
         assert any("stopped" in line for line in c.logs()[-5:])
     finally:
-        subprocess.run([*argv, "down"], env=env, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
-        for kind in ("container", "pod"):  # whatever an interrupted `up` left behind
+        # The containers first, each with its anonymous volume (the image's VOLUME): podman-compose
+        # 1.0's `down` removes them without it, and one volume stayed behind each run.
+        for kind in ("container", "pod"):  # also whatever an interrupted `up` left behind
             left = podman.run(kind, "ls", "-aq", "--filter", ours, check=False).stdout.split()
             if left:
-                podman.run(kind, "rm", "-f", *left, check=False)
+                podman.run(kind, "rm", "-f", *(["-v"] if kind == "container" else []), *left, check=False)
+        subprocess.run([*argv, "down"], env=env, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
         podman.run("network", "rm", "-f", f"{project}_default", check=False)
         reap_adopted()
