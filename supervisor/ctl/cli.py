@@ -77,6 +77,8 @@ def run_options(f=None, *, helps: dict[str, str] | None = None):  # noqa: ANN001
             key,
             **boolean,
             multiple=settings.repeatable(key),
+            # A number's flag shows its kind; its value stays text until config.coerce (exit 78).
+            metavar=settings.metavar(key),
             envvar=settings.env_of(key),
             show_envvar=True,
             help=helps[key] if key in helps else settings.HELP[key] + shown,
