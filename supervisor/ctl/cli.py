@@ -430,12 +430,21 @@ def scale(
     click.echo(f"{where}desired {reply['desired']} workers (min {reply['min']}, max {reply['max']})")
 
 
+STOP_MARGIN = 30.0  # past the drain: the watchdog's own backstop (10 s), then the embedded Redis's stop
+
+
 @cli.command()
 @state_dir_option
-@click.option("--timeout", type=click.FloatRange(min=0), help="Seconds each worker gets to finish its job.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Seconds each worker gets to finish its job.",
+)
 @click.option("--no-wait", is_flag=True, help="Return at once instead of waiting for herder to exit.")
 def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
-    """Stop herder gracefully: every running job finishes (up to the stop timeout)."""
+    """Stop herder gracefully: every running job finishes (up to the stop timeout). Returns when
+    all of herder has exited (its watchdog last, after the workers and an embedded Redis)."""
     body: dict = {"cmd": "stop"}
     if timeout is not None:
         body["timeout"] = timeout
@@ -444,13 +453,34 @@ def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
     click.echo(f"stopping {reply['stopping']} workers")
     if no_wait:
         return
-    while True:
-        try:
-            client.call(path, {"cmd": "ping"}, timeout=2)
-        except (OSError, ValueError):
-            click.echo("stopped")
-            return
+    budget = reply.get("drain_seconds")  # None from an older master: wait as long as it takes
+    deadline = None if budget is None else time.monotonic() + float(budget) + STOP_MARGIN
+    while not exited(path):
+        if deadline is not None and time.monotonic() > deadline:
+            pid = statelock.holder(path)
+            click.echo(
+                f"herder: still running {float(budget) + STOP_MARGIN:g} s after the stop began "
+                f"(watchdog pid {pid or 'unknown'}, state dir {path})",
+                err=True,
+            )
+            sys.exit(1)
         time.sleep(0.2)
+    click.echo("stopped")
+
+
+def exited(state_dir: str) -> bool:
+    """All of herder is gone: its watchdog, the last to exit, no longer holds the state dir's lock.
+    Where the lock cannot be read, the master's control socket no longer answering."""
+    held = statelock.held(state_dir)
+    if held is not None:
+        return not held
+    try:
+        client.call(state_dir, {"cmd": "ping"}, timeout=2)
+    except TimeoutError:  # a master too busy to answer at once is still there
+        return False
+    except (OSError, ValueError):
+        return True
+    return False
 
 
 def parse_arg(text: str) -> object:
