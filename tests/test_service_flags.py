@@ -247,6 +247,8 @@ def test_every_setting_reaches_the_service(
             plist = plistlib.loads(out.encode())
             argv = plist["ProgramArguments"]
             assert plist["UserName"] == ME
+            # launchd creates no directory, and opens the log in the state dir before herder starts.
+            assert f"install -d -m 0700 -o {ME} {given['state_dir'][0]}" in err
         assert_carried(argv, given, tmp_path)
 
 

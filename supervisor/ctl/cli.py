@@ -276,7 +276,8 @@ def install_service(ctx: click.Context, kind: str, output: str | None, label: st
             text = service.render_launchd(cfg, argv, user, label)
     except service.Refused as exc:
         raise click.UsageError(str(exc)) from None
-    if kind == "systemd" and service.state_directory(cfg.state_dir) is None:
+    # launchd creates no directory, and opens the log in the state dir as the user before herder starts.
+    if kind == "launchd" or service.state_directory(cfg.state_dir) is None:
         click.echo(
             f"herder: note: create the state dir before the service starts: "
             f"install -d -m 0700 -o {user} {os.path.abspath(cfg.state_dir)}",
