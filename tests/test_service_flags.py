@@ -273,18 +273,17 @@ def test_the_default_state_dir_is_systemds_state_directory() -> None:
     assert unit_value(out, "ReadWritePaths") == "/var/lib/herder"
 
 
-def test_environment_variables_reach_the_unit_and_are_named() -> None:
-    code, out, err = install_service(
-        "systemd",
-        "--user",
-        ME,
-        env={"HERDER_WORKERS": "4", "HERDER_SCHEDULER": "false", "HERDER_QUEUE": "a,b"},
-    )
+def test_environment_variables_reach_the_unit_and_are_named(tmp_path: Path) -> None:
+    conf = tmp_path / "herder.toml"
+    conf.write_text("[herder]\nstop_timeout = 50\n")
+    env = {"HERDER_WORKERS": "4", "HERDER_SCHEDULER": "false", "HERDER_QUEUE": "a,b"}
+    code, out, err = install_service("systemd", "--user", ME, env={**env, "HERDER_CONFIG": str(conf)})
     assert code == 0, err
     cfg, sources = as_run_parses(exec_start(out)[2:])
-    assert (cfg.workers, cfg.scheduler, cfg.queues) == (4, False, ["a", "b"])
-    assert sources["workers"].startswith("command line")
-    assert "HERDER_WORKERS" in err and "HERDER_SCHEDULER" in err and "HERDER_QUEUE" in err
+    assert (cfg.workers, cfg.scheduler, cfg.queues, cfg.stop_timeout) == (4, False, ["a", "b"], 50)
+    assert sources["workers"].startswith("command line") and sources["stop_timeout"].startswith("file")
+    for name in [*env, "HERDER_CONFIG"]:
+        assert name in err, name
 
 
 @pytest.mark.parametrize("kind", ["systemd", "launchd"])

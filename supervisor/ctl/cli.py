@@ -244,6 +244,8 @@ def install_service(ctx: click.Context, kind: str, output: str | None, label: st
         for k in given
         if sources.get(k, "").startswith("environment")
     ]
+    if config_file and ctx.get_parameter_source("config_file") == ParameterSource.ENVIRONMENT:
+        from_env.insert(0, "HERDER_CONFIG")
     if from_env:
         click.echo(
             f"herder: note: {', '.join(from_env)} from the environment go into the service as flags",
