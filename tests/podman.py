@@ -234,6 +234,53 @@ def build_image(podman: Podman, tag: str) -> None:
     )  # fmt: skip
 
 
+# What a host under systemd has for tests/test_systemd.py: systemd as PID 1 (systemd-sysv's
+# /sbin/init, dbus for systemctl), python3 and its venv for herder in /opt/herder, Debian's
+# redis-server (its own unit) for the Redis herder's unit points at, ps and kill (procps).
+SYSTEMD_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "redis-server",
+                    "procps", "passwd")  # fmt: skip
+
+
+def systemd_image(podman: Podman) -> str:
+    """A Debian host with systemd as its init, built by mmdebstrap of the host's suite like the
+    base, imported under its own tag and reused while it exists. Run it with `--systemd=always`
+    and `/sbin/init`."""
+    suite, mirror = host_suite_and_mirror()
+    tag = f"localhost/herder-systemd:{suite}"
+    if podman.image_exists(tag):
+        return tag
+    mmdebstrap = shutil.which("mmdebstrap")
+    if mmdebstrap is None:
+        raise Unusable(f"no image {tag} and no mmdebstrap to build one (apt-get install mmdebstrap)")
+    with tempfile.TemporaryDirectory(prefix="herder-systemd-") as tmp:
+        tar = Path(tmp) / "systemd.tar"
+        r = subprocess.run(
+            [mmdebstrap, "--quiet", "--variant=minbase", f"--include={','.join(SYSTEMD_PACKAGES)}",
+             suite, str(tar), mirror],
+            capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if r.returncode != 0:
+            raise Unusable(f"mmdebstrap could not build {tag} from {mirror}: {r.stderr.strip()[-800:]}")
+        podman.run("import", "--change", f"ENV PATH={BASE_PATH}", "--change", 'CMD ["/sbin/init"]',
+                   str(tar), tag, timeout=300)  # fmt: skip
+    return tag
+
+
+def herder_wheel(wheels: Path, out: Path) -> Path:
+    """herder's wheel built from this tree, offline: its build backend from `wheels`
+    (wheels_for), as a user's `pip wheel .` builds it. It holds the service templates under
+    share/herder."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+         "--no-index", "--find-links", str(wheels), "-w", str(out), str(REPO)],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise AssertionError(f"pip wheel of herder failed:\n{r.stderr[-3000:]}")
+    (wheel,) = out.glob("herder-*.whl")
+    return wheel
+
+
 def redis_image(podman: Podman) -> str:
     """A redis-server image for the compose file's `redis` service, where docker.io's cannot be
     pulled: Debian's redis-server on the same base, built once per machine and reused by its tag."""
