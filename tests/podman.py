@@ -266,6 +266,32 @@ def systemd_image(podman: Podman) -> str:
     return tag
 
 
+UNIFIED = Path("/sys/fs/cgroup/unified")
+
+
+def hybrid_cgroup2() -> Path | None:
+    """Where a container's systemd can have a cgroup2 tree of its own on a host whose cgroups
+    are in hybrid mode (v1 controllers, cgroup2 at /sys/fs/cgroup/unified): a new directory
+    there (root only), to bind-mount at the container's /sys/fs/cgroup/unified. Without it,
+    podman gives systemd cgroup v1 alone, whose release agent never reaches it in a container:
+    a unit whose last processes are not systemd's own children (a main process killed first,
+    then the rest) stays in `deactivating` until its stop timeout, as if they were still there.
+    None on any other host (cgroup v2 alone: systemd has its own namespace there)."""
+    mounts = Path("/proc/self/mounts").read_text().split("\n")
+    if not any(f" {UNIFIED} cgroup2 " in line for line in mounts) or os.geteuid() != 0:
+        return None
+    where = UNIFIED / f"herder-test-{os.getpid()}-{os.urandom(4).hex()}"
+    where.mkdir()
+    return where
+
+
+def remove_cgroup_tree(top: Path) -> None:
+    """A cgroup directory and the ones in it, deepest first, once their processes are gone."""
+    for path in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+        path.rmdir()
+    top.rmdir()
+
+
 def herder_wheel(wheels: Path, out: Path) -> Path:
     """herder's wheel built from this tree, offline: its build backend from `wheels`
     (wheels_for), as a user's `pip wheel .` builds it. It holds the service templates under
