@@ -83,3 +83,25 @@ def adopt(fd_text: str, state_dir: str) -> int | None:
         return None
     os.set_inheritable(fd, False)
     return fd
+
+
+def held(state_dir: str) -> bool | None:
+    """Whether a herder holds the state dir's lock (its watchdog is alive): a shared flock taken
+    and dropped at once, so it is False once the watchdog's descriptor is closed, a zombie or
+    not. None when the file cannot be read (another user's state dir). A `herder run` that
+    takes the lock in that instant finds it held and exits 75, as with any live herder."""
+    try:
+        fd = os.open(lock_path(state_dir), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # drops a shared lock we took
+    return False

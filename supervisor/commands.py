@@ -145,7 +145,12 @@ class Commands:
                 if "timeout" in body:
                     self.m.set_stop_timeout(float(body["timeout"]))
                 self.m.begin_stop(hurry=False, why="herder stop")
-                return {"ok": True, "stopping": len(self.m.workers_of())}
+                # drain_seconds: the longest the drain may take, so `herder stop` knows how long to wait.
+                return {
+                    "ok": True,
+                    "stopping": len(self.m.workers_of()),
+                    "drain_seconds": self.reloadable.cfg.drain_seconds,  # the settings in force
+                }
             case cmd:
                 return {"ok": False, "error": f"unknown command {cmd!r}"}
 

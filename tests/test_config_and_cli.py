@@ -291,3 +291,32 @@ def test_django_settings_that_cannot_load_or_name_two_redis_servers_exit_78(tmp_
         "'redis_url' from django settings module twodb.settings" in r.stderr and "2 Redis servers" in r.stderr
     )
     assert "s3cret" not in r.stderr
+
+
+def test_number_flags_show_their_kind_and_still_take_what_they_took() -> None:
+    """`--help` shows a number setting as INTEGER, FLOAT, SECONDS or MB, never TEXT; its value
+    is still checked by the config's coercion (a bad one exits 78 from the environment, as from
+    the file), and a plain number is all it takes."""
+    import typing
+
+    from click.testing import CliRunner
+
+    from herder.common.config import HELP, KEYS, flag_of
+    from herder.supervisor.ctl.cli import cli
+
+    hints = typing.get_type_hints(Config)
+    numbers = [k for k in KEYS if {int, float} & {hints[k], *typing.get_args(hints[k])}]
+    assert "workers" in numbers and "stop_timeout" in numbers and "max_memory" in numbers
+    for command in ("run", "config", "install-service"):
+        text = CliRunner().invoke(cli, [command, "--help"], terminal_width=200).stdout
+        shown = {line.split()[0]: line.split()[1] for line in text.splitlines() if line.startswith("  --")}
+        for key in numbers:
+            kinds = {"MB"} if "in MB" in HELP[key] else {"INTEGER", "FLOAT", "SECONDS"}
+            assert shown[flag_of(key)] in kinds, (command, key)
+        assert shown["--stop-timeout"] == "SECONDS" and shown["--workers"] == "INTEGER"
+    clean = {k: None for k in os.environ if k.startswith("HERDER_")}
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["config", "--stop-timeout", "45.5", "--workers", "3"], env=clean)
+    assert ok.exit_code == 0 and "45.5" in ok.stdout, ok.output
+    bad = runner.invoke(cli, ["config"], env={**clean, "HERDER_STOP_TIMEOUT": "30s"})
+    assert bad.exit_code == EX_CONFIG and "'stop_timeout' from environment" in bad.stderr

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -93,3 +95,21 @@ def test_embedded_redis_that_dies_is_started_again(herder, short_state_dir: Path
     )
     h.stop_and_check()
     assert embedded_redis_pids(short_state_dir) == []
+
+
+def test_herder_stop_returns_when_all_of_herder_has_exited(herder, short_state_dir: Path):
+    """`herder stop` returns once the watchdog has exited too, the last of herder: after the
+    master, its workers and the embedded Redis the watchdog stops. "stopped" means nothing of
+    that herder is left, as `systemctl stop` or `supervisorctl shutdown` would mean it."""
+    h = herder(redis_url=None, workers="2", state_dir=str(short_state_dir))
+    h.wait_workers(2)
+    (redis_pid,) = embedded_redis_pids(short_state_dir)
+    # A Redis slow to shut down (one writing a large dump), made certain: frozen, it leaves the
+    # watchdog waiting for it (15 s, then SIGKILL) well after the master has exited.
+    os.kill(redis_pid, signal.SIGSTOP)
+    argv = [HERDER, "stop", "--state-dir", str(short_state_dir)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    left = [f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in h.processes()]  # at once: no wait
+    assert r.returncode == 0 and r.stdout.splitlines() == ["stopping 2 workers", "stopped"], r
+    assert not left, f"alive after `herder stop` returned: {left}"
+    assert h.wait_exit(5) == 0

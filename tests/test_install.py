@@ -20,6 +20,7 @@ import pytest
 
 from harness import TESTS, wait_for
 from herder.supervisor import __version__
+from herder.supervisor.ctl.version import checkout_commit
 
 pytestmark = pytest.mark.slow
 
@@ -149,6 +150,13 @@ def build_wheel(root: Path) -> Path:
 
     src = root / "src"
     shutil.copytree(REPO, src, ignore=leave_out)
+    # The copy is the checkout's HEAD: its .git names the checkout's repository, so the build
+    # (setup.py) finds the commit it is made from, as a build in the checkout itself would.
+    gitdir = subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "--absolute-git-dir"], capture_output=True, text=True, timeout=30
+    )
+    if gitdir.returncode == 0:
+        (src / ".git").write_text(f"gitdir: {gitdir.stdout.strip()}\n")
     run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index", "--find-links", PEER_WHEELS,
         "-w", root / "dist", src, cwd=root)  # fmt: skip
     (wheel,) = (root / "dist").glob("herder-*.whl")
@@ -236,7 +244,10 @@ def test_supervisord_and_the_file_watcher_work_beside_herder(venv: Venv, tmp_pat
 
 
 def test_herder_run_from_the_wheel(venv: Venv, herder, jobs) -> None:
-    assert venv.run(venv.bin / "herder", "--version").stdout.startswith(f"herder {__version__} (rq ")
+    # A development version built from a checkout names its commit; a release is its number.
+    commit = checkout_commit(REPO) if ".dev" in __version__ else None
+    built = f"{__version__}+g{commit}" if commit else __version__
+    assert venv.run(venv.bin / "herder", "--version").stdout.startswith(f"herder {built} (rq ")
     h = herder(workers="2", executable=str(venv.bin / "herder"))
     workers = h.wait_workers(2)
     master = h.master()

@@ -28,6 +28,7 @@ import pytest
 
 from harness import HERDER, TESTS
 from herder.supervisor import __version__
+from herder.supervisor.ctl.version import checkout_commit
 
 REPO = TESTS.parent
 PEER_WHEELS = Path(sys.prefix) / "peer-wheels"
@@ -117,10 +118,13 @@ def installed_version_line(herder: str | Path, cwd: Path) -> re.Match[str]:
 
 
 def test_version_names_herder_rq_redis_py_and_python(tmp_path: Path) -> None:
-    """From this environment (a checkout's editable install, or the sdist's venv below)."""
+    """From this environment (a checkout's editable install, or the sdist's venv below): from a
+    checkout, a development version names the checkout's commit."""
     m = installed_version_line(HERDER, tmp_path)
     python = platform.python_version()
-    assert m.groups() == (__version__, metadata.version("rq"), metadata.version("redis"), python)
+    commit = checkout_commit(REPO) if ".dev" in __version__ else None
+    herder = f"{__version__}+g{commit}" if commit else __version__
+    assert m.groups() == (herder, metadata.version("rq"), metadata.version("redis"), python)
     # Cheap: neither rq nor redis-py is imported to print it.
     probe = "from herder.supervisor.ctl.cli import cli; cli(['--version'], prog_name='herder')"
     argv = [sys.executable, "-X", "importtime", "-c", probe]

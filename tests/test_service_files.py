@@ -58,7 +58,8 @@ def test_launchd_plist_parses_with_keepalive_and_exit_timeout(tmp_path: Path):
     assert plist["UserName"] == "nobody"
     assert plist["ThrottleInterval"] > 0
     assert plist["StandardErrorPath"] == str(tmp_path / "st" / "herder.log")
-    assert plist["ProgramArguments"][1:] == ["run", "--state-dir", str(tmp_path / "st")]
+    state_dir = str(tmp_path / "st")
+    assert plist["ProgramArguments"][1:] == ["run", "--state-dir", state_dir, "--stop-timeout", "120"]
 
 
 def test_unknown_user_exits_78():

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         OverLimit,
         env_of,
         flag_of,
+        metavar,
         normalize_key,
         repeatable,
     )
@@ -93,6 +94,7 @@ _HOMES = {
     "OverLimit": "herder.common.config.schema",
     "env_of": "herder.common.config.schema",
     "flag_of": "herder.common.config.schema",
+    "metavar": "herder.common.config.schema",
     "normalize_key": "herder.common.config.schema",
     "repeatable": "herder.common.config.schema",
     "coerce": "herder.common.config.values",
@@ -145,6 +147,7 @@ __all__ = [
     "http_address",
     "is_dotted",
     "load_file",
+    "metavar",
     "normalize_key",
     "parse_worker_command",
     "redact_setting",

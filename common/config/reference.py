@@ -14,7 +14,18 @@ from dataclasses import MISSING, fields
 
 from herder.common.config.pools import POOL_KEYS
 from herder.common.config.reload import RELOAD_LIMITS
-from herder.common.config.schema import ALIASES, APPLY, HELP, KEYS, RESTART, WORKERS, Config, env_of, flag_of
+from herder.common.config.schema import (
+    ALIASES,
+    APPLY,
+    HELP,
+    KEYS,
+    RESTART,
+    WORKERS,
+    Config,
+    env_of,
+    flag_of,
+    metavar,
+)
 
 COMMAND = "python -m herder.common.config.reference > docs/settings.md"
 
@@ -75,7 +86,8 @@ def flag_cell(key: str, default: object) -> str:
     if isinstance(default, bool):
         return f"`{flag}` / `--no-{flag[2:]}`"
     repeat = " (repeatable)" if key in ALIASES.values() else ""
-    return f"`{flag}`{repeat}"
+    kind = f" {metavar(key)}" if metavar(key) else ""
+    return f"`{flag}`{kind}{repeat}"
 
 
 def key_cell(key: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -200,7 +201,7 @@ class Config:
     kill_budget_window: float = setting(60.0, "Seconds of the kill budget's sliding window.", reload=APPLY)
     min_uptime: float = setting(
         1.0,
-        "A worker exiting sooner than this died young: its slot backs off.",
+        "Seconds: a worker exiting sooner than this died young, and its slot backs off.",
         reload=APPLY,
         pool=True,
     )
@@ -210,9 +211,11 @@ class Config:
         reload=APPLY,
         pool=True,
     )
-    backoff_max: float = setting(30.0, "The longest a slot's backoff grows.", reload=APPLY, pool=True)
+    backoff_max: float = setting(
+        30.0, "The longest a slot's backoff grows, in seconds.", reload=APPLY, pool=True
+    )
     # Watchdog: master silence deadline and restart intensity.
-    master_heartbeat_timeout: float = setting(15.0, "Master silence before a restart.")
+    master_heartbeat_timeout: float = setting(15.0, "Seconds of master silence before a restart.")
     max_restarts: int = setting(5, "Master restarts within --restart-window before giving up.")
     restart_window: float = setting(60.0, "Seconds.")
     paths: list[str] = setting(
@@ -541,6 +544,20 @@ ALIASES = {"queue": "queues", "path": "paths", "exception_handler": "exception_h
 SECRET_KEYS = {"redis_url", "on_event_url"}  # URLs that may carry a password: shown redacted
 KEYS = [f.name for f in fields(Config) if not f.metadata.get("internal")]
 HELP = {f.name: f.metadata["help"] for f in fields(Config) if f.name in KEYS}
+
+
+def metavar(key: str) -> str | None:
+    """What a number setting's flag shows in --help and docs/settings.md: SECONDS, MB, INTEGER
+    or FLOAT (a plain number: "30", never "30s"); None for the others (click's own)."""
+    hint = typing.get_type_hints(Config)[key]
+    number = {int, float} & {hint, *typing.get_args(hint)}
+    if not number:
+        return None
+    if "in MB" in HELP[key]:
+        return "MB"
+    if "second" in HELP[key].lower():
+        return "SECONDS"
+    return "INTEGER" if int in number else "FLOAT"
 
 
 def flag_of(key: str) -> str:

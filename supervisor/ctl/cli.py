@@ -29,6 +29,7 @@ from click.core import ParameterSource
 from herder.common import config as settings
 from herder.common import statelock
 from herder.common.config import EX_CONFIG, Config, ConfigError, OverLimit
+from herder.common.config.prestart import TOKEN_ENV
 from herder.common.exits import EX_TEMPFAIL
 from herder.supervisor.ctl import client, render, startup, version
 
@@ -44,10 +45,24 @@ class LenientBool(click.types.BoolParamType):
             return value
 
 
-def run_options(f):
+# install-service's own meaning of two settings: who the service runs as, where it keeps its state.
+SERVICE_HELP = {
+    "user": "The user the service runs as: the unit's User= (systemd) or the plist's UserName "
+    "(launchd); herder, its workers and its embedded Redis run as this user. Default: the user "
+    "running install-service.",
+    "state_dir": "The service's state dir, 0700 (default /var/lib/herder with systemd, created by "
+    "its StateDirectory=; /usr/local/var/herder with launchd).",
+}
+
+
+def run_options(f=None, *, helps: dict[str, str] | None = None):  # noqa: ANN001, ANN201 - a click decorator
     """The settings flags, shared by `herder run`, `herder config` and `install-service`,
     made from the Config schema: each can also come from its HERDER_* variable. Defaults
-    live in Config, so an unset flag is None here."""
+    live in Config, so an unset flag is None here. `helps` replaces a flag's help where a
+    command gives the setting a meaning of its own (install-service's --user)."""
+    if f is None:
+        return lambda g: run_options(g, helps=helps)
+    helps = helps or {}
     defaults = Config()
     for key in reversed(settings.KEYS):
         default = getattr(defaults, key)
@@ -62,9 +77,11 @@ def run_options(f):
             key,
             **boolean,
             multiple=settings.repeatable(key),
+            # A number's flag shows its kind; its value stays text until config.coerce (exit 78).
+            metavar=settings.metavar(key),
             envvar=settings.env_of(key),
             show_envvar=True,
-            help=settings.HELP[key] + shown,
+            help=helps[key] if key in helps else settings.HELP[key] + shown,
         )(f)
     f = click.option(
         "--config",
@@ -77,18 +94,15 @@ def run_options(f):
     return f
 
 
-def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, str]]:
-    """Defaults < file < environment < flags (herder.common.config.resolve); ConfigError on
-    any bad value. This only turns click's view of the flags into the last layer."""
-    layers = []
-    config_file = opts.pop("config_file", None)
-    if config_file:
-        layers.append(settings.load_file(config_file))
+def given_settings(ctx: click.Context, opts: dict) -> dict[str, tuple[object, str]]:
+    """The settings given on the command line or in HERDER_* variables, as written (a string,
+    a list of them, or a bool), each with where it came from."""
     given: dict[str, tuple[object, str]] = {}
     for key, value in opts.items():
         src = ctx.get_parameter_source(key)
         if (
-            value is None
+            key not in settings.KEYS
+            or value is None
             or value == ()
             or src not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
         ):
@@ -99,6 +113,17 @@ def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, 
         else:
             source = f"environment ({settings.env_of(key)})"
         given[key] = (list(value) if isinstance(value, tuple) else value, source)
+    return given
+
+
+def resolve_settings(ctx: click.Context, opts: dict) -> tuple[Config, dict[str, str]]:
+    """Defaults < file < environment < flags (herder.common.config.resolve); ConfigError on
+    any bad value. This only turns click's view of the flags into the last layer."""
+    layers = []
+    config_file = opts.pop("config_file", None)
+    if config_file:
+        layers.append(settings.load_file(config_file))
+    given = given_settings(ctx, opts)
     layers.append(given)
     cfg, sources = settings.resolve(layers)
     if not cfg.django_settings and os.environ.get("DJANGO_SETTINGS_MODULE"):
@@ -177,29 +202,65 @@ def run(ctx: click.Context, **opts) -> None:
 @click.argument("kind", type=click.Choice(["systemd", "launchd"]))
 @click.option("--output", type=click.Path(dir_okay=False), help="Write the file here instead of to stdout.")
 @click.option("--label", default="io.herder", show_default=True, help="The launchd Label.")
-@run_options
+@run_options(helps=SERVICE_HELP)
 @click.pass_context
 def install_service(ctx: click.Context, kind: str, output: str | None, label: str, **opts) -> None:
     """Render a systemd unit or a launchd plist that runs this herder as a service.
 
-    Point it at a config file (--config): the unit runs `herder run --config FILE`. Keep
-    the Redis URL out of the unit (units are world-readable): put it in the config file
-    (mode 0600) or, for systemd, HERDER_REDIS_URL=... in /etc/herder/environment.
+    Every `herder run` option given here (or in a HERDER_* variable) goes on the service's
+    `herder run` command line; --config names a file the service reads itself. A Redis URL
+    with a password is refused: units are world-readable. Put it in the config file (mode
+    0600) or, for systemd, HERDER_REDIS_URL=... in /etc/herder/environment.
 
     The service's state dir is /var/lib/herder (systemd) or /usr/local/var/herder (launchd)
     unless --state-dir names another; a bare `herder status`, `stop`, `scale`, ... looks there
     after `herder run`'s own default, so it finds the service without flags.
     """
+    from herder.supervisor.ctl import service  # xml and urllib: only this command pays for them
+
     config_file = opts.get("config_file")
+    given = {key: value for key, (value, _) in given_settings(ctx, opts).items()}
     try:
-        cfg, _ = resolve_settings(ctx, opts)
+        cfg, sources = resolve_settings(ctx, opts)
         if not cfg.state_dir:  # where a bare `herder status` looks too (startup.state_dirs_to_try)
             cfg.state_dir = startup.SERVICE_STATE_DIRS[kind]
         user = cfg.user or pwd.getpwuid(os.geteuid()).pw_name
-        entry = startup.check_user(user) if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
+        entry = pwd.getpwnam(user)  # the unit's Group= is its primary group
+    except KeyError:
+        unknown = ConfigError("user", f"no such user: {user!r}", sources.get("user", "default"))
+        click.echo(f"herder: {unknown}", err=True)
+        sys.exit(EX_CONFIG)
     except ConfigError as exc:
         click.echo(f"herder: {exc}", err=True)
         sys.exit(EX_CONFIG)
+    for key in set(given) & settings.SECRET_KEYS:
+        why = service.secret_refusal(kind, key, str(given[key]), sources[key])
+        if why:
+            raise click.UsageError(why)
+    if sources.get("django_settings", "").endswith("(DJANGO_SETTINGS_MODULE)"):
+        given["django_settings"] = cfg.django_settings  # the service has no DJANGO_SETTINGS_MODULE
+    from_env = [
+        sources[k].removeprefix("environment (").removesuffix(")")
+        for k in given
+        if sources.get(k, "").startswith("environment")
+    ]
+    if config_file and ctx.get_parameter_source("config_file") == ParameterSource.ENVIRONMENT:
+        from_env.insert(0, "HERDER_CONFIG")
+    if from_env:
+        click.echo(
+            f"herder: note: {', '.join(from_env)} from the environment go into the service as flags",
+            err=True,
+        )
+    if os.environ.get(TOKEN_ENV):
+        click.echo(
+            f"herder: warning: {TOKEN_ENV} is not written into the service file (it is a secret): "
+            + (
+                f"put it in {service.ENVIRONMENT_FILE} (mode 0600), or use --http-token-file"
+                if kind == "systemd"
+                else "use --http-token-file"
+            ),
+            err=True,
+        )
     if user == "root":
         click.echo(
             "herder: warning: the service would run as root; pass --user NAME to run it as another user",
@@ -208,14 +269,22 @@ def install_service(ctx: click.Context, kind: str, output: str | None, label: st
     herder = str(Path(sys.executable).with_name("herder"))
     if not os.access(herder, os.X_OK):
         herder = shutil.which("herder") or "herder"
-    config_path = os.path.abspath(config_file) if config_file else None
-    from herder.supervisor.ctl import service  # xml and urllib: only this command pays for them
-
-    if kind == "systemd":
-        group = grp.getgrgid(entry.pw_gid).gr_name if entry else user
-        text = service.render_systemd(cfg, herder, user, group, config_path)
-    else:
-        text = service.render_launchd(cfg, herder, user, config_path, label)
+    argv = service.run_argv(herder, cfg, config_file, given)
+    try:
+        if kind == "systemd":
+            group = grp.getgrgid(entry.pw_gid).gr_name
+            text = service.render_systemd(cfg, argv, user, group)
+        else:
+            text = service.render_launchd(cfg, argv, user, label)
+    except service.Refused as exc:
+        raise click.UsageError(str(exc)) from None
+    # launchd creates no directory, and opens the log in the state dir as the user before herder starts.
+    if kind == "launchd" or service.state_directory(cfg.state_dir) is None:
+        click.echo(
+            f"herder: note: create the state dir before the service starts: "
+            f"install -d -m 0700 -o {user} {os.path.abspath(cfg.state_dir)}",
+            err=True,
+        )
     if output:
         Path(output).write_text(text)
         click.echo(f"wrote {output}", err=True)
@@ -364,12 +433,21 @@ def scale(
     click.echo(f"{where}desired {reply['desired']} workers (min {reply['min']}, max {reply['max']})")
 
 
+STOP_MARGIN = 30.0  # past the drain: the watchdog's own backstop (10 s), then the embedded Redis's stop
+
+
 @cli.command()
 @state_dir_option
-@click.option("--timeout", type=click.FloatRange(min=0), help="Seconds each worker gets to finish its job.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Seconds each worker gets to finish its job.",
+)
 @click.option("--no-wait", is_flag=True, help="Return at once instead of waiting for herder to exit.")
 def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
-    """Stop herder gracefully: every running job finishes (up to the stop timeout)."""
+    """Stop herder gracefully: every running job finishes (up to the stop timeout). Returns when
+    all of herder has exited (its watchdog last, after the workers and an embedded Redis)."""
     body: dict = {"cmd": "stop"}
     if timeout is not None:
         body["timeout"] = timeout
@@ -378,13 +456,34 @@ def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
     click.echo(f"stopping {reply['stopping']} workers")
     if no_wait:
         return
-    while True:
-        try:
-            client.call(path, {"cmd": "ping"}, timeout=2)
-        except (OSError, ValueError):
-            click.echo("stopped")
-            return
+    budget = reply.get("drain_seconds")  # None from an older master: wait as long as it takes
+    deadline = None if budget is None else time.monotonic() + float(budget) + STOP_MARGIN
+    while not exited(path):
+        if deadline is not None and time.monotonic() > deadline:
+            pid = statelock.holder(path)
+            click.echo(
+                f"herder: still running {float(budget) + STOP_MARGIN:g} s after the stop began "
+                f"(watchdog pid {pid or 'unknown'}, state dir {path})",
+                err=True,
+            )
+            sys.exit(1)
         time.sleep(0.2)
+    click.echo("stopped")
+
+
+def exited(state_dir: str) -> bool:
+    """All of herder is gone: its watchdog, the last to exit, no longer holds the state dir's lock.
+    Where the lock cannot be read, the master's control socket no longer answering."""
+    held = statelock.held(state_dir)
+    if held is not None:
+        return not held
+    try:
+        client.call(state_dir, {"cmd": "ping"}, timeout=2)
+    except TimeoutError:  # a master too busy to answer at once is still there
+        return False
+    except (OSError, ValueError):
+        return True
+    return False
 
 
 def parse_arg(text: str) -> object:
