@@ -457,7 +457,6 @@ def test_install_service_with_run_flags_then_enable_and_a_bare_status(systemd_ho
 
 @pytest.mark.slow
 @pytest.mark.container
-@pytest.mark.xfail(strict=True, reason="install-service keeps only --config and --state-dir (branch install)")
 def test_the_run_flags_given_to_install_service_are_in_force(systemd_host: SystemdHost) -> None:
     r = systemd_host.run("herder", "status", check=False)
     st = systemd_host.wait_running()
