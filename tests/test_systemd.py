@@ -136,6 +136,28 @@ def test_a_hung_master_stops_the_watchdog_pings(herder, systemd):
 
 
 @pytest.mark.slow
+def test_a_replacement_master_is_vouched_for_while_its_workers_start(herder, systemd):
+    """The master dies; the watchdog's replacement takes 3 s to have its workers up (a big
+    app's imports): the pings go on meanwhile, since herder's watchdog owns the replacement
+    and a restart by systemd would kill every running job and help nothing."""
+    env = {"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "1000000", "HERDER_TEST_SLOW_START": "3"}
+    h = herder(workers="1", env=env, worker_init="herder_hooks:slow_start")
+    h.wait_workers(1, timeout=30)
+    wait_for(lambda: systemd.fields("READY=1"), 10, what="READY=1")
+    master = h.master()
+    assert master is not None
+    os.kill(master.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: [t for t, _ in systemd.fields("READY=1") if t > killed_at], 30, what="READY=1 again")
+    ready_again = next(t for t, _ in systemd.fields("READY=1") if t > killed_at)
+    assert ready_again - killed_at > 2.5, "the replacement's workers started at once"
+    pings = [killed_at] + [t for t, _ in systemd.fields("WATCHDOG=1") if killed_at < t < ready_again]
+    gaps = [b - a for a, b in zip(pings, [*pings[1:], ready_again], strict=True)]
+    assert max(gaps) < 1.5, f"no WATCHDOG=1 for {max(gaps):.1f} s while the replacement started"
+    h.stop_and_check()
+
+
+@pytest.mark.slow
 def test_reload_sends_reloading_then_ready(herder, systemd, tmp_path: Path):
     conf = tmp_path / "h.toml"
     conf.write_text("[herder]\nworkers = 1\n")

@@ -137,6 +137,7 @@ class Watchdog:
         self.master_state = MasterState.STARTING  # changed only through master_becomes()
         self.restarts: deque[float] = deque()
         self.master_starts = 0
+        self.ever_ready = False  # a master said `ready` once: systemd has had READY=1
         self.next_start = 0.0
         self.phase = Phase.RUNNING  # changed only through begin_stop()
         self.stop_started = 0.0
@@ -258,6 +259,7 @@ class Watchdog:
             if self.master_state == MasterState.STARTING:
                 log.info("master %d ready", self.master.pid if self.master else -1)
                 self.master_becomes(MasterState.READY)
+                self.ever_ready = True
             self.notify.ready()
         elif verb == "status":
             self.notify.status(msg.text)
@@ -389,13 +391,17 @@ class Watchdog:
 
     def feed_service_manager(self, now: float) -> None:
         master_running = self.master is not None and self.master.returncode is None
-        # Healthy: up (said ready) and heartbeating. Starting is not yet healthy.
-        # Silent but starved of CPU is spared (check_silence) and vouched for: systemd must not
-        # restart a fleet the watchdog deliberately keeps (nor before its own deadline, 4 heartbeat
-        # timeouts). A hung master, or a hung watchdog, gets no ping.
-        ready = self.master_state == MasterState.READY
+        # Healthy: up and heartbeating. The first master is up once it said ready (no WATCHDOG=1
+        # before READY=1); a replacement is vouched for while it starts: herder's watchdog owns
+        # its start, and a restart by systemd would kill every running job and help nothing.
+        # Silent but starved of CPU is spared (check_silence) and vouched for too: systemd must
+        # not restart a fleet the watchdog deliberately keeps (up to 4 heartbeat timeouts).
+        # A hung master, or a hung watchdog, gets no ping.
+        up = self.master_state == MasterState.READY or (
+            self.ever_ready and self.master_state == MasterState.STARTING
+        )
         silent = now - self.master_seen
-        healthy = master_running and ready and (silent < self.ping_grace or self.starved(silent))
+        healthy = master_running and up and (silent < self.ping_grace or self.starved(silent))
         self.notify.ping_if_due(healthy and not self.stopping)
         self.notify.flush()  # what waited for room, and the newest STATUS= once a second
         # While a drain waits on long jobs, ask systemd for more time, a little at a
