@@ -367,6 +367,10 @@ class SystemdHost:
         out = self.run("systemctl", "show", "herder", *(f"--property={p}" for p in props)).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
+    def last_ping(self) -> float:
+        """When systemd last had WATCHDOG=1, on its monotonic clock (the host's), in seconds."""
+        return int(self.show("WatchdogTimestampMonotonic")["WatchdogTimestampMonotonic"]) / 1e6
+
     def status(self) -> dict[str, Any] | None:
         r = self.run("herder", "status", "--json", check=False)
         try:
@@ -503,6 +507,25 @@ def test_a_killed_master_is_replaced_by_herders_watchdog_not_by_systemd(systemd_
         rf"herder-watchdog\[{main}\] WARNING master {master} exited unexpectedly \(killed by SIGKILL\)", log
     )
     assert re.search(rf"herder-watchdog\[{main}\] INFO master {st['master']['pid']} started", log)
+
+
+@pytest.mark.slow
+@pytest.mark.container
+def test_a_hung_master_is_replaced_by_herders_watchdog_within_watchdogsec(systemd_host: SystemdHost) -> None:
+    """Frozen (SIGSTOP: not waiting for a CPU), the master is killed and replaced at its
+    deadline, master_heartbeat_timeout, which is below WatchdogSec / 2 + the ping grace: the
+    pings resume as its replacement starts, and systemd restarts nothing."""
+    h = systemd_host
+    st = h.wait_running()
+    main, master = h.show("MainPID")["MainPID"], st["master"]["pid"]
+    assert MASTER_TIMEOUT < WATCHDOG_SEC / 2 + PING_GRACE
+    h.run("kill", "-STOP", str(master))
+    h.wait_running(not_master=master, timeout=MASTER_TIMEOUT + 30)
+    killed = rf"master {master} silent for [\d.]+ s \(deadline {MASTER_TIMEOUT} s\): SIGKILL"
+    (killed_at,) = [float(t) for t in re.findall(rf"^\[\s*([\d.]+)\].* {killed}", h.journal(), re.M)]
+    # systemd was pinged after the kill: its timer runs from there, not from the freeze.
+    wait_for(lambda: h.last_ping() > killed_at, WATCHDOG_SEC, 0.25, what="a ping after the kill")
+    assert h.show("MainPID", "NRestarts") == {"MainPID": main, "NRestarts": "0"}
 
 
 @pytest.mark.slow
