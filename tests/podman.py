@@ -1,6 +1,6 @@
-"""A real container runtime for tests/test_image.py: podman, a Python base image built from
-Debian's own packages (no image registry is needed), and herder's image built offline from a
-directory of wheels.
+"""A real container runtime for tests/test_image.py and tests/test_systemd.py: podman, a Python
+base image built from Debian's own packages (no image registry is needed), herder's image built
+offline from a directory of wheels, and a Debian host image with systemd as its init.
 
 Why each adjustment (docs/deploy/containers.md, "Building the image without a registry"):
 - `--runtime runc` where runc is installed: crun refuses a host whose cgroups are in hybrid
