@@ -401,8 +401,8 @@ class Watchdog:
             self.ever_ready and self.master_state == MasterState.STARTING
         )
         silent = now - self.master_seen
-        healthy = master_running and up and (silent < self.ping_grace or self.starved(silent))
-        self.notify.ping_if_due(healthy and not self.stopping)
+        healthy = master_running and up and not self.stopping
+        self.notify.ping_if_due(healthy and (silent < self.ping_grace or self.starved(silent)))
         self.notify.flush()  # what waited for room, and the newest STATUS= once a second
         # While a drain waits on long jobs, ask systemd for more time, a little at a
         # time, as long as something is still finishing (our own stop_grace bounds it).
