@@ -1,6 +1,6 @@
-"""A real container runtime for tests/test_image.py: podman, a Python base image built from
-Debian's own packages (no image registry is needed), and herder's image built offline from a
-directory of wheels.
+"""A real container runtime for tests/test_image.py and tests/test_systemd.py: podman, a Python
+base image built from Debian's own packages (no image registry is needed), herder's image built
+offline from a directory of wheels, and a Debian host image with systemd as its init.
 
 Why each adjustment (docs/deploy/containers.md, "Building the image without a registry"):
 - `--runtime runc` where runc is installed: crun refuses a host whose cgroups are in hybrid
@@ -232,6 +232,79 @@ def build_image(podman: Podman, tag: str) -> None:
         "-t", tag, str(REPO),
         timeout=900,
     )  # fmt: skip
+
+
+# What a host under systemd has for tests/test_systemd.py: systemd as PID 1 (systemd-sysv's
+# /sbin/init, dbus for systemctl), python3 and its venv for herder in /opt/herder, Debian's
+# redis-server (its own unit) for the Redis herder's unit points at, ps and kill (procps).
+SYSTEMD_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "redis-server",
+                    "procps", "passwd")  # fmt: skip
+
+
+def systemd_image(podman: Podman) -> str:
+    """A Debian host with systemd as its init, built by mmdebstrap of the host's suite like the
+    base, imported under its own tag and reused while it exists. Run it with `--systemd=always`
+    and `/sbin/init`."""
+    suite, mirror = host_suite_and_mirror()
+    tag = f"localhost/herder-systemd:{suite}"
+    if podman.image_exists(tag):
+        return tag
+    mmdebstrap = shutil.which("mmdebstrap")
+    if mmdebstrap is None:
+        raise Unusable(f"no image {tag} and no mmdebstrap to build one (apt-get install mmdebstrap)")
+    with tempfile.TemporaryDirectory(prefix="herder-systemd-") as tmp:
+        tar = Path(tmp) / "systemd.tar"
+        r = subprocess.run(
+            [mmdebstrap, "--quiet", "--variant=minbase", f"--include={','.join(SYSTEMD_PACKAGES)}",
+             suite, str(tar), mirror],
+            capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if r.returncode != 0:
+            raise Unusable(f"mmdebstrap could not build {tag} from {mirror}: {r.stderr.strip()[-800:]}")
+        podman.run("import", "--change", f"ENV PATH={BASE_PATH}", "--change", 'CMD ["/sbin/init"]',
+                   str(tar), tag, timeout=300)  # fmt: skip
+    return tag
+
+
+UNIFIED = Path("/sys/fs/cgroup/unified")
+
+
+def hybrid_cgroup2() -> Path | None:
+    """Where a container's systemd can have a cgroup2 tree of its own on a host whose cgroups
+    are in hybrid mode (v1 controllers, cgroup2 at /sys/fs/cgroup/unified): a new directory
+    there (root only), to bind-mount at the container's /sys/fs/cgroup/unified. Without it,
+    podman gives systemd cgroup v1 alone, whose release agent never reaches it in a container:
+    a unit whose last processes are not systemd's own children (a main process killed first,
+    then the rest) stays in `deactivating` until its stop timeout, as if they were still there.
+    None on any other host (cgroup v2 alone: systemd has its own namespace there)."""
+    mounts = Path("/proc/self/mounts").read_text().split("\n")
+    if not any(f" {UNIFIED} cgroup2 " in line for line in mounts) or os.geteuid() != 0:
+        return None
+    where = UNIFIED / f"herder-test-{os.getpid()}-{os.urandom(4).hex()}"
+    where.mkdir()
+    return where
+
+
+def remove_cgroup_tree(top: Path) -> None:
+    """A cgroup directory and the ones in it, deepest first, once their processes are gone."""
+    for path in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+        path.rmdir()
+    top.rmdir()
+
+
+def herder_wheel(wheels: Path, out: Path) -> Path:
+    """herder's wheel built from this tree, offline: its build backend from `wheels`
+    (wheels_for), as a user's `pip wheel .` builds it. It holds the service templates under
+    share/herder."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+         "--no-index", "--find-links", str(wheels), "-w", str(out), str(REPO)],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise AssertionError(f"pip wheel of herder failed:\n{r.stderr[-3000:]}")
+    (wheel,) = out.glob("herder-*.whl")
+    return wheel
 
 
 def redis_image(podman: Podman) -> str:

@@ -23,6 +23,7 @@ from herder.supervisor.redis_side.scheduler_locks import LockReading
 from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import KILL_TRANSITIONS, KillKind, KillStage, WorkerState
 from herder.watchdog.core import MASTER_TRANSITIONS, MasterState, Phase, Watchdog
+from herder.watchdog.notify import Notifier
 
 CFG = SHORT_TIMEOUT_CONFIG
 
@@ -242,6 +243,98 @@ def _busy_python(nice: int = 0) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     os.sched_setaffinity(proc.pid, {0})  # all on one CPU: the nice one waits for it
     return proc
+
+
+# A master's shape: its loop (the main thread) waits for the GIL or a lock that another thread
+# holds while that one is runnable; taken from the first moment, before any thread starts.
+THREADED = """
+import os, sys, threading
+os.sched_setaffinity(0, {int(sys.argv[1])})
+os.nice(int(sys.argv[2]))
+lock = threading.Lock()
+def spin():
+    with lock:
+        while True: pass
+t = threading.Thread(target=spin)
+t.start()
+while not lock.locked(): pass
+with lock: pass
+"""
+
+
+def _threaded_python(cpu: int, nice: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", THREADED, str(cpu), str(nice)], stdout=subprocess.PIPE)
+
+
+def _lived(proc: subprocess.Popen[bytes], timeout: float, limit: float = 10) -> float:
+    """How long a watchdog with this heartbeat timeout lets a silent `proc` live."""
+    wd = Watchdog(["true"], heartbeat_timeout=timeout)
+    wd.adopt_master(proc)
+    began = time.monotonic()
+    while proc.poll() is None and time.monotonic() - began < limit:
+        wd.check_silence()
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+@pytest.mark.slow
+def test_a_starved_master_whose_loop_waits_for_another_thread_is_spared_too() -> None:
+    """Starved of CPU, a master's loop often waits (state S) for the GIL another of its threads
+    holds, runnable: the master is judged by all its threads, not its loop alone (judged by its
+    loop, it was killed at the deadline, under systemd in a container). A thread spinning on a
+    CPU to spare while the loop waits is a hang: the process runs, and it is killed."""
+    hogs = [_busy_python() for _ in range(3)]  # CPU 0
+    # The spinning one ahead of other work on CPU 1 (the machine may be busy): root may do so.
+    starved, spinning = _threaded_python(0, 19), _threaded_python(1, -10 if os.geteuid() == 0 else 0)
+    try:
+        assert _lived(starved, 0.5) >= 4 * 0.5
+        assert _lived(spinning, 0.5) < 4 * 0.5
+    finally:
+        for proc in (*hogs, starved, spinning):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_systemd_is_fed_while_a_starved_master_is_spared_not_for_a_frozen_one(tmp_path) -> None:
+    """WatchdogSec must not restart a fleet the watchdog deliberately keeps: while a starved
+    master is spared, WATCHDOG=1 still goes out; a frozen master gets none past the ping grace."""
+    import socket
+
+    hogs = [_busy_python() for _ in range(3)]
+    starved, frozen = _busy_python(nice=19), _busy_python()
+    os.kill(frozen.pid, signal.SIGSTOP)
+    path = tmp_path / "notify.sock"
+    manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    manager.bind(str(path))
+    manager.setblocking(False)
+    try:
+        for proc, fed in ((starved, True), (frozen, False)):
+            wd = Watchdog(["true"], heartbeat_timeout=5.0, ping_grace=0.3)
+            wd.notify = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "200000"})  # every 0.1 s
+            wd.adopt_master(proc)
+            wd.master_becomes(MasterState.READY)
+            pings, began = [], time.monotonic()
+            while time.monotonic() - began < 2.5:  # silent, short of its deadline: neither is killed
+                wd.check_silence()
+                wd.feed_service_manager(time.monotonic())
+                try:
+                    while True:
+                        if manager.recv(64) == b"WATCHDOG=1":
+                            pings.append(time.monotonic() - began)
+                except BlockingIOError:
+                    pass
+                time.sleep(0.05)
+            assert proc.poll() is None
+            if fed:
+                assert pings and pings[-1] > 2.0, pings
+            else:
+                assert pings and pings[-1] < 0.6, pings
+    finally:
+        manager.close()
+        for proc in (*hogs, starved, frozen):
+            proc.kill()
+            proc.wait()
 
 
 def test_the_watchdog_spares_a_master_starved_of_cpu_for_a_while_but_not_a_hung_one() -> None:

@@ -66,14 +66,23 @@ STARVED_TIMEOUTS = 4
 STRAY = (signal.SIGUSR1, signal.SIGUSR2)
 
 
-def main_thread(pid: int) -> tuple[bool, float] | None:
-    """The process's main thread (the master's loop): whether it is runnable (R in /proc: running
-    or waiting for a CPU) and its CPU seconds; None where the kernel does not say (macOS)."""
+def run_state(pid: int) -> tuple[bool, float] | None:
+    """Whether any thread of the process is runnable (R in /proc: running or waiting for a CPU),
+    and the CPU seconds of all its threads; None where the kernel does not say (macOS). Any
+    thread, not the main one alone: a starved master's loop often waits for the GIL (state S)
+    that another of its threads, runnable, holds."""
     try:
+        letters = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    letters.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:  # the thread ended meanwhile
+                continue
         with open(f"/proc/{pid}/stat") as f:
-            letter = f.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/schedstat") as f:
-            return letter == "R", int(f.read().split()[0]) / 1e9
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime: every thread's
+        return "R" in letters, ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
 
@@ -124,13 +133,14 @@ class Watchdog:
         self._last_extend = 0.0
         self.master: subprocess.Popen[bytes] | Adopted | None = None
         self.master_seen = 0.0
-        # The master's main thread's CPU seconds when it was last heard (starved()), and when.
+        # The master's CPU seconds when it was last heard (starved()), and when.
         self._cpu_at_seen: float | None = None
         self._cpu_seen_at = -1.0
         self._starved_said = False
         self.master_state = MasterState.STARTING  # changed only through master_becomes()
         self.restarts: deque[float] = deque()
         self.master_starts = 0
+        self.ever_ready = False  # a master said `ready` once: systemd has had READY=1
         self.next_start = 0.0
         self.phase = Phase.RUNNING  # changed only through begin_stop()
         self.stop_started = 0.0
@@ -255,6 +265,7 @@ class Watchdog:
             if self.master_state == MasterState.STARTING:
                 log.info("master %d ready", self.master.pid if self.master else -1)
                 self.master_becomes(MasterState.READY)
+                self.ever_ready = True
             self.notify.ready()
         elif verb == "status":
             self.notify.status(msg.text)
@@ -343,51 +354,61 @@ class Watchdog:
         if not self.master or self.master.returncode is not None:
             return
         if self.master_seen != self._cpu_seen_at:  # heard since the last look: count from here
-            seen = main_thread(self.master.pid)
+            seen = run_state(self.master.pid)
             self._cpu_seen_at, self._cpu_at_seen = self.master_seen, seen[1] if seen else None
             self._starved_said = False
         silent = time.monotonic() - self.master_seen
-        if silent > self.heartbeat_timeout and not self.starved(silent):
-            log.error(
-                "master %d silent for %.1f s (deadline %g s): SIGKILL; its workers finish their jobs "
-                "and exit by themselves",
-                self.master.pid,
-                silent,
-                self.heartbeat_timeout,
-            )
-            self.master_seen = time.monotonic()  # do not repeat while it dies
-            try:
-                self.master.kill()
-            except ProcessLookupError:
-                pass
+        if silent <= self.heartbeat_timeout:
+            return
+        if self.starved(silent):
+            if not self._starved_said:
+                self._starved_said = True
+                log.warning("master %d silent for %.1f s, but waiting for a CPU: this host is overloaded "
+                            "(see worker_nice); not killed before %g s", self.master.pid, silent,
+                            STARVED_TIMEOUTS * self.heartbeat_timeout)  # fmt: skip
+            return
+        log.error(
+            "master %d silent for %.1f s (deadline %g s): SIGKILL; its workers finish their jobs "
+            "and exit by themselves",
+            self.master.pid,
+            silent,
+            self.heartbeat_timeout,
+        )
+        self.master_seen = time.monotonic()  # do not repeat while it dies
+        try:
+            self.master.kill()
+        except ProcessLookupError:
+            pass
 
     def starved(self, silent: float) -> bool:
-        """Silent because it waits for a CPU, not because it hangs: its loop is runnable (state
-        R) yet ran for less than half the silence (a host overloaded by its own busy workers).
-        Killing it would stop the whole fleet and help nothing, so it is spared, for up to
-        STARVED_TIMEOUTS heartbeat timeouts. A frozen, blocked or deadlocked master is not
-        runnable, and a spinning one on a host with CPU to spare runs: both are killed at the
-        deadline, as is every master where the kernel does not say."""
+        """Silent because it waits for a CPU, not because it hangs: a thread of it is runnable
+        (state R) yet it ran for less than half the silence (a host overloaded by its own busy
+        workers). Killing it would stop the whole fleet and help nothing, so it is spared, for up
+        to STARVED_TIMEOUTS heartbeat timeouts, and systemd's watchdog is still fed meanwhile. A
+        frozen, blocked or deadlocked master is not runnable, and a spinning one on a host with
+        CPU to spare runs: both are killed at the deadline, as is every master where the kernel
+        does not say."""
         assert self.master
-        now, before = main_thread(self.master.pid), self._cpu_at_seen
+        now, before = run_state(self.master.pid), self._cpu_at_seen
         if now is None or before is None or silent > STARVED_TIMEOUTS * self.heartbeat_timeout:
             return False
         runnable, cpu = now
-        if not runnable or cpu - before >= silent / 2:
-            return False
-        if not self._starved_said:
-            self._starved_said = True
-            log.warning("master %d silent for %.1f s, but waiting for a CPU (it ran %.1f s of them): this "
-                        "host is overloaded (see worker_nice); not killed before %g s", self.master.pid,
-                        silent, cpu - before, STARVED_TIMEOUTS * self.heartbeat_timeout)  # fmt: skip
-        return True
+        return runnable and cpu - before < silent / 2
 
     def feed_service_manager(self, now: float) -> None:
         master_running = self.master is not None and self.master.returncode is None
-        # Healthy: up (said ready) and heartbeating. Starting is not yet healthy.
-        ready = self.master_state == MasterState.READY
-        healthy = master_running and ready and now - self.master_seen < self.ping_grace
-        self.notify.ping_if_due(healthy and not self.stopping)
+        # Healthy: up and heartbeating. The first master is up once it said ready (no WATCHDOG=1
+        # before READY=1); a replacement is vouched for while it starts: herder's watchdog owns
+        # its start, and a restart by systemd would kill every running job and help nothing.
+        # Silent but starved of CPU is spared (check_silence) and vouched for too: systemd must
+        # not restart a fleet the watchdog deliberately keeps (up to 4 heartbeat timeouts).
+        # A hung master, or a hung watchdog, gets no ping.
+        up = self.master_state == MasterState.READY or (
+            self.ever_ready and self.master_state == MasterState.STARTING
+        )
+        silent = now - self.master_seen
+        healthy = master_running and up and not self.stopping
+        self.notify.ping_if_due(healthy and (silent < self.ping_grace or self.starved(silent)))
         self.notify.flush()  # what waited for room, and the newest STATUS= once a second
         # While a drain waits on long jobs, ask systemd for more time, a little at a
         # time, as long as something is still finishing (our own stop_grace bounds it).
