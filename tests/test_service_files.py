@@ -49,6 +49,25 @@ def test_systemd_unit_has_what_a_drain_needs_and_verifies(tmp_path: Path):
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
+def test_watchdog_sec_grows_with_a_patient_master(tmp_path: Path):
+    """herder's watchdog replaces a hung master before systemd replaces all of herder: the
+    pings stop 3 heartbeats into the silence and the last may be WatchdogSec/2 old, so
+    WatchdogSec/2 + 3 heartbeats stays above master_heartbeat_timeout (docs/deploy/systemd.md)."""
+    for timeout, heartbeat, expected in ((15, 1, 30), (30, 1, 60), (60, 2, 114)):
+        r = render(
+            "systemd",
+            "--master-heartbeat-timeout",
+            str(timeout),
+            "--heartbeat-interval",
+            str(heartbeat),
+            "--state-dir",
+            str(tmp_path / "state"),
+        )
+        assert r.returncode == 0, r.stderr
+        assert f"WatchdogSec={expected}s" in r.stdout.splitlines()
+        assert expected / 2 + 3 * heartbeat > timeout
+
+
 def test_launchd_plist_parses_with_keepalive_and_exit_timeout(tmp_path: Path):
     r = render("launchd", "--user", "nobody", "--stop-timeout", "120", "--state-dir", str(tmp_path / "st"))
     assert r.returncode == 0, r.stderr

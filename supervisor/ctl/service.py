@@ -10,6 +10,7 @@ dir is made writable.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -44,6 +45,15 @@ def template_path(kind: str) -> Path:
         if (base / name).is_file():
             return base / name
     raise FileNotFoundError(f"template {name} not found in deploy/{kind}/ or {sys.prefix}/share/herder")
+
+
+def watchdog_budget(cfg: Config) -> int:
+    """WatchdogSec: herder's watchdog must replace a hung master before systemd replaces all of
+    herder. The pings stop 3 heartbeats into a master's silence and the last one may be half a
+    WatchdogSec old, so WatchdogSec/2 + 3 heartbeats must exceed master_heartbeat_timeout
+    (docs/deploy/systemd.md, "Watchdogs"): 30 s for the defaults, more for a patient master."""
+    needed = 2 * (cfg.master_heartbeat_timeout - 3 * cfg.heartbeat_interval) + 6
+    return max(30, math.ceil(needed))
 
 
 def stop_budget(cfg: Config) -> int:
@@ -145,7 +155,7 @@ def render_systemd(cfg: Config, argv: list[str], user: str, group: str) -> str:
         after="redis-server.service" if not cfg.embedded_redis and cfg.redis_url else "",
         exec_start=" ".join(systemd_quote(a) for a in argv),
         timeout_stop=f"{stop_budget(cfg)}s",
-        watchdog_sec="30s",
+        watchdog_sec=f"{watchdog_budget(cfg)}s",
         user=user,
         group=group,
         state_dir=state_dir,
