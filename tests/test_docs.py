@@ -20,12 +20,8 @@ from herder.supervisor.ctl.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-# Where example command lines must parse: the pages a newcomer copies commands from.
-EXAMPLE_PAGES = [
-    REPO / "README.md",
-    REPO / "docs" / "install.md",
-    *sorted((REPO / "docs" / "deploy").glob("*.md")),
-]
+# Where example command lines must parse: every page, since a reader copies commands from any.
+EXAMPLE_PAGES = DOCS
 SHELL_FENCE = re.compile(r"^```(?:sh|bash|shell|console)\s*$")
 
 
@@ -102,9 +98,14 @@ def herder_invocations(command: str) -> list[list[str]]:
     pipeline or `&&` list): the program is any path whose name is `herder`."""
     words = shlex.split(command, comments=True)
     segments: list[list[str]] = [[]]
+    redirected = False
     for word in words:
         if word in ("&&", "||", "|", ";"):
             segments.append([])
+        elif word in (">", ">>", "<", "2>", "2>>"):
+            redirected = True  # the shell's, not herder's: it and its file are no arguments
+        elif redirected:
+            redirected = False
         else:
             segments[-1].append(word)
     found = []
