@@ -20,12 +20,8 @@ from herder.supervisor.ctl.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-# Where example command lines must parse: the pages a newcomer copies commands from.
-EXAMPLE_PAGES = [
-    REPO / "README.md",
-    REPO / "docs" / "install.md",
-    *sorted((REPO / "docs" / "deploy").glob("*.md")),
-]
+# Where example command lines must parse: every page, since a reader copies commands from any.
+EXAMPLE_PAGES = DOCS
 SHELL_FENCE = re.compile(r"^```(?:sh|bash|shell|console)\s*$")
 
 
@@ -102,9 +98,14 @@ def herder_invocations(command: str) -> list[list[str]]:
     pipeline or `&&` list): the program is any path whose name is `herder`."""
     words = shlex.split(command, comments=True)
     segments: list[list[str]] = [[]]
+    redirected = False
     for word in words:
         if word in ("&&", "||", "|", ";"):
             segments.append([])
+        elif word in (">", ">>", "<", "2>", "2>>"):
+            redirected = True  # the shell's, not herder's: it and its file are no arguments
+        elif redirected:
+            redirected = False
         else:
             segments[-1].append(word)
     found = []
@@ -447,3 +448,33 @@ def test_every_link_between_the_docs_lands() -> None:
                 elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
                     broken.append(f"{rel(page)}:{number}: {target} (no such heading)")
     assert not broken, "broken links: " + "; ".join(broken)
+
+
+def test_control_pages_reload_table_puts_every_key_where_the_schema_does() -> None:
+    """docs/control.md's Reload table lists every setting in the row of what a reload does with
+    it (settings.md's reload column), so a reader of one page is not told less than the other."""
+    from dataclasses import fields
+
+    from herder.common.config.reload import RELOAD_LIMITS
+    from herder.common.config.schema import APPLY, RESTART, WORKERS, Config
+
+    rows = {"applied at once": APPLY, "new workers pick it up": WORKERS, "refused: restart herder": RESTART}
+    table = (REPO / "docs" / "control.md").read_text().partition("| what a changed key does | keys |")[2]
+    listed: dict[str, set[str]] = {}
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        what, keys = line.strip("|").split("|", 1)
+        policy = next(p for head, p in rows.items() if what.strip().startswith(head))
+        listed[policy] = set(re.findall(r"`([a-z_]+)`", keys))
+    wrong = []
+    for f in fields(Config):
+        policy = f.metadata.get("reload")
+        if policy is None:
+            continue
+        if f.name not in listed.get(policy, set()):
+            wrong.append(f"{f.name} not in the {policy!r} row")
+        others = {p for p, keys in listed.items() if f.name in keys and p != policy}
+        if others - ({RESTART} if f.name in RELOAD_LIMITS else set()):  # refused past a limit
+            wrong.append(f"{f.name} also in the {sorted(others)} row")
+    assert not wrong, "docs/control.md, Reload: " + "; ".join(wrong)
