@@ -166,7 +166,7 @@ class Retirement:
             return Retire.MAX_AGE, f"{Retire.MAX_AGE}: {age:.0f} s old (limit {w.age_limit:.0f} s)"
         limit = self.cfg.max_memory
         if w.rss is not None and limit is not None and w.rss >= limit:
-            return Retire.MAX_MEMORY, f"{Retire.MAX_MEMORY}: RSS {w.rss:.0f} MB (limit {limit:g} MB)"
+            return Retire.MAX_MEMORY, f"{Retire.MAX_MEMORY}: RSS {w.rss:.0f} MiB (limit {limit:g} MiB)"
         if obs.paused == RETIRING:  # it takes no more jobs, by a limit the master did not set
             return Retire.MAX_JOBS, f"{Retire.MAX_JOBS}: {done} jobs done, and it takes no more"
         return None

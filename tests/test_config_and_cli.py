@@ -272,6 +272,20 @@ def test_example_config_file_is_valid_and_round_trips(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_an_unknown_user_exits_78_naming_where_it_came_from(tmp_path: Path) -> None:
+    """`herder run` and `herder config` refuse a user that does not exist alike, and say which
+    layer gave it (not "from default" for a flag)."""
+    r = run_herder("--state-dir", str(tmp_path), "--user", "herder-no-such-user")
+    assert r.returncode == EX_CONFIG, r.stderr
+    assert "'user' from command line" in r.stderr and "herder-no-such-user" in r.stderr
+    r = herder_config("--user", "herder-no-such-user")
+    assert r.returncode == EX_CONFIG, r.stdout + r.stderr
+    assert "'user' from command line" in r.stderr
+    r = herder_config(env={"HERDER_USER": "herder-no-such-user"})
+    assert r.returncode == EX_CONFIG and "'user' from environment" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
 def test_django_settings_that_cannot_load_or_name_two_redis_servers_exit_78(tmp_path: Path) -> None:
     r = run_herder("--state-dir", str(tmp_path), env={"DJANGO_SETTINGS_MODULE": "nosuch.settings"})
     assert r.returncode == EX_CONFIG
@@ -294,7 +308,7 @@ def test_django_settings_that_cannot_load_or_name_two_redis_servers_exit_78(tmp_
 
 
 def test_number_flags_show_their_kind_and_still_take_what_they_took() -> None:
-    """`--help` shows a number setting as INTEGER, FLOAT, SECONDS or MB, never TEXT; its value
+    """`--help` shows a number setting as INTEGER, FLOAT, SECONDS or MiB, never TEXT; its value
     is still checked by the config's coercion (a bad one exits 78 from the environment, as from
     the file), and a plain number is all it takes."""
     import typing
@@ -311,7 +325,7 @@ def test_number_flags_show_their_kind_and_still_take_what_they_took() -> None:
         text = CliRunner().invoke(cli, [command, "--help"], terminal_width=200).stdout
         shown = {line.split()[0]: line.split()[1] for line in text.splitlines() if line.startswith("  --")}
         for key in numbers:
-            kinds = {"MB"} if "in MB" in HELP[key] else {"INTEGER", "FLOAT", "SECONDS"}
+            kinds = {"MiB"} if "in MiB" in HELP[key] else {"INTEGER", "FLOAT", "SECONDS"}
             assert shown[flag_of(key)] in kinds, (command, key)
         assert shown["--stop-timeout"] == "SECONDS" and shown["--workers"] == "INTEGER"
     clean = {k: None for k in os.environ if k.startswith("HERDER_")}

@@ -229,7 +229,8 @@ class Config:
     )
     state_dir: str = setting(
         "",
-        "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID; "
+        "Directory for herder's state, 0700 (default /run/herder as root, else $XDG_RUNTIME_DIR/herder-UID, "
+        "or /tmp/herder-UID without XDG_RUNTIME_DIR; "
         "a service from install-service: /var/lib/herder, or /usr/local/var/herder on macOS).",
     )
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR.", reload=WORKERS)
@@ -273,13 +274,13 @@ class Config:
     )
     max_memory: float | None = setting(
         None,
-        "Recycle a worker past this RSS in MB: it takes no more jobs, and is replaced.",
+        "Recycle a worker past this RSS in MiB: it takes no more jobs, and is replaced.",
         reload=APPLY,
         pool=True,
     )
     max_memory_hard: float | None = setting(
         None,
-        "Kill a worker past this RSS in MB (default 1.5 x --max-memory).",
+        "Kill a worker past this RSS in MiB (default 1.5 x --max-memory).",
         reload=APPLY,
         pool=True,
     )
@@ -495,7 +496,7 @@ class Config:
 
     @property
     def memory_hard_limit(self) -> float | None:
-        """MB of RSS past which a worker is killed at once, job or not."""
+        """MiB of RSS past which a worker is killed at once, job or not."""
         if self.max_memory_hard is not None:
             return self.max_memory_hard
         return None if self.max_memory is None else 1.5 * self.max_memory
@@ -547,14 +548,14 @@ HELP = {f.name: f.metadata["help"] for f in fields(Config) if f.name in KEYS}
 
 
 def metavar(key: str) -> str | None:
-    """What a number setting's flag shows in --help and docs/settings.md: SECONDS, MB, INTEGER
+    """What a number setting's flag shows in --help and docs/settings.md: SECONDS, MiB, INTEGER
     or FLOAT (a plain number: "30", never "30s"); None for the others (click's own)."""
     hint = typing.get_type_hints(Config)[key]
     number = {int, float} & {hint, *typing.get_args(hint)}
     if not number:
         return None
-    if "in MB" in HELP[key]:
-        return "MB"
+    if "in MiB" in HELP[key]:
+        return "MiB"
     if "second" in HELP[key].lower():
         return "SECONDS"
     return "INTEGER" if int in number else "FLOAT"

@@ -180,8 +180,8 @@ def cli() -> None:
 def run(ctx: click.Context, **opts) -> None:
     """Run herder in the foreground (what a service unit's ExecStart calls)."""
     try:
-        cfg, _sources = resolve_settings(ctx, opts)
-        owner = startup.settle(cfg)
+        cfg, sources = resolve_settings(ctx, opts)
+        owner = startup.settle(cfg, sources)
     except ConfigError as exc:
         if exc.key == "workers" and exc.source.startswith("command line") and not isinstance(exc, OverLimit):
             raise click.BadParameter(str(exc), param_hint="--workers") from None
@@ -303,6 +303,13 @@ def show_config(ctx: click.Context, example: bool, **opts) -> None:
         return
     try:
         cfg, sources = resolve_settings(ctx, opts)
+        if cfg.user:  # as `herder run` would refuse it (whether this caller may switch: run's to say)
+            try:
+                pwd.getpwnam(cfg.user)
+            except KeyError:
+                raise ConfigError(
+                    "user", f"no such user: {cfg.user!r}", sources.get("user", "default")
+                ) from None
     except ConfigError as exc:
         click.echo(f"herder: {exc}", err=True)
         sys.exit(EX_CONFIG)

@@ -52,15 +52,16 @@ def state_dirs_to_try() -> list[str]:
     return list(dict.fromkeys([default_state_dir(), service_state_dir()]))
 
 
-def check_user(name: str) -> pwd.struct_passwd | None:
+def check_user(name: str, source: str = "default") -> pwd.struct_passwd | None:
+    """The user to run as (None: this one); ConfigError naming where the name came from."""
     if not name:
         return None
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        raise ConfigError("user", f"no such user: {name!r}") from None
+        raise ConfigError("user", f"no such user: {name!r}", source) from None
     if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
-        raise ConfigError("user", f"only root can run herder as another user ({name!r})")
+        raise ConfigError("user", f"only root can run herder as another user ({name!r})", source)
     return entry
 
 
@@ -86,11 +87,11 @@ def prepare_state_dir(path: str, owner: pwd.struct_passwd | None = None) -> str:
     return str(p)
 
 
-def settle(cfg: Config) -> pwd.struct_passwd | None:
+def settle(cfg: Config, sources: dict[str, str] | None = None) -> pwd.struct_passwd | None:
     """What `herder run` decides before anything starts, in `cfg`: the state dir (made 0700 and
     ours), an embedded Redis when no URL is given. Returns the user to run as (None: this one).
     Raises ConfigError naming the key."""
-    owner = check_user(cfg.user)
+    owner = check_user(cfg.user, (sources or {}).get("user", "default"))
     if not cfg.state_dir:
         cfg.defaulted.append("state_dir")  # a reload compares the file's silence, not this path
     cfg.state_dir = prepare_state_dir(cfg.state_dir or default_state_dir(), owner)
