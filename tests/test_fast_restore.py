@@ -219,12 +219,12 @@ def test_the_worker_checks_once_then_makes_jobs_so(
     monkeypatch.setattr(restore, "checked", lambda *a: calls.append("checked") or real(*a))
     for _ in range(3):
         job = enqueue(conn, meta={"n": 1})
-        made = worker._fast_restore(job.id, conn.hgetall(job.key))
+        made = worker.fast.take.restore(job.id, conn.hgetall(job.key))
         assert made is not None and seen(made) == seen(Job.fetch(job.id, connection=conn))
     assert calls == ["checked"]
     result = enqueue(conn)
     conn.hset(result.key, "result", b"x")
-    assert worker._fast_restore(result.id, conn.hgetall(result.key)) is None  # RQ's restore then
+    assert worker.fast.take.restore(result.id, conn.hgetall(result.key)) is None  # RQ's restore then
 
 
 def test_a_worker_whose_check_failed_uses_rqs_restore(
@@ -233,11 +233,12 @@ def test_a_worker_whose_check_failed_uses_rqs_restore(
     monkeypatch.setattr(restore, "same_jobs", lambda *a: "a field differs")
     job = enqueue(conn)
     with caplog.at_level(logging.INFO, logger="herder"):
-        assert worker._fast_restore(job.id, conn.hgetall(job.key)) is None
-        assert worker._fast_restore(job.id, conn.hgetall(job.key)) is None
+        assert worker.fast.take.restore(job.id, conn.hgetall(job.key)) is None
+        assert worker.fast.take.restore(job.id, conn.hgetall(job.key)) is None
+    assert worker.fast.take.restorer.refused
     assert caplog.text.count("RQ's restore makes each job (a field differs)") == 1
     queue_key = worker.queues[0].key
-    taken, _ = worker._took_from_script(queue_key, job.id, conn.hgetall(job.key))
+    taken, _ = worker.fast.take.took(queue_key, job.id, conn.hgetall(job.key))
     assert seen(taken) == seen(Job.fetch(job.id, connection=conn))
 
 

@@ -23,6 +23,8 @@ from rq.worker import SimpleWorker
 
 from herder.common import rq_seam
 from herder.worker.fast_path import finish_template
+from herder.worker.fast_path.finish import Finish
+from herder.worker.fast_path.learned import Phase
 from herder.worker.fast_path.recording import Recorder
 from herder.worker.fast_path.start_template import FrozenClock
 from herder.worker.fast_path.worker import HerderFastWorker
@@ -76,16 +78,17 @@ def rqs_finish(worker: HerderFastWorker, job: Job, queue: Queue, execution: Any,
 
 
 def encoded(worker: HerderFastWorker, commands: list) -> list[list[bytes]]:
-    return [[worker._encode(a) for a in command] for command in commands]
+    return [[worker.fast.calls.encode(a) for a in command] for command in commands]
 
 
 def templates_finish(
     worker: HerderFastWorker, job: Job, queue: Queue, execution: Any, t: Any
 ) -> list[list[bytes]]:
-    shape = worker._finish_shape(job, queue, execution)
+    finish = worker.fast.finish
+    shape = finish.shape(job, queue, execution)
     assert shape is not None
-    template = worker._make_finish_template(shape)
-    return worker._encoded(worker._template_finish_quietly(template, job, execution, t))  # framed: read back
+    template = finish.make_template(shape)
+    return finish.encoded(finish.template_finish_quietly(template, job, execution, t))  # framed: read back
 
 
 SHAPES = [
@@ -133,31 +136,31 @@ def test_the_template_gives_rqs_own_finish_for_real_jobs(
 def finish(worker: HerderFastWorker, job: Job, queue: Queue, execution: Any, result: Any) -> None:
     """herder's finish as the worker runs it: recorded (or filled in), then written."""
     worker._finalize_success(job, queue, execution, result)
-    worker.flush()
+    worker.fast.flush()
 
 
 def test_the_first_finish_of_a_shape_teaches_the_next_ones(worker: HerderFastWorker, conn: Redis) -> None:
     q = Queue("default", connection=conn)
     ids = [q.enqueue("herder_rqcompat.add", n, 1).id for n in range(3)]
     filled = []
-    original = HerderFastWorker._template_finish
+    original = Finish.template_finish
 
-    def spy(self: HerderFastWorker, template: Any, job: Job, *rest: Any) -> Any:
+    def spy(self: Finish, template: Any, job: Job, *rest: Any) -> Any:
         commands = original(self, template, job, *rest)
-        if not self.log.disabled:  # not a check (a stand-in's, or the first real job's)
+        if not self.worker.log.disabled:  # not a check (a stand-in's, or the first real job's)
             filled.append(job.id)
         return commands
 
-    HerderFastWorker._template_finish = spy  # type: ignore[method-assign]
+    Finish.template_finish = spy  # type: ignore[method-assign]
     try:
         for job_id in ids:
             job, queue, execution = started(worker, job_id)
             finish(worker, job, queue, execution, {"n": job.args[0]})
     finally:
-        HerderFastWorker._template_finish = original  # type: ignore[method-assign]
+        Finish.template_finish = original  # type: ignore[method-assign]
     # The first is RQ's recorded finish (and the real check of the template), then the template.
     assert filled == ids[1:]
-    assert set((worker._finishes or {}).values()) != {None}
+    assert [learned.phase for learned in worker.fast.finish.templates.values()] == [Phase.READY]
     for job_id in ids:
         job = Job.fetch(job_id, connection=conn)
         assert job.get_status() == JobStatus.FINISHED and job.return_value() == {"n": job.args[0]}
@@ -192,9 +195,10 @@ def test_a_job_with_a_dependent_gets_rqs_finish(worker: HerderFastWorker, conn: 
     try:
         job, queue, execution = started(worker, parent.id)
         worker._finalize_success(job, queue, execution, {"sum": 3})
-        assert calls == [] and worker._pending is not None  # the template's, guarded
-        assert worker._pending.guards == [job.dependents_key]
-        worker.flush()
+        pending = worker.fast.finish.pending
+        assert calls == [] and pending is not None  # the template's, guarded
+        assert pending.guards == [job.dependents_key]
+        worker.fast.flush()
     finally:
         SimpleWorker.handle_job_success = original  # type: ignore[method-assign]
     assert calls == [parent.id]  # the guard found the dependent: RQ's own finish
@@ -209,13 +213,13 @@ def test_a_failing_job_gets_rqs_failure(worker: HerderFastWorker, conn: Redis) -
     q.remove(job_id)
     job, queue, execution = started(worker, job_id)
     filled = []
-    original = HerderFastWorker._template_finish
-    HerderFastWorker._template_finish = lambda *a: filled.append(a) or original(*a)  # type: ignore[method-assign]
+    original = Finish.template_finish
+    Finish.template_finish = lambda *a: filled.append(a) or original(*a)  # type: ignore[method-assign]
     try:
         worker.perform_job(job, queue, execution)
-        worker.flush()
+        worker.fast.flush()
     finally:
-        HerderFastWorker._template_finish = original  # type: ignore[method-assign]
+        Finish.template_finish = original  # type: ignore[method-assign]
     assert filled == []
     assert Job.fetch(job_id, connection=conn).get_status() == JobStatus.FAILED
     assert job_id in q.failed_job_registry.get_job_ids()
@@ -229,7 +233,7 @@ def test_a_result_ttl_of_0_keeps_rqs_finish(worker: HerderFastWorker, conn: Redi
     for job_id in ids:
         q.remove(job_id)
         finish(worker, *started(worker, job_id), {"n": 1})
-    assert list((worker._finishes or {}).values()) == [None]
+    assert [learned.phase for learned in worker.fast.finish.templates.values()] == [Phase.REFUSED]
     assert not any(conn.exists(f"rq:job:{job_id}") for job_id in ids)
 
 
@@ -249,7 +253,7 @@ def test_a_job_the_template_is_not_for_gets_rqs_finish(
         learnt(worker, conn)
         job, queue, execution = started(worker, Queue("default", connection=conn).enqueue("time.sleep", 0).id)
         unfit(worker, job)
-        assert worker._finish_shape(job, queue, execution) is None
+        assert worker.fast.finish.shape(job, queue, execution) is None
     finally:
         logging.getLogger("rq.worker").setLevel(level)
 
@@ -258,7 +262,7 @@ def test_callbacks_get_rqs_finish(worker: HerderFastWorker, conn: Redis) -> None
     q = Queue("default", connection=conn)
     job = q.enqueue("herder_rqcompat.add", 1, 2, on_success=Callback("herder_rqcompat.noted_success"))
     job, queue, execution = started(worker, job.id)
-    assert worker._finish_shape(job, queue, execution) is None
+    assert worker.fast.finish.shape(job, queue, execution) is None
 
 
 @pytest.mark.parametrize(
@@ -288,7 +292,7 @@ def test_a_finish_that_depends_on_more_keeps_rqs_finish(
         finish(worker, *started(worker, job_id), {"n": n})
         assert Job.fetch(job_id, connection=conn).to_dict()  # written
         assert conn.hget(f"rq:job:{job_id}", "extra") is not None
-    assert list((worker._finishes or {}).values()) == [None]
+    assert [learned.phase for learned in worker.fast.finish.templates.values()] == [Phase.REFUSED]
 
 
 def test_the_stand_ins_leave_nothing(worker: HerderFastWorker, conn: Redis) -> None:

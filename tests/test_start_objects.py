@@ -20,7 +20,7 @@ from rq.job import Job
 from rq.utils import now
 
 from herder.common import rq_seam
-from herder.worker.fast_path.start_template import FrozenClock
+from herder.worker.fast_path.start import Written
 from herder.worker.fast_path.worker import HerderFastWorker
 
 pytestmark = pytest.mark.skipif(
@@ -74,9 +74,9 @@ def test_rqs_start_objects_built_directly_are_rqs_own(worker: HerderFastWorker, 
     discarded) and the objects built directly leave the same objects, field by field."""
     one, two = a_fetched_job(conn, job_timeout=timeout, result_ttl=600, meta={"k": "v"})
     t, execution_id = now(), uuid.uuid4().hex
-    worker._clock, worker.lease_quiet = FrozenClock(), False  # the replay's own, set ahead
-    replayed = effects(worker, one, lambda job: worker._record_start(job, t, execution_id, keep=False)[0])
-    built = effects(worker, two, lambda job: worker._build_start(job, t, execution_id))
+    worker.lease_quiet = False  # the replay's own, set ahead
+    replayed = effects(worker, one, lambda job: worker.fast.start.record(job, t, execution_id, keep=False)[0])
+    built = effects(worker, two, lambda job: worker.fast.start.build(job, t, execution_id))
     assert built[0] == replayed[0]  # the worker's fields (its state, its last heartbeat)
     assert built[1] == replayed[1]  # the job's, and what its code reads of itself
     assert built[2] == replayed[2]  # the execution
@@ -90,10 +90,10 @@ def learn(worker: HerderFastWorker, conn: Redis) -> None:
     built objects against RQ's for two stand-ins leaves the worker as that start left it."""
     job, _ = a_fetched_job(conn)
     t, execution_id = now(), uuid.uuid4().hex
-    _, commands = worker._record_start(job, t, execution_id)
+    _, commands = worker.fast.start.record(job, t, execution_id)
     started = dict(vars(worker)), dict(worker.executions)
-    worker._learn_template(job, t, execution_id, commands)
-    assert worker._template is not None
+    worker.fast.start.learn_template(job, t, execution_id, commands)
+    assert worker.fast.start.next is not None
     assert worker.executions == started[1] and list(worker.executions) == [execution_id]
     assert rq_seam.worker_state(worker) == started[0]["_state"]
     assert worker.last_heartbeat == started[0]["last_heartbeat"] == t
@@ -101,7 +101,7 @@ def learn(worker: HerderFastWorker, conn: Redis) -> None:
 
 def test_the_worker_builds_them_once_it_found_them_rqs_own(worker: HerderFastWorker, conn: Redis) -> None:
     learn(worker, conn)
-    assert worker._direct_start is True
+    assert worker.fast.start.direct.ready
 
 
 def test_a_start_that_leaves_more_is_replayed(
@@ -118,7 +118,7 @@ def test_a_start_that_leaves_more_is_replayed(
     monkeypatch.setattr(Job, "prepare_for_execution", prepare_for_execution)
     with caplog.at_level(logging.INFO, logger="herder"):
         learn(worker, conn)
-    assert worker._direct_start is False
+    assert worker.fast.start.direct.refused
     assert "RQ's start is replayed for its objects" in caplog.text
 
 
@@ -129,14 +129,14 @@ def test_a_job_started_by_the_template_gets_the_built_objects(
     start while RQ's worker logs at DEBUG (its start's debug lines are RQ's to print)."""
     learn(worker, conn)
     calls: list[str] = []
-    monkeypatch.setattr(worker, "_build_start", lambda *a: calls.append("built") or SimpleNamespace())
+    monkeypatch.setattr(worker.fast.start, "build", lambda *a: calls.append("built") or SimpleNamespace())
     monkeypatch.setattr(
-        worker, "_record_start", lambda *a, **k: calls.append("replayed") or (SimpleNamespace(), [])
+        worker.fast.start, "record", lambda *a, **k: calls.append("replayed") or (SimpleNamespace(), [])
     )
     for level in (logging.INFO, logging.DEBUG):
         worker.log.setLevel(level)
         job, _ = a_fetched_job(conn)
-        worker._started = (job.id, now(), uuid.uuid4().hex, "")
+        worker.fast.start.written = Written(job.id, now(), uuid.uuid4().hex, "")
         worker.prepare_execution(job)
     worker.log.setLevel(logging.NOTSET)
     assert calls == ["built", "replayed"]

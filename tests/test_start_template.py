@@ -38,33 +38,33 @@ def worker(conn: Redis) -> HerderFastWorker:
 
 def start_of(worker: HerderFastWorker, job: Job) -> tuple:
     t, execution_id = now(), uuid.uuid4().hex
-    _, commands = worker._record_start(job, t, execution_id)
+    _, commands = worker.fast.start.record(job, t, execution_id)
     return t, execution_id, commands
 
 
 def encoded(worker: HerderFastWorker, commands: list) -> list[list[bytes]]:
-    return [[worker._encode(a) for a in command] for command in commands]
+    return [[worker.fast.calls.encode(a) for a in command] for command in commands]
 
 
 @pytest.mark.slow
 def test_the_template_gives_rqs_own_start_for_the_next_job(worker: HerderFastWorker, conn: Redis) -> None:
     q = Queue("default", connection=conn)
     first = q.enqueue("herder_rqcompat.add", 1, 2, job_timeout=77)
-    worker._learn_template(first, *start_of(worker, first))
-    template = worker._template
-    assert template is not None and template.key == "77" and worker._no_template is None
+    worker.fast.start.learn_template(first, *start_of(worker, first))
+    template = worker.fast.start.next
+    assert template is not None and template.key == "77" and worker.fast.start.templates.ready
     assert start_template.STAND_IN_EXECUTION not in worker.executions  # the stand-in left nothing
 
     second = q.enqueue("herder_rqcompat.add", 3, 4, job_timeout=77)
     t, execution_id, commands = start_of(worker, second)
-    filled = template.fill(second.id, second.origin, execution_id, t, worker._encode)
+    filled = template.fill(second.id, second.origin, execution_id, t, worker.fast.calls.encode)
     assert filled == encoded(worker, commands)
     assert b"\x00J" in b"".join(a for c in template.commands for a in c)  # the job id is a marker
 
     other = q.enqueue("herder_rqcompat.add", 5, 6, job_timeout=500)  # another heartbeat TTL
-    worker._learn_template(other, *start_of(worker, other))
-    assert worker._template is not None and worker._template.key == "500"
-    assert set(worker._templates or {}) == {"77", "500"}
+    worker.fast.start.learn_template(other, *start_of(worker, other))
+    assert worker.fast.start.next is not None and worker.fast.start.next.key == "500"
+    assert set(worker.fast.start.templates.value) == {"77", "500"}
 
 
 @pytest.mark.slow
@@ -88,9 +88,9 @@ def test_a_start_that_depends_on_more_keeps_its_own_round_trip(
 
     monkeypatch.setattr(Job, "prepare_for_execution", prepare_for_execution)
     job = Queue("default", connection=conn).enqueue("herder_rqcompat.add", 1, 2)
-    worker._learn_template(job, *start_of(worker, job))
-    assert worker._template is None
-    assert worker._no_template == "the template did not give RQ's own start for a real job"
+    worker.fast.start.learn_template(job, *start_of(worker, job))
+    assert worker.fast.start.next is None and worker.fast.start.templates.refused
+    assert worker.fast.start.templates.reason == "the template did not give RQ's own start for a real job"
 
 
 @pytest.mark.slow
@@ -105,8 +105,8 @@ def test_a_start_that_fails_for_a_stand_in_keeps_its_own_round_trip(
 
     monkeypatch.setattr(Job, "prepare_for_execution", prepare_for_execution)
     job = Queue("default", connection=conn).enqueue("herder_rqcompat.add", 1, 2)
-    worker._learn_template(job, *start_of(worker, job))
-    assert worker._template is None and "stand-in" in (worker._no_template or "")
+    worker.fast.start.learn_template(job, *start_of(worker, job))
+    assert worker.fast.start.next is None and "stand-in" in worker.fast.start.templates.reason
 
 
 @pytest.mark.slow
@@ -126,7 +126,8 @@ def test_a_start_that_talks_to_redis_directly_takes_rqs_own_path(
     conn.lpop("rq:queue:default")
     worker.prepare_execution(job)  # as RQ's execute_job and perform_job call them
     worker.prepare_job_execution(job, remove_from_intermediate_queue=True)
-    assert "cannot be recorded" in (worker._own_start or "") and worker._template is None
+    assert worker.fast.start.recording.refused and "cannot be recorded" in worker.fast.start.recording.reason
+    assert worker.fast.start.next is None
     assert conn.hget(job.key, "status") == b"started" and conn.hget(job.key, "seen") == b"True"
     assert job.id in StartedJobRegistry("default", connection=conn).get_job_ids()
 

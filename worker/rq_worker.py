@@ -6,6 +6,10 @@ results, retries, callbacks) stays RQ's: this class only adds protocol lines, tu
 blocking dequeue into one-interval slices so the main loop can heartbeat, and keeps the
 worker's lease (herder.common.rq_names) renewed, so any master can tell it is alive.
 
+Every RQ method herder changes is overridden here, once. On herder's default worker
+(HerderFastWorker) the fast path is `self.fast`, and the overrides where it changes a step ask
+it first; worker/fast_path/worker.py tells one job's way through them, in order.
+
 `busy` goes out the moment the dequeue returns, before RQ's own bookkeeping, so the
 master knows the job from the instant it left the queue (docs/protocol.md).
 
@@ -31,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -80,11 +85,44 @@ class RedisAway(Exception):  # noqa: N818 - a state, not a mistake
     orphan waiting there would outlive its master for as long as Redis stays away."""
 
 
+class FastStart(Protocol):
+    def prepare_execution(self, job: Job) -> Any: ...
+    def prepare_job_execution(self, job: Job) -> bool: ...
+
+
+class FastFinish(Protocol):
+    pending: Any  # the finish held for the next round trip (its `after`: writes that go with it)
+    job_beat: Any
+
+    def can_defer(self, job: Job, return_value: Any) -> bool: ...
+    def finalize_success(
+        self, job: Job, queue: Queue, execution: Any, return_value: Any, rq_finalize: Callable[..., None]
+    ) -> None: ...
+    def ended(self, job: Job, heartbeat_ttl: int) -> bool: ...
+    def handle_job_success(self, *args: Any, **kwargs: Any) -> bool: ...
+    def hold_done(self, job_id: str, ok: bool) -> bool: ...
+
+
+class FastSteps(Protocol):
+    """What the overrides below ask of the fast path (herder.worker.fast_path.worker.FastPath,
+    whose module follows one job through them), so that neither module imports the other."""
+
+    start: FastStart
+    finish: FastFinish
+
+    def take_next(self, timeout: int | None) -> tuple[Job, Queue] | None: ...
+    def flush(self, take: bool = False) -> tuple[Job, Queue] | None: ...
+    def close(self) -> None: ...
+
+
 class HerderMixin(BaseWorker):
     """herder's protocol on top of any RQ worker class: SimpleWorker (herder's default, the
     job in this process) or a user's class (`--worker-class`), forking ones included."""
 
     channel: Channel
+    # The fast path (herder.worker.fast_path.worker: HerderFastWorker), which the overrides below
+    # ask first where it changes RQ's step; None on RQ's own path (a user's class, rq 2, the flag).
+    fast: FastSteps | None = None
     # One log line less per job: the result TTL is the same for every job and says little.
     log_result_lifespan = False
     # While Redis is unreachable RQ retries inside its dequeue loop; herder's heartbeat
@@ -225,13 +263,19 @@ class HerderMixin(BaseWorker):
         return True
 
     def _finalize_success(self, job: Job, queue: Queue, execution, return_value) -> None:  # noqa: ANN001
-        if getattr(self, "_deferring", None) is not job and self.recovered_from_me(job, queue, execution):
+        fast = self.fast
+        if fast is not None and fast.finish.can_defer(job, return_value):  # its finish recorded, held
+            rq_finalize = super()._finalize_success  # type: ignore[misc]
+            return fast.finish.finalize_success(job, queue, execution, return_value, rq_finalize)
+        if self.recovered_from_me(job, queue, execution):
             return None
         return super()._finalize_success(job, queue, execution, return_value)  # type: ignore[misc]
 
     def _finalize_failure(self, job: Job, queue: Queue, execution, exc_info) -> None:  # noqa: ANN001
         """A job ended by JobStopped is a stopped job, as RQ's forking worker ends one: its
         `on_stopped` callback runs (not `on_failure`), and RQ marks it stopped."""
+        if self.fast is not None:  # a success callback raised: RQ's failure writes its own heartbeat
+            self.fast.finish.job_beat = None
         if exc_info[0] is StartRefused:  # RQ's start fenced off (prepare_job_execution): nothing to end
             self.start_refused(job)
             return None
@@ -253,7 +297,23 @@ class HerderMixin(BaseWorker):
             execution=execution,
         )
 
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        """RQ's, or on the fast path for a job whose finish is recorded: its last heartbeat kept
+        for the finish (fast_path/finish.py)."""
+        fast = self.fast
+        if fast is not None and fast.finish.ended(job, heartbeat_ttl):
+            return None
+        return super().handle_execution_ended(job, queue, heartbeat_ttl)
+
     def handle_job_success(self, *args, **kwargs) -> None:  # type: ignore[override]  # noqa: ANN002, ANN003
+        """On the fast path the finish is recorded and held for the next round trip
+        (fast_path/finish.py); otherwise, and where that cannot be, RQ's own, now."""
+        fast = self.fast
+        if fast is not None and fast.finish.handle_job_success(*args, **kwargs):
+            return None
+        return self.rq_handle_job_success(*args, **kwargs)
+
+    def rq_handle_job_success(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         """RQ's finish of a job that ran well, tried again when its connection breaks (redis-py 5
         never retries a WATCH): a finished job is not failed for a reset. RQ's finish is one
         WATCH/MULTI/EXEC transaction, so a try that broke before EXEC wrote nothing; one whose
@@ -261,13 +321,28 @@ class HerderMixin(BaseWorker):
         return self._tried_again(super().handle_job_success, *args, **kwargs)
 
     def prepare_job_execution(self, job: Job, *args, **kwargs) -> None:  # type: ignore[override]  # noqa: ANN002, ANN003
+        """Nothing on the fast path when the job's start is written already (fast_path/start.py);
+        otherwise RQ's own."""
+        fast = self.fast
+        if fast is not None and fast.start.prepare_job_execution(job):
+            return None
+        return self.rq_prepare_job_execution(job, *args, **kwargs)
+
+    def rq_prepare_job_execution(self, job: Job, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         """RQ's start of a job in the horse's half (state, heartbeats, the job's fields), one
         transaction of the same values each try: tried again when its connection breaks
         (redis-py 5 never retries a transaction on a reset), so the job runs rather than fails.
-        Fenced, as prepare_execution."""
+        Fenced, as rq_prepare_execution."""
         return self._tried_again(self._fenced, super().prepare_job_execution, job, *args, **kwargs)
 
     def prepare_execution(self, job: Job):  # type: ignore[override]  # noqa: ANN201 - RQ's Execution
+        """On the fast path, the job's start in one script call or already written by the take
+        (fast_path/start.py); otherwise RQ's own."""
+        if self.fast is not None:
+            return self.fast.start.prepare_execution(job)
+        return self.rq_prepare_execution(job)
+
+    def rq_prepare_execution(self, job: Job):  # noqa: ANN201 - RQ's Execution
         """RQ's first start transaction, written only while the job is still where this worker's
         take put it, not recovered since (herder.worker.fence): StartRefused otherwise."""
         return self._fenced(super().prepare_execution, job)
@@ -347,6 +422,16 @@ class HerderMixin(BaseWorker):
         if job_id is not None and job_id == self._performing:  # never in RQ's own bookkeeping
             raise JobStopped(f"job {job_id} stopped by RQ's send_stop_job_command")
 
+    def teardown(self) -> None:
+        """RQ's, after the fast path's held finish is out and its script connection released."""
+        fast = self.fast
+        if fast is None:
+            return super().teardown()
+        try:
+            fast.close()
+        finally:
+            super().teardown()
+
     def unsubscribe(self) -> None:
         """RQ's, in an order that does not race. RQ sends UNSUBSCRIBE, then tells its pubsub
         thread to stop: when the reply wakes the thread first, it blocks for another 60 s
@@ -400,7 +485,10 @@ class HerderMixin(BaseWorker):
             print(f"herder worker: Redis answers again after {away:.1f} s", file=sys.stderr, flush=True)
 
     def run_maintenance_tasks(self) -> None:
-        """RQ's registry clean-up; one that fails for want of Redis is tried at the next turn."""
+        """RQ's registry clean-up; one that fails for want of Redis is tried at the next turn.
+        A finish the fast path holds goes out first."""
+        if self.fast is not None:
+            self.fast.flush()
         try:
             super().run_maintenance_tasks()
         except (RedisConnectionError, RedisTimeoutError) as exc:
@@ -409,6 +497,11 @@ class HerderMixin(BaseWorker):
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[Job, Queue] | None:
+        fast = self.fast
+        if fast is not None and fast.finish.pending is not None:  # the held finish takes the next job
+            result = fast.take_next(timeout)
+            if result is not None:
+                return result
         limit = self.channel.limit
         if timeout is None:  # burst mode: RQ's non-blocking dequeue, once; past its limit, none
             if not limit.reserve():
@@ -507,6 +600,11 @@ class HerderMixin(BaseWorker):
     def check_for_suspension(self, burst: bool) -> None:
         """RQ's check, made herder's: also `herder pause`; heartbeats while it waits; `stop`
         ends the wait at once (RQ's sleeps a second at a time and says nothing)."""
+        fast = self.fast
+        if fast is not None and fast.finish.pending is not None:
+            if not self.channel.paused:
+                return  # the take checks RQ's suspension in the same round trip
+            fast.flush()
         why = self.pause_reason()
         if why is None:
             return
@@ -541,6 +639,12 @@ class HerderMixin(BaseWorker):
         # RQ calls this on its main loop before every dequeue attempt, including each retry
         # while Redis is down: the `idle` line goes first, so an outage does not make a
         # healthy worker look hung. Calls inside a job's bookkeeping come with a pipeline.
+        fast = self.fast
+        if pipeline is None and fast is not None and fast.finish.pending is not None:
+            # Rides with the held finish (fast path); `idle` after `done`.
+            if timeout is None and not self.rq_beat_due():
+                return
+            pipeline = fast.finish.pending.after
         if pipeline is None and timeout is None and self._dequeuing and self._woken:
             self._woken = False
             raise Woken()  # no job taken: back to herder's loop, which reads the request
@@ -585,6 +689,9 @@ class HerderMixin(BaseWorker):
         # RQ's dequeue says `idle` as each of its waits begins, and herder's waits are slices of a
         # heartbeat interval: once said, an idle worker does not say it again every slice (a
         # round trip a second; at 256 idle workers, a good part of a core).
+        fast = self.fast
+        if pipeline is None and fast is not None and fast.finish.pending is not None:
+            pipeline = fast.finish.pending.after  # while a finish is held, written with it, in order
         if pipeline is None and self._dequeuing and state == WorkerStatus.IDLE:
             if self._idle_said and self._state == WorkerStatus.IDLE:
                 return
@@ -626,12 +733,9 @@ class HerderMixin(BaseWorker):
                         ok = job.get_status(refresh=True) == JobStatus.FINISHED
                     except RedisError:
                         ok = False
-                if not self.finished(job.id, ok):
+                # On the fast path it is held, and sent once the job's finish is in Redis.
+                if self.fast is None or not self.fast.finish.hold_done(job.id, ok):
                     self.channel.done(job.id, ok)
-
-    def finished(self, job_id: str, ok: bool) -> bool:
-        """True when the `done` line is held back (the fast path sends it with the finish)."""
-        return False
 
     def perform_job(self, job: Job, queue: Queue, *execution) -> bool:  # type: ignore[override]
         """RQ's (rq 3 passes the execution, rq 2 does not), with the job's own run marked."""
