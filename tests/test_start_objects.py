@@ -90,7 +90,7 @@ def learn(worker: HerderFastWorker, conn: Redis) -> None:
     built objects against RQ's for two stand-ins leaves the worker as that start left it."""
     job, _ = a_fetched_job(conn)
     t, execution_id = now(), uuid.uuid4().hex
-    _, commands = worker.fast.start.record(job, t, execution_id)
+    _, commands, _ = worker.fast.start.record(job, t, execution_id)
     started = dict(vars(worker)), dict(worker.executions)
     worker.fast.start.learn_template(job, t, execution_id, commands)
     assert worker.fast.start.next is not None
@@ -131,12 +131,12 @@ def test_a_job_started_by_the_template_gets_the_built_objects(
     calls: list[str] = []
     monkeypatch.setattr(worker.fast.start, "build", lambda *a: calls.append("built") or SimpleNamespace())
     monkeypatch.setattr(
-        worker.fast.start, "record", lambda *a, **k: calls.append("replayed") or (SimpleNamespace(), [])
+        worker.fast.start, "record", lambda *a, **k: calls.append("replayed") or (SimpleNamespace(), [], None)
     )
     for level in (logging.INFO, logging.DEBUG):
         worker.log.setLevel(level)
         job, _ = a_fetched_job(conn)
-        worker.fast.start.written = Written(job.id, now(), uuid.uuid4().hex, "")
+        worker.fast.start.current = Written(job.id, now(), uuid.uuid4().hex, "")
         worker.prepare_execution(job)
     worker.log.setLevel(logging.NOTSET)
     assert calls == ["built", "replayed"]

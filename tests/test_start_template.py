@@ -38,7 +38,7 @@ def worker(conn: Redis) -> HerderFastWorker:
 
 def start_of(worker: HerderFastWorker, job: Job) -> tuple:
     t, execution_id = now(), uuid.uuid4().hex
-    _, commands = worker.fast.start.record(job, t, execution_id)
+    _, commands, _ = worker.fast.start.record(job, t, execution_id)
     return t, execution_id, commands
 
 

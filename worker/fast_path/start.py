@@ -7,8 +7,9 @@
   that takes the next job writes its start too; REFUSED, each start keeps a call of its own;
 - `direct`: RQ's start objects (the execution, the job's and the worker's fields) are built
   directly (`build`); REFUSED, RQ's start is replayed against a discarding connection for them.
-And, for the job at hand, whether its start is in Redis already (`written`: by the take's
-script; `prepared`: by a call of its own) and what RQ's start raised after its writes.
+And, for the job at hand (`current`), where its start is: `Written` by the take's script (RQ's
+objects still to make, in prepare_execution), then `Prepared` (in Redis with its execution:
+prepare_job_execution has nothing to write, and raises what RQ's start raised after its writes).
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ class Written:
     error: str  # what EXEC would have raised ('' for none)
 
 
+@dataclass
+class Prepared:
+    """A start in Redis with its execution: RQ's second start transaction is not to run."""
+
+    job_id: str
+    error: Exception | None  # what RQ's start raised after its writes (its data unreadable)
+
+
 class Start:
     """RQ's prepare_execution and prepare_job_execution for one worker, on the fast path."""
 
@@ -60,10 +69,7 @@ class Start:
         self.templates: Learned[dict[str, StartTemplate]] = Learned()
         self.direct: Learned[None] = Learned()
         self.next: StartTemplate | None = None  # the template the next take starts its job with
-        self.written: Written | None = None  # the start the take wrote, for the job it took
-        self.prepared: str | None = None  # the job whose start is written, with its execution
-        # What RQ's start of that job raised after its writes (its data unreadable): raised in its place
-        self.error: tuple[str, Exception] | None = None
+        self.current: Written | Prepared | None = None  # the start of the job at hand
 
     # ---- prepare_execution: the start's first half -------------------------------------
 
@@ -71,15 +77,16 @@ class Start:
         """RQ's prepare_execution and prepare_job_execution: the same writes, in one script
         call, or already written by the script that took the job (from the start template)."""
         w = self.worker
-        written, self.written = self.written, None
-        if written is not None and written.job_id == job.id:
+        written, self.current = self.current, None
+        if isinstance(written, Written) and written.job_id == job.id:
+            error = None
             if self.direct.ready and not w.log.isEnabledFor(logging.DEBUG):  # RQ's debug lines
                 execution = self.build(job, written.t, written.execution_id)  # Redis has it: objects only
             else:
-                execution, _ = self.record(job, written.t, written.execution_id, keep=False)
+                execution, _, error = self.record(job, written.t, written.execution_id, keep=False)
             if written.error:  # as EXEC: the others ran, the error is raised
                 raise ResponseError(written.error)
-            self.prepared = job.id
+            self.current = Prepared(job.id, error)  # Written -> Prepared
             return execution
         if self.recording.refused:
             return w.rq_prepare_execution(job)
@@ -95,7 +102,7 @@ class Start:
         fence = w._fence if w._fence is not None and w._fence.job_id == job.id else None
         t, execution_id = now(), uuid.uuid4().hex
         try:
-            execution, commands = self.record(job, t, execution_id)
+            execution, commands, error = self.record(job, t, execution_id)
         except NotRecordable as exc:  # RQ's start talks to Redis outside its pipelines
             self.recording.refuse(f"RQ's start cannot be recorded ({exc})")
             self._drop_templates(self.recording.reason)
@@ -113,8 +120,8 @@ class Start:
             raise ResponseError(text(reply[1]))
         if fence is not None and len(reply) > 1:  # its moves as it started (none after a lost reply)
             fence.moves, fence.claim = int(reply[1]), ""
-        self.prepared = job.id
-        if self.error is None:  # a start that raised is no model for the next ones
+        self.current = Prepared(job.id, error)
+        if error is None:  # a start that raised is no model for the next ones
             self.learn_template(job, t, execution_id, commands)
         return execution
 
@@ -124,28 +131,28 @@ class Start:
         """True when the job's start is written already (with its execution): RQ's second
         transaction is not to run. Raises what RQ's start raised, where RQ raises it: in
         perform_job, which fails the job."""
-        if self.prepared != job.id:
+        prepared = self.current
+        if not isinstance(prepared, Prepared) or prepared.job_id != job.id:
             return False
-        self.prepared = None
-        error, self.error = self.error, None
-        if error is not None and error[0] == job.id:
-            raise error[1]
+        self.current = None  # Prepared -> none: the job runs
+        if prepared.error is not None:
+            raise prepared.error
         return True
 
     # ---- RQ's start, recorded, replayed or built --------------------------------------
 
     def record(
         self, job: Job, t: datetime, execution_id: str, keep: bool = True
-    ) -> tuple[Execution, list[tuple[Any, ...]]]:
+    ) -> tuple[Execution, list[tuple[Any, ...]], Exception | None]:
         """RQ's own two start transactions for `job` (prepare_execution, then the horse's
         prepare_job_execution, with the intermediate-list clean-up RQ's perform_job asks for),
         run at time t with this execution id against a connection that records their writes
         (or, not `keep`, builds none: Redis has them already). RQ's objects (the execution,
-        the job's and the worker's fields) are left as RQ leaves them."""
+        the job's and the worker's fields) are left as RQ leaves them. Returned with them, what
+        RQ's start raised after its writes, for prepare_job_execution to raise where RQ does."""
         w = self.worker
         clock = self.calls.clock
-        if self.error is not None:  # an earlier job's, never raised
-            self.error = None
+        error = None
         real, job_real = w.connection, job.connection
         stand_in = Recorder(real, strict=True) if keep else Discard(real)
         w.connection = job.connection = stand_in  # type: ignore[assignment]
@@ -158,12 +165,12 @@ class Start:
                 except NotRecordable:
                     raise
                 except Exception as exc:  # after its writes: a job whose data cannot be read (func_name)
-                    self.error = (job.id, exc)  # raised by prepare_job_execution, as RQ's is
+                    error = exc  # raised by prepare_job_execution, as RQ's is
         finally:
             w.connection, job.connection = real, job_real
             w.lease_quiet = False
         execution.connection = job_real  # RQ made it with the job's connection, the stand-in then
-        return execution, stand_in.recorded() if keep else []
+        return execution, stand_in.recorded() if keep else [], error
 
     def build(self, job: Job, t: datetime, execution_id: str) -> Execution:
         """The objects RQ's two start transactions leave (the execution, the job's and the
@@ -242,12 +249,11 @@ class Start:
         stand_in = start_template.stand_in_job(w.job_class, w.connection, w.serializer, job.timeout)
         state, beat = rq_seam.worker_state(w), w.last_heartbeat
         try:
-            _, recorded = self.record(
+            _, recorded, failed = self.record(
                 stand_in, start_template.STAND_IN_TIME, start_template.STAND_IN_EXECUTION
             )
-            failed, self.error = self.error, None
-            if failed is not None:  # kept for a real job's perform_job; a stand-in's is no model
-                raise failed[1]
+            if failed is not None:  # a stand-in's start that raised is no model
+                raise failed
             template = StartTemplate.from_recording(key, recorded, encode)
         except NotTemplatable as exc:
             self._drop_templates(str(exc))

@@ -145,7 +145,7 @@ class FastPath:
             w._fence = Fence(w.job_class.key_for(job_id), job_id, int(reply[6]), w.claim_key(), w.held())
             if code == 4:  # its start is written: prepare_execution makes RQ's objects only
                 assert start is not None
-                self.start.written = Written(job_id, start[2], start[3], text(reply[5]))
+                self.start.current = Written(job_id, start[2], start[3], text(reply[5]))
             return self.take.took(text(reply[1]), job_id, unpack_hash(reply[3], reply[4]))
         return None
 
