@@ -1,12 +1,13 @@
 """The master's records of its fleet: a Worker (one process and what the master decided
 about it) and a Slot (a place in the fleet that outlives its workers and backs off when
 they keep dying young). Plain data and pure rules; only the reconcile loop changes them.
+A pool holds its workers and slots (pool.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -124,7 +125,6 @@ class Worker:
 @dataclass
 class Slot:
     index: int
-    pool: str = "default"  # whose it is while it backs off: a crash loop is its pool's
     young_deaths: int = 0
     next_spawn_at: float = 0.0  # monotonic; later than now while the slot backs off
 
@@ -147,28 +147,6 @@ class Slot:
 def died_young(graceful: bool, was_ready: bool, lived: float, cfg: Config) -> bool:
     """Before `ready` (a failed start, however long it took), or soon after it."""
     return not graceful and not (was_ready and lived >= cfg.min_uptime)
-
-
-def free_slots(
-    slots: dict[int, Slot], taken: Container[int], room: int, limit: int, now: float, pool: str = "default"
-) -> Iterator[Slot]:
-    """Up to `room` free slots for a pool to spawn into, lowest first, among the `limit` a
-    host may fill (with at most `limit` workers, one of those is free whenever there is room).
-    A slot in backoff takes its place without being spawned into: a crash loop cannot spill
-    over. A free slot another pool left (not backing off) becomes this pool's, afresh."""
-    for i in range(limit):
-        if room <= 0:
-            return
-        if i in taken:
-            continue
-        slot = slots.get(i)
-        if slot is None or (slot.pool != pool and not slot.in_backoff(now)):
-            slot = slots[i] = Slot(i, pool)
-        if slot.pool != pool:
-            continue  # another pool's, backing off
-        room -= 1
-        if not slot.in_backoff(now):
-            yield slot
 
 
 def spawn_paced(free: Iterable[Slot], spawn: Callable[[Slot], None], clock: Callable[[], float]) -> bool:
@@ -199,10 +177,11 @@ def loading(workers: Iterable[Worker]) -> int:
     )
 
 
-def spawn_room(room: int, workers: dict[int, Worker], limit: int) -> int:
+def spawn_room(room: int, workers: Callable[[], list[Worker]], limit: int) -> int:
     """How many of `room` spawns may start now: never past the workers limit (stopping workers
     count: they are still processes), and only while the start window has room (a `ready`
     wakes the loop for the next ones)."""
     if room <= 0:
         return 0  # nothing to spawn: the window is not counted (a pass over every worker)
-    return min(room, limit - len(workers), START_WINDOW - loading(workers.values()))
+    every = workers()  # the host's, every pool's
+    return min(room, limit - len(every), START_WINDOW - loading(every))

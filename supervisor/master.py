@@ -38,7 +38,7 @@ from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.launchers import Launchers
 from herder.supervisor.liveness import derived_state, judge, read_late
 from herder.supervisor.observations import Observations
-from herder.supervisor.pool import Pool, active, host_floor, host_target, live, share_limit
+from herder.supervisor.pool import Pool, Workers, active, host_floor, host_target, live, share_limit, slots_of
 from herder.supervisor.pressure import KernelLog, MemoryWatch, OomWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
@@ -121,8 +121,7 @@ class Master:
             for name, pc in pool_configs(cfg).items()
         }
         self.launchers = launchers  # one fork server per set of imports; pools that agree share it
-        self.workers: dict[int, Worker] = {}  # by slot
-        self.slots: dict[int, Slot] = {}
+        self.workers = Workers(self.pools)  # the host's fleet: every pool's workers (each pool holds its own)
         self.counters = Counters()
         self.sched = sched or SchedulerKeeper(None, clock, self.host_id)  # RQ's scheduler: scheduler.py
         self.guard = KillGuard(cfg, recovery)
@@ -185,7 +184,7 @@ class Master:
         # What the snapshot's builder reads: these parts, not the master (views/sources.py).
         self.sources = Sources(
             clock, self.host_id, self.started_at, self.restarts, lambda: self.cfg, lambda: self.stopping,
-            lambda: self.ever_ready, self.pools, self.workers, self.slots, self.counters, self.guard,
+            lambda: self.ever_ready, self.pools, self.workers, self.counters, self.guard,
             recovery, reader, self.sched, self.health, self.memory,
         )  # fmt: skip
         answer = self.commands.answer_directly
@@ -211,14 +210,10 @@ class Master:
         """The pool that serves `queue` (a queue belongs to one pool), or "" for none."""
         return next((p.name for p in list(self.pools.values()) if queue in p.cfg.queues), "")
 
-    def pool_workers(self, pool: Pool) -> list[Worker]:
-        """A pool's live workers (not on their way out)."""
-        return live(self.workers.values(), pool.name)
-
-    def workers_of(self, pools: Iterable[str] | None = None) -> list[Worker]:
-        """Every worker process of these pools (of all, for None), those leaving too."""
-        names = None if pools is None else set(pools)
-        return [w for w in self.workers.values() if names is None or w.pool in names]
+    @property
+    def slots(self) -> dict[int, Slot]:
+        """Every pool's slots, by index."""
+        return slots_of(self.pools.values())
 
     def new_pool(self, name: str, cfg: Config) -> Pool:
         """A pool of this host (its cull tickets unique across pools: retirement.py)."""
@@ -353,12 +348,17 @@ class Master:
         answers = self.recovery.answers() if self.recovery else {}
         now, wall = self.clock.monotonic(), self.clock.wall()
         for pool in self.pool_list():
-            pool.retirement.review(self.pool_workers(pool), pool.target, now, wall, self.kill, answers)
+            pool.retirement.review(pool.live(), pool.target, now, wall, self.kill, answers)
 
     def next_wait(self) -> float:
         """Until the next tick, or sooner if a slot's backoff ends first (0.1 s, not a tick)."""
         now = self.clock.monotonic()
-        due = [s.next_spawn_at - now for s in self.slots.values() if s.index not in self.workers]
+        due = [
+            s.next_spawn_at - now
+            for p in self.pool_list()
+            for s in p.slots.values()
+            if s.index not in p.workers
+        ]
         soon = [fleet.SPAWN_AGAIN] if self.spawns_pending else []  # paced spawns left for the next pass
         tick = TICK_IN_MOTION if self.in_motion() else TICK
         return max(0.0, min([tick, *soon, *[d for d in due if d > 0]]))
@@ -375,7 +375,7 @@ class Master:
         now = self.clock.monotonic()
         ready = sum(w.state in WORKING for w in self.workers.values())
         down = self.reader is not None and self.reader.outage_since is not None
-        self.health.observe(now, ready, self.floor, short_pools(self.pool_list(), self.workers.values()),
+        self.health.observe(now, ready, self.floor, short_pools(self.pool_list()),
                             redis_down=down)  # fmt: skip
         for w in self.workers.values():
             self.fold_finished(w)
@@ -462,7 +462,7 @@ class Master:
         for pool in self.pool_list():
             if pool.draining:
                 continue
-            live, grant = self.pool_workers(pool), pool.scaler.grant
+            live, grant = pool.live(), pool.scaler.grant
             due = pool.target if grant is None else min(pool.target, grant)  # the count to be ready
             if (pool.cfg.autoscale and not pool.scaler.has_reading) or len(live) < due:
                 return False
@@ -473,12 +473,13 @@ class Master:
     # ---- reap: the dead ------------------------------------------------------------------
 
     def reap(self) -> None:
-        for slot_index, w in list(self.workers.items()):
+        for slot_index, w in self.workers.items():
             if not w.proc.has_exited():
                 continue
             now = self.clock.monotonic()
             ex = lifecycle.reap(w, now)
-            del self.workers[slot_index]
+            pool = self.pool_of(w)
+            del pool.workers[slot_index]  # it leaves its pool
             code, obs, lived, how, graceful = ex.code, ex.obs, ex.lived, ex.how, ex.graceful
             oom = code == -signal.SIGKILL and not w.killed and self.oom.killed(w.proc.pid)
             if oom:  # said as such in the exit line, the event, the requeue and herder_kills_total
@@ -486,7 +487,6 @@ class Master:
                 self.counters.totals.killed_by[KillKind.OOM] += 1
                 self.counters.totals.killed_by_pool[KillKind.OOM, w.pool] += 1
             why = "stopped as asked" if graceful else w.kill_reason or "unexpected"
-            pool = self.pool_of(w)
             if not graceful and self.recovery is not None and pool.cfg.worker_command is None:
                 # A killed RQ worker cannot unregister itself, nor say what it had popped.
                 for name in self.rq_names(w):
@@ -505,7 +505,7 @@ class Master:
                     w.kill_kind or KillKind.DIED,
                     self.rq_names(w),
                 )
-            slot, delay = self.slots.get(w.slot), None
+            slot, delay = pool.slots.get(w.slot), None
             if slot is not None and not self.stopping:  # a stop's exits are no crash loop
                 delay = lifecycle.back_off(slot, ex, pool.cfg, now)
                 if delay is not None:
@@ -576,7 +576,7 @@ class Master:
     def forget_drained_pools(self) -> None:
         """A pool a reload removed is gone once its last worker is."""
         for pool in [p for p in self.pool_list() if p.draining]:
-            if not any(w.pool == pool.name for w in self.workers.values()):
+            if not pool.workers:
                 del self.pools[pool.name]
                 log.info("pool %s: drained and removed", pool.name)
 
@@ -648,9 +648,9 @@ class Master:
         self.guard.cluster_read(reading.kills)
         pressure = self.memory.check(self.clock.monotonic())
         for pool in self.pool_list():
-            mine = [w for w in self.workers.values() if w.pool == pool.name]
+            mine = list(pool.workers.values())
             jobs, busy = self.counters.jobs_and_busy_seconds(mine, pool.name)
-            paused = fleet.all_paused(self.pool_workers(pool))  # a pause is no demand for workers
+            paused = fleet.all_paused(pool.live())  # a pause is no demand for workers
             pool_reading = reading.for_pool(pool.name, pool.cfg.queues) if self.cfg.pools else reading
             # Under memory pressure the target may fall, never rise (pressure.py).
             target = pool.scaler.fold(pool_reading, jobs, busy, pool.target, paused or bool(pressure))
@@ -691,18 +691,18 @@ class Master:
 
     def manage_pool(self, pool: Pool, target: int) -> None:
         """One pool towards its target: a rolling step, or scale down idle workers, or spawn."""
-        live = self.pool_workers(pool)
+        live = pool.live()
         if self.roll(pool, live, target):
             return
         if len(live) > target:
             states = {w.slot: w.state for w in live}
             for slot in pick_idle_to_stop(states, len(live) - target):
-                self.stop_worker(self.workers[slot], f"scale down to {target}")
+                self.stop_worker(pool.workers[slot], f"scale down to {target}")
             return
         # A cluster grant counts every process still running, stopping ones included.
         room = target - len(live)
         if pool.scaler.grant is not None:
-            room = min(room, pool.scaler.grant - sum(w.pool == pool.name for w in self.workers.values()))
+            room = min(room, pool.scaler.grant - len(pool.workers))
         self.spawn_into_free_slots(pool, room)
 
     def roll(self, pool: Pool, live: list[Worker], target: int) -> bool:
@@ -717,7 +717,7 @@ class Master:
         old = [w for w in live if w.generation < pool.generation or w.retiring]
         if not old:
             return False
-        mine = [w for w in self.workers.values() if w.pool == pool.name]  # stopping ones too
+        mine = list(pool.workers.values())  # stopping ones too
         new = [w for w in live if w not in old]
         ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
         surplus = len(old) + len(ready_new) - target
@@ -746,9 +746,9 @@ class Master:
         """Up to `room` workers for a pool, within the host's workers limit and paced
         (fleet.spawn_room); a pool's slots back off on their own."""
         waiting = room > 0 and self.launcher_for(pool).warming()  # a warm template is moments away
-        room = 0 if waiting else fleet.spawn_room(room, self.workers, self.cfg.limit)
+        room = 0 if waiting else fleet.spawn_room(room, self.workers.values, self.cfg.limit)
         now = self.clock.monotonic()
-        free = fleet.free_slots(self.slots, self.workers, room, self.cfg.limit, now, pool.name)
+        free = pool.free_slots(self.pools.values(), room, self.cfg.limit, now)
         pending = fleet.spawn_paced(free, lambda slot: self.spawn(slot, pool), self.clock.monotonic)
         self.spawns_pending = self.spawns_pending or pending or waiting
 
@@ -777,7 +777,7 @@ class Master:
         )
         if pool.paused:
             proc.send_pause(True)
-        self.workers[slot.index] = w
+        pool.workers[slot.index] = w
         self.counters.totals.spawned += 1
         where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
         log.info("slot %d pid %d: spawned -> %s%s", slot.index, w.pid, w.state, where)

@@ -1,14 +1,15 @@
 """A pool: one fleet inside the master, with its own settings (a whole Config, from
 herder.common.config.pools), target, autoscaler, recycling and culling, generation (a
-rolling restart of this pool only) and pause. The master's loop runs every pool; the slots,
-the workers limit, the kill budget and the loop itself are the host's. With no `[pools.*]`
-in the file there is one pool, `default`, and herder behaves as it always did.
+rolling restart of this pool only) and pause. A pool holds its workers and the slots they
+run in; the host's fleet is the union of its pools' (`Workers`). The master's loop runs every
+pool; the workers limit, the kill budget and the loop itself are the host's. With no
+`[pools.*]` in the file there is one pool, `default`, and herder behaves as it always did.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 from herder.common.config import Config
 from herder.common.transitions import move
 from herder.supervisor.autoscaler import Autoscaler
-from herder.supervisor.fleet import Worker
+from herder.supervisor.fleet import Slot, Worker
 from herder.supervisor.redis_side.recovery import Recovery
 from herder.supervisor.retirement import Retirement
 from herder.supervisor.states import LEAVING
@@ -64,6 +65,12 @@ class Pool:
     # Where its workers come from (the master hands it over at its first spawn): a restart
     # renews it, so new workers load new code.
     launcher: Launcher | None = None
+    # Its worker processes by slot, those on their way out too (a worker joins at its spawn and
+    # leaves at its reap), and the slots it holds: those its workers run in, and those backing
+    # off after their workers died young (a crash loop is its pool's). A slot index is one
+    # pool's at a time (free_slots).
+    workers: dict[int, Worker] = field(default_factory=dict)
+    slots: dict[int, Slot] = field(default_factory=dict)
 
     @property
     def paused(self) -> bool:
@@ -107,8 +114,10 @@ class Pool:
             self.launcher.renew(self.cfg)
 
     def pause(self, paused: bool) -> bool:
-        """`herder pause` / `resume`: True if that changed the pool (its workers are told by
-        the caller, which knows them)."""
+        """`herder pause` / `resume`: every worker of the pool is told (again, if the pool was
+        already so); True if that changed the pool."""
+        for w in self.workers.values():
+            w.proc.send_pause(paused)
         if self.paused == paused:
             return False
         self.change_state(PoolState.PAUSED if paused else PoolState.ACTIVE)
@@ -125,6 +134,36 @@ class Pool:
         self.target = cfg.bound(self.target) if cfg.autoscale else cfg.workers
         self.scaler.configure(cfg)
         self.cfg = cfg
+
+    # ---- its workers ----
+
+    def live(self) -> list[Worker]:
+        """Its workers that count towards its target: not on their way out."""
+        return live(self.workers.values())
+
+    def free_slots(self, others: Iterable[Pool], room: int, limit: int, now: float) -> Iterator[Slot]:
+        """Up to `room` free slots to spawn into, lowest first, among the `limit` a host may fill
+        (with at most `limit` workers, one of those is free whenever there is room). A slot of
+        its own in backoff takes its place without being spawned into: a crash loop cannot
+        spill over. A free slot another pool left (not backing off) becomes this pool's, afresh;
+        one another pool holds backing off stays that pool's."""
+        rest = [p for p in others if p is not self]
+        for i in range(limit):
+            if room <= 0:
+                return
+            if i in self.workers or any(i in p.workers for p in rest):
+                continue
+            slot = self.slots.get(i)
+            if slot is None:
+                held = next((p for p in rest if i in p.slots), None)
+                if held is not None and held.slots[i].in_backoff(now):
+                    continue  # another pool's, backing off
+                if held is not None:
+                    del held.slots[i]
+                slot = self.slots[i] = Slot(i)
+            room -= 1
+            if not slot.in_backoff(now):
+                yield slot
 
     @property
     def launch_key(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -150,9 +189,52 @@ def host_floor(pools: Iterable[Pool]) -> int:
     return sum(p.cfg.floor for p in active(pools))
 
 
-def live(workers: Iterable[Worker], pool: str | None = None) -> list[Worker]:
-    """Workers that count towards a target (not on their way out); of one pool, or of all."""
-    return [w for w in workers if w.state not in LEAVING and (pool is None or w.pool == pool)]
+def live(workers: Iterable[Worker]) -> list[Worker]:
+    """Workers that count towards a target (not on their way out)."""
+    return [w for w in workers if w.state not in LEAVING]
+
+
+class Workers:
+    """The host's fleet: every pool's workers, by slot (a slot runs one worker, of one pool).
+    A view, read-only: a worker joins and leaves its pool (`Pool.workers`), nothing else."""
+
+    __slots__ = ("_pools",)
+
+    def __init__(self, pools: Mapping[str, Pool]) -> None:
+        self._pools = pools  # the master's, changed in place by a reload
+
+    def values(self) -> list[Worker]:
+        return [w for p in list(self._pools.values()) for w in p.workers.values()]
+
+    def items(self) -> list[tuple[int, Worker]]:
+        return [(i, w) for p in list(self._pools.values()) for i, w in p.workers.items()]
+
+    def get(self, slot: int) -> Worker | None:
+        for p in self._pools.values():
+            w = p.workers.get(slot)
+            if w is not None:
+                return w
+        return None
+
+    def __getitem__(self, slot: int) -> Worker:
+        w = self.get(slot)
+        if w is None:
+            raise KeyError(slot)
+        return w
+
+    def __contains__(self, slot: object) -> bool:
+        return any(slot in p.workers for p in self._pools.values())
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([i for p in list(self._pools.values()) for i in p.workers])
+
+    def __len__(self) -> int:
+        return sum(len(p.workers) for p in self._pools.values())
+
+
+def slots_of(pools: Iterable[Pool]) -> dict[int, Slot]:
+    """Every pool's slots, by index (an index is one pool's at a time)."""
+    return {i: s for p in pools for i, s in p.slots.items()}
 
 
 def share_limit(wants: list[tuple[str, int, int]], limit: int) -> dict[str, int]:

@@ -57,9 +57,11 @@ class Snapshots:
         workers = tuple(
             _worker_row(w, observed[w.slot], now, sampled.get(w.pid, (None, None))) for w in every
         )
-        queues = tuple(_queue_row(p, q) for p in pools for q in p.cfg.queues)
+        own = [tuple(_queue_row(p, q) for q in p.cfg.queues) for p in pools]  # each pool's queues' rows
+        queues = tuple(q for rows in own for q in rows)
         pool_rows = tuple(
-            self._pool_row(m, p, now, workers, observed, queues, counts, stopping, ever_ready) for p in pools
+            self._pool_row(m, p, now, observed, rows, counts, stopping, ever_ready)
+            for p, rows in zip(pools, own, strict=True)
         )
         for gone in set(self._counts) - {p.name for p in pools}:
             del self._counts[gone]
@@ -96,7 +98,12 @@ class Snapshots:
             ready=sum(w.state in WORKING for w in m.workers.values()),
             paused=all(p.paused for p in pools),
             backoff=tuple(
-                sorted(s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now))
+                sorted(
+                    s.index
+                    for p in pools
+                    for s in p.slots.values()
+                    if s.index not in p.workers and s.in_backoff(now)
+                )
             ),
             queues=queues,
             totals={
@@ -129,24 +136,22 @@ class Snapshots:
         m: Sources,
         pool: Pool,
         now: float,
-        workers: tuple[WorkerRow, ...],
         observed: dict[int, Observations],
-        queues: tuple[QueueRow, ...],
+        queues: tuple[QueueRow, ...],  # its own queues' rows
         counts: Counts,
         stopping: bool,
         ever_ready: bool,
     ) -> PoolRow:
         """One pool's figures, for every view (the only place they are built)."""
         cfg, name = pool.cfg, pool.name
-        alive = live(m.workers.values(), name)
-        mine = [w for w in workers if w.pool == name]
+        alive, mine = pool.live(), list(pool.workers.values())
         by_state = dict.fromkeys(STATES, 0)
         for w in mine:
             by_state[derived_state(w, observed[w.slot])] += 1
         # Every worker process of the pool counts its jobs, stopping ones too (until reaped).
         ok, failed = _jobs(m.counters.jobs([], name), (observed[w.slot] for w in mine))
         jobs_per_s, failed_per_s = self._rates(name, now, ok, failed)
-        read = [q for q in queues if q.pool == name and q.backlog is not None]
+        read = [q for q in queues if q.backlog is not None]
         known = bool(read) and len(read) == len(cfg.queues)
         if stopping or pool.draining:
             state = "stopping"

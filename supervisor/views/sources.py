@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from herder.common.config import KEYS, SECRET_KEYS, Config, all_queues, redact_setting, redact_url
 from herder.supervisor.counters import Counters
-from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.fleet import Worker
 from herder.supervisor.health import HealthWatch
-from herder.supervisor.pool import Pool, active, live
+from herder.supervisor.pool import Pool, Workers, active
 from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
@@ -38,8 +38,7 @@ class Sources:
     stopping: Callable[[], bool]  # the master is stopping
     ever_ready: Callable[[], bool]  # the fleet was ready once (health judges a shortfall from then)
     pools: dict[str, Pool]
-    workers: dict[int, Worker]  # by slot
-    slots: dict[int, Slot]
+    workers: Workers  # every pool's, by slot
     counters: Counters
     guard: KillGuard
     recovery: Recovery | None
@@ -66,7 +65,7 @@ def health_of(s: Sources, now: float, pools: list[Pool], alive: list[Worker]) ->
             stopping=s.stopping(),
             redis_down_since=s.reader.outage_since if s.reader else None,
             grace=cfg.health_grace,
-            short=short_pools(pools, s.workers.values()),
+            short=short_pools(pools),
             budgets=[
                 ("kill_budget_spent", s.guard.degraded),
                 (
@@ -84,13 +83,12 @@ def named(pool: Pool, pools: list[Pool]) -> str:
     return f"pool {pool.name}: {reason}" if len(pools) > 1 else reason
 
 
-def short_pools(pools: list[Pool], workers: Any) -> str:
+def short_pools(pools: list[Pool]) -> str:
     """The pools below their own minimum of ready workers, when there are several."""
     running = active(pools)
     if len(running) < 2:
         return ""
-    every = list(workers)
-    ready = {p.name: sum(w.state in WORKING for w in live(every, p.name)) for p in running}
+    ready = {p.name: sum(w.state in WORKING for w in p.live()) for p in running}
     return "; ".join(
         f"pool {p.name}: {ready[p.name]} of {p.cfg.floor}" for p in running if ready[p.name] < p.cfg.floor
     )
