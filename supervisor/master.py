@@ -38,12 +38,21 @@ from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.launchers import Launchers
 from herder.supervisor.liveness import derived_state, judge, read_late
 from herder.supervisor.observations import Observations
-from herder.supervisor.pool import Pool, Workers, active, host_floor, host_target, live, share_limit, slots_of
+from herder.supervisor.pool import (
+    Plan,
+    Pool,
+    Share,
+    Workers,
+    active,
+    host_floor,
+    host_target,
+    live,
+    share_limit,
+    slots_of,
+)
 from herder.supervisor.pressure import KernelLog, MemoryWatch, OomWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.retirement import working_to_its_limit
-from herder.supervisor.scaling import pick_idle_to_stop
 from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import (
     LEAVING,
@@ -51,7 +60,6 @@ from herder.supervisor.states import (
     WORKING,
     KillKind,
     MasterPhase,
-    Retire,
     WorkerState,
     change_state,
 )
@@ -669,78 +677,35 @@ class Master:
         return live(self.workers.values())
 
     def manage(self) -> None:
+        """Each pool's plan, carried out: the host's workers limit shared first (every pool its
+        minimum, the rest in turn: pool.share_limit), each pool planned on the host as the
+        plans before it left it."""
         self.spawns_pending = False
         if self.stopping:
             return
-        for w in self.live_workers():
-            if w.culled:  # every job it takes fails: no capacity to keep. Its replacement starts below
-                self.hooks.emit("worker_culled", pool=w.pool, slot=w.slot, pid=w.pid, reason=w.retire_reason)
-                self.journal.record("culled", w.pool, f"{w.label} {w.retire_reason}", w.slot, w.pid)
-                self.stop_worker(w, w.retire_reason)
-            elif self.pool_of(w).draining:  # a reload removed its pool: finish the job, then go
-                self.stop_worker(w, f"pool {w.pool} removed by a reload")
-            elif w.retire == Retire.MAX_MEMORY and not w.retire_sent:
-                # Each job it takes may leak more: none from now on. Replaced, then sent `stop` (roll).
-                w.retire_sent = True
-                w.proc.send_retire()
-        active = [p for p in self.pool_list() if not p.draining]
-        # The host's workers limit, shared: every pool its minimum, the rest in turn (pool.py).
-        shares = share_limit([(p.name, p.cfg.floor, p.target) for p in active], self.cfg.limit)
-        for pool in active:
-            self.manage_pool(pool, min(pool.target, shares[pool.name]))
-
-    def manage_pool(self, pool: Pool, target: int) -> None:
-        """One pool towards its target: a rolling step, or scale down idle workers, or spawn."""
-        live = pool.live()
-        if self.roll(pool, live, target):
-            return
-        if len(live) > target:
-            states = {w.slot: w.state for w in live}
-            for slot in pick_idle_to_stop(states, len(live) - target):
-                self.stop_worker(pool.workers[slot], f"scale down to {target}")
-            return
-        # A cluster grant counts every process still running, stopping ones included.
-        room = target - len(live)
-        if pool.scaler.grant is not None:
-            room = min(room, pool.scaler.grant - len(pool.workers))
-        self.spawn_into_free_slots(pool, room)
-
-    def roll(self, pool: Pool, live: list[Worker], target: int) -> bool:
-        """One step of a rolling restart, or of retiring workers (recycled or culled); False
-        when no worker of an older generation, or marked to retire, is left.
-
-        Replacements start first, up to a batch beyond the target; an old worker is sent
-        `stop` (it finishes its job) only once a new one is ready to take its place, so
-        capacity never dips. If replacements keep failing, the old workers keep working. One
-        replaced ahead of its jobs limit works on to the limit (retirement.working_to_its_limit).
-        """
-        old = [w for w in live if w.generation < pool.generation or w.retiring]
-        if not old:
-            return False
-        mine = list(pool.workers.values())  # stopping ones too
-        new = [w for w in live if w not in old]
-        ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
-        surplus = len(old) + len(ready_new) - target
+        running = self.active_pools()
+        shares = share_limit([(p.name, p.cfg.floor, p.target) for p in running], self.cfg.limit)
         wall = self.clock.wall()
-        going = [  # one replaced ahead of its jobs limit works on to it (it stops there itself)
-            w for w in old
-            if w.generation < pool.generation or not working_to_its_limit(w, w.proc.snapshot(), wall)
-        ]  # fmt: skip
-        for w in sorted(going, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]:
-            if w.recycling:
-                self.journal.record(
-                    "recycled", w.pool, f"{w.label} {w.retire_reason}; replaced", w.slot, w.pid
+        for pool in self.pool_list():
+            target = min(pool.target, shares[pool.name]) if pool.name in shares else 0  # draining: 0
+            self.carry_out(pool, pool.plan(Share(target, self.cfg.limit, len(self.workers)), wall))
+
+    def carry_out(self, pool: Pool, plan: Plan) -> None:
+        """A pool's plan, through the lifecycle: `retire`, the stops (each told as the plan
+        says), the spawns."""
+        for w in plan.retire:
+            w.retire_sent = True
+            w.proc.send_retire()
+        for stop in plan.stops:
+            w = stop.worker
+            if stop.culled:
+                self.hooks.emit(
+                    "worker_culled", pool=pool.name, slot=w.slot, pid=w.pid, reason=w.retire_reason
                 )
-            self.stop_worker(w, w.retire_reason or "rolling restart: replaced")
-        batch = max(1, target // 4)
-        room = min(target - len(new), target + batch - len(mine))
-        settled = len(live) == len(mine) and len(ready_new) == len(new)
-        if room > 0 and settled and len(self.workers) >= self.cfg.limit:
-            # No replacement can start first at the workers limit: one idle old worker makes room.
-            for w in [w for w in old if w.state == WorkerState.IDLE][:1]:
-                self.stop_worker(w, "rolling restart at the workers limit: making room")
-        self.spawn_into_free_slots(pool, room)
-        return True
+            if stop.said is not None:
+                self.journal.record(stop.said[0], pool.name, stop.said[1], w.slot, w.pid)
+            self.stop_worker(w, stop.why)
+        self.spawn_into_free_slots(pool, plan.spawn)
 
     def spawn_into_free_slots(self, pool: Pool, room: int) -> None:
         """Up to `room` workers for a pool, within the host's workers limit and paced

@@ -19,8 +19,9 @@ from herder.common.transitions import move
 from herder.supervisor.autoscaler import Autoscaler
 from herder.supervisor.fleet import Slot, Worker
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.retirement import Retirement
-from herder.supervisor.states import LEAVING
+from herder.supervisor.retirement import Retirement, working_to_its_limit
+from herder.supervisor.scaling import pick_idle_to_stop
+from herder.supervisor.states import LEAVING, Retire, WorkerState
 
 if TYPE_CHECKING:
     from herder.supervisor.launcher import Launcher
@@ -45,6 +46,35 @@ POOL_TRANSITIONS: dict[PoolState, frozenset[PoolState]] = {
     PoolState.PAUSED: frozenset({PoolState.ACTIVE, PoolState.DRAINING}),
     PoolState.DRAINING: frozenset(),
 }
+
+
+@dataclass(frozen=True)
+class Share:
+    """What the host grants a pool for one pass (the master works it out over every pool)."""
+
+    target: int  # the workers it keeps: its target within its share of the workers limit
+    limit: int  # the host's workers limit
+    host_workers: int  # the host's worker processes now, every pool's, stopping ones too
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A worker the plan sends `stop` (it finishes its job), and why."""
+
+    worker: Worker
+    why: str
+    said: tuple[str, str] | None = None  # (kind, sentence) for the journal; None: no event of its own
+    culled: bool = False  # announced as `worker_culled` too
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a pool decided for one pass. The master carries it out in this order: `retire`
+    (told to take no more jobs), `stops`, then up to `spawn` new workers into free slots."""
+
+    retire: tuple[Worker, ...] = ()
+    stops: tuple[Stop, ...] = ()
+    spawn: int = 0
 
 
 @dataclass
@@ -164,6 +194,77 @@ class Pool:
             room -= 1
             if not slot.in_backoff(now):
                 yield slot
+
+    # ---- its decisions ----
+
+    def plan(self, share: Share, now: float) -> Plan:
+        """What the pool does this pass (`now`: wall time), pure as scaling.decide: a culled
+        worker goes (its replacement starts below); a draining pool's workers finish their jobs
+        and go; one past max_memory takes no more jobs. Then towards `share.target`: a rolling
+        step (replacing older generations and retiring workers), or scale down idle workers,
+        or room to spawn (within the cluster's grant)."""
+        retire: list[Worker] = []
+        stops: list[Stop] = []
+        live = self.live()
+        for w in live:
+            if w.culled:  # every job it takes fails: no capacity to keep
+                stops.append(
+                    Stop(w, w.retire_reason, ("culled", f"{w.label} {w.retire_reason}"), culled=True)
+                )
+            elif self.draining:  # a reload removed the pool: finish the job, then go
+                stops.append(Stop(w, f"pool {self.name} removed by a reload"))
+            elif w.retire == Retire.MAX_MEMORY and not w.retire_sent:
+                # Each job it takes may leak more: none from now on. Replaced, then sent `stop` (roll).
+                retire.append(w)
+        if self.draining:
+            return Plan(tuple(retire), tuple(stops))
+        live = [w for w in live if not w.culled]  # stopped above
+        target = share.target
+        old = [w for w in live if w.generation < self.generation or w.retiring]
+        if old:
+            return self._roll(share, live, old, now, Plan(tuple(retire), tuple(stops)))
+        if len(live) > target:
+            states = {w.slot: w.state for w in live}
+            for slot in pick_idle_to_stop(states, len(live) - target):
+                stops.append(Stop(self.workers[slot], f"scale down to {target}"))
+            return Plan(tuple(retire), tuple(stops))
+        # A cluster grant counts every process still running, stopping ones included.
+        room = target - len(live)
+        if self.scaler.grant is not None:
+            room = min(room, self.scaler.grant - len(self.workers))
+        return Plan(tuple(retire), tuple(stops), max(0, room))
+
+    def _roll(self, share: Share, live: list[Worker], old: list[Worker], now: float, plan: Plan) -> Plan:
+        """One step of a rolling restart, or of retiring workers (recycled or culled), `old`
+        being those of an older generation or marked to retire.
+
+        Replacements start first, up to a batch beyond the target; an old worker is sent
+        `stop` (it finishes its job) only once a new one is ready to take its place, so
+        capacity never dips. If replacements keep failing, the old workers keep working. One
+        replaced ahead of its jobs limit works on to the limit (retirement.working_to_its_limit).
+        """
+        target, stops = share.target, list(plan.stops)
+        mine = list(self.workers.values())  # stopping ones too
+        new = [w for w in live if w not in old]
+        ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
+        surplus = len(old) + len(ready_new) - target
+        going = [  # one replaced ahead of its jobs limit works on to it (it stops there itself)
+            w for w in old
+            if w.generation < self.generation or not working_to_its_limit(w, w.proc.snapshot(), now)
+        ]  # fmt: skip
+        leaving = sorted(going, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]
+        for w in leaving:
+            said = ("recycled", f"{w.label} {w.retire_reason}; replaced") if w.recycling else None
+            stops.append(Stop(w, w.retire_reason or "rolling restart: replaced", said))
+        batch = max(1, target // 4)
+        room = min(target - len(new), target + batch - len(mine))
+        settled = len(live) == len(mine) and len(ready_new) == len(new)
+        if room > 0 and settled and share.host_workers >= share.limit:
+            # No replacement can start first at the workers limit: one idle old worker makes room.
+            idle = [w for w in old if w.state == WorkerState.IDLE and all(w is not x for x in leaving)]
+            for w in idle[:1]:
+                stops.append(Stop(w, "rolling restart at the workers limit: making room"))
+        return Plan(plan.retire, tuple(stops), max(0, room))
 
     @property
     def launch_key(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
