@@ -57,36 +57,62 @@ class ProcessHandle(Protocol):
 
 
 @dataclass
+class Life:
+    """Where a worker is in its life: its state, and its stop and kill as herder asked them.
+    Moved by lifecycle.py (and states.change_state, the one funnel of its state)."""
+
+    state: WorkerState = WorkerState.STARTING
+    stop_sent_at: float | None = None  # monotonic
+    stop_reason: str = ""  # why herder sent it `stop` (its exit's event says so)
+    kill_started_at: float | None = None  # monotonic: its SIGTERM
+    kill_reason: str = ""  # why herder killed it, as a sentence (its kill's log line and events)
+    kill_kind: KillKind | None = None  # and as a class: what the code branches on, the metrics' label
+    kill_stage: KillStage = KillStage.NONE  # spared, SIGTERM sent, SIGKILL sent (states.KILL_TRANSITIONS)
+
+
+@dataclass
+class Limits:
+    """What recycling holds about a worker: its own limits, its memory, and why it retires
+    (replaced first, then sent `stop`). Moved by retirement.py."""
+
+    jobs: int | None = None  # max_jobs plus this worker's jitter (the worker knows it too)
+    age: float | None = None  # max_age plus this worker's jitter
+    ready_at: float | None = None  # monotonic: when the loop first saw it ready (its job rate's start)
+    rss: float | None = None  # MB, its last reading (only with max_memory)
+    rss_checked_at: float = float("-inf")
+    retire: Retire | None = None  # why it retires: a planned recycle, or a cull
+    retire_reason: str = ""  # the same, as a sentence with its figures
+    retire_sent: bool = False  # told `retire`: it takes no more jobs (past max_memory)
+
+
+@dataclass
+class Culling:
+    """What culling holds about a worker whose jobs may keep failing. Moved by retirement.py
+    (its state through states.change_cull)."""
+
+    cull: Cull = Cull.NONE  # where culling stands (states.CULL_TRANSITIONS)
+    failed_seen: int = 0  # its failed jobs already timed into `failures`
+    failures: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when (monotonic)
+    ticket: int = 0  # the cull token asked for, as the recovery thread answers it
+    asked_at: float = 0.0  # monotonic
+
+
+@dataclass
 class Worker:
+    """One worker process: what it is (fixed at its spawn), and one record per concern that
+    moves: its life (lifecycle.py), its limits (retirement.py's recycling), its culling."""
+
     slot: int
     proc: ProcessHandle
     spawned_at: float  # monotonic
     generation: int = 0  # a rolling restart replaces every worker of its pool's older generations
-    pool: str = "default"  # the pool it works for (herder.supervisor.pool)
-    state: WorkerState = WorkerState.STARTING
-    stop_sent_at: float | None = None
-    kill_started_at: float | None = None
-    kill_reason: str = ""  # why herder killed it, as a sentence (its kill's log line and events)
-    kill_kind: KillKind | None = None  # and as a class: what the code branches on, the metrics' label
-    kill_stage: KillStage = KillStage.NONE  # spared, SIGTERM sent, SIGKILL sent (states.KILL_TRANSITIONS)
-    # Retirement (herder.supervisor.retirement): replaced first, then sent `stop`.
-    retire: Retire | None = None  # why it retires: a planned recycle, or a cull
-    retire_reason: str = ""  # the same, as a sentence with its figures
-    stop_reason: str = ""  # why herder sent it `stop` (its exit's event says so)
-    jobs_limit: int | None = None  # max_jobs plus this worker's jitter (the worker knows it too)
-    retire_sent: bool = False  # told `retire`: it takes no more jobs (past max_memory)
-    ready_at: float | None = None  # monotonic: when the loop first saw it ready (retirement.py)
-    age_limit: float | None = None  # max_age plus this worker's jitter
-    failed_seen: int = 0  # its failed jobs already timed into `failures`
-    failures: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when (monotonic)
-    cull: Cull = Cull.NONE  # where culling stands (states.CULL_TRANSITIONS; retirement.py moves it)
-    cull_ticket: int = 0
-    cull_asked_at: float = 0.0
-    rss: float | None = None  # MB, its last reading (only with max_memory)
-    rss_checked_at: float = float("-inf")
+    pool: str = "default"  # the name of the pool that holds it (herder.supervisor.pool)
     title: str = ""  # what its log lines call it when it is no fleet worker ("scheduler")
     threads: int = 1  # jobs it runs at once, one per thread (its pool's `threads` at its spawn)
-    rq_names: tuple[str, ...] = ()  # as it registers with RQ, one per thread (set at its spawn)
+    rq_names: tuple[str, ...] = ()  # as it registers with RQ, one per thread (worked out once)
+    life: Life = field(default_factory=Life)
+    limits: Limits = field(default_factory=Limits)
+    culling: Culling = field(default_factory=Culling)
 
     @property
     def pid(self) -> int:
@@ -100,26 +126,26 @@ class Worker:
     @property
     def killed(self) -> bool:
         """herder killed it (SIGTERM sent; herder.supervisor.lifecycle.kill)."""
-        return self.kill_stage in (KillStage.TERM, KillStage.SIGKILLED)
+        return self.life.kill_stage in (KillStage.TERM, KillStage.SIGKILLED)
 
     @property
     def spared(self) -> bool:
         """Judged hung, but the kill budget was spent: left alone (guard.py)."""
-        return self.kill_stage == KillStage.SPARED
+        return self.life.kill_stage == KillStage.SPARED
 
     @property
     def culled(self) -> bool:
-        return self.cull == Cull.CULLED
+        return self.culling.cull == Cull.CULLED
 
     @property
     def retiring(self) -> bool:
         """Marked to retire (recycled or culled): replaced, then sent `stop`."""
-        return self.retire is not None
+        return self.limits.retire is not None
 
     @property
     def recycling(self) -> bool:
         """A planned recycle (not a cull): no fault, no budget spent."""
-        return self.retire is not None and self.retire != Retire.CULLED
+        return self.limits.retire is not None and self.limits.retire != Retire.CULLED
 
 
 @dataclass
@@ -173,7 +199,7 @@ def loading(workers: Iterable[Worker]) -> int:
     """Workers still loading their code: starting and not a word yet (a worker waiting for
     Redis says `idle`, so it does not hold the start window)."""
     return sum(
-        w.state == WorkerState.STARTING and w.proc.snapshot().last_seen <= w.spawned_at for w in workers
+        w.life.state == WorkerState.STARTING and w.proc.snapshot().last_seen <= w.spawned_at for w in workers
     )
 
 

@@ -24,13 +24,13 @@ from herder.common.config import DEFAULT_POOL, Config, all_queues, pool_configs,
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
 from herder.common.transitions import move
-from herder.supervisor import fleet, lifecycle, pipes, reload
+from herder.supervisor import fleet, lifecycle, pipes, reload, retirement
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
 from herder.supervisor.endings import Endings
 from herder.supervisor.events import Events
-from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.fleet import Limits, Slot, Worker
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.health import HealthWatch
 from herder.supervisor.hooks import EventHooks, HealthChanges
@@ -376,12 +376,12 @@ class Master:
         has its own deadline in next_wait)."""
         if self.phase != MasterPhase.RUNNING or self.sched.in_motion():
             return True
-        return any(w.state not in WORKING for w in self.workers.values())
+        return any(w.life.state not in WORKING for w in self.workers.values())
 
     def publish(self) -> None:
         """Health bookkeeping each pass; the host's snapshot every view renders, now and then."""
         now = self.clock.monotonic()
-        ready = sum(w.state in WORKING for w in self.workers.values())
+        ready = sum(w.life.state in WORKING for w in self.workers.values())
         down = self.reader is not None and self.reader.outage_since is not None
         self.health.observe(now, ready, self.floor, short_pools(self.pool_list()),
                             redis_down=down)  # fmt: skip
@@ -451,7 +451,7 @@ class Master:
             self._last_alive = now
             self.uplink.alive()
         live = self.live_workers()
-        busy = sum(w.state == WorkerState.BUSY for w in live)
+        busy = sum(w.life.state == WorkerState.BUSY for w in live)
         queued = sum(q.backlog for p in self.pool_list() for q in p.scaler.queues.values())
         stopping = ", stopping" if self.stopping else ""
         self.uplink.status(f"{len(live)}/{self.target} workers, {busy} busy, {queued} queued{stopping}")
@@ -474,7 +474,7 @@ class Master:
             due = pool.target if grant is None else min(pool.target, grant)  # the count to be ready
             if (pool.cfg.autoscale and not pool.scaler.has_reading) or len(live) < due:
                 return False
-            if any(w.state == WorkerState.STARTING for w in live):
+            if any(w.life.state == WorkerState.STARTING for w in live):
                 return False
         return True
 
@@ -494,7 +494,7 @@ class Master:
                 how = "killed by the kernel's OOM killer (SIGKILL)"
                 self.counters.totals.killed_by[KillKind.OOM] += 1
                 self.counters.totals.killed_by_pool[KillKind.OOM, w.pool] += 1
-            why = "stopped as asked" if graceful else w.kill_reason or "unexpected"
+            why = "stopped as asked" if graceful else w.life.kill_reason or "unexpected"
             if not graceful and self.recovery is not None and pool.cfg.worker_command is None:
                 # A killed RQ worker cannot unregister itself, nor say what it had popped.
                 for name in self.rq_names(w):
@@ -503,14 +503,14 @@ class Master:
             self.fold_finished(w)
             life = f"lived {lived:.1f} s, {obs.jobs_ok} jobs ok, {obs.jobs_failed} failed"
             lifecycle.exited(w, ex, f"{how}; {why}; {life}")
-            cause = f"killed by herder: {w.kill_reason}" if w.killed else f"worker died ({how})"
+            cause = f"killed by herder: {w.life.kill_reason}" if w.killed else f"worker died ({how})"
             label = "killed" if w.killed else "died"  # the metrics' reason
             for held in obs.jobs.values():  # every job it ran: one per thread of a threaded worker
                 self.requeue(
                     held.job_id,
                     f"{cause} while running the job",
                     label,
-                    w.kill_kind or KillKind.DIED,
+                    w.life.kill_kind or KillKind.DIED,
                     self.rq_names(w),
                 )
             slot, delay = pool.slots.get(w.slot), None
@@ -537,7 +537,7 @@ class Master:
         jobs = f", job{'s' if len(held) > 1 else ''} {', '.join(held)} {fate}" if held else ""
         who, record = f"slot {w.slot} pid {w.pid}", self.journal.record
         if graceful:
-            record("stopped", w.pool, f"{who} stopped ({w.stop_reason or 'as asked'})", w.slot, w.pid)
+            record("stopped", w.pool, f"{who} stopped ({w.life.stop_reason or 'as asked'})", w.slot, w.pid)
         elif oom:
             record("oom", w.pool, f"{who} killed by the kernel's OOM killer{jobs}", w.slot, w.pid)
         elif w.killed:
@@ -614,9 +614,9 @@ class Master:
         for w in list(self.workers.values()):
             obs, cfg = w.proc.snapshot(), self.pool_of(w).cfg  # judged by its pool's deadlines
             state = derived_state(w, obs)
-            if state != w.state:  # the reason is built only for a change (each worker, each pass)
+            if state != w.life.state:  # the reason is built only for a change (each worker, each pass)
                 change_state(w, state, f"job {obs.job_id}" if obs.job_id else "ready")
-            if w.state == WorkerState.KILLING:
+            if w.life.state == WorkerState.KILLING:
                 lifecycle.escalate(w, now, cfg.kill_timeout)
                 continue
             verdict = judge(w, obs, now, cfg)
@@ -694,13 +694,12 @@ class Master:
         """A pool's plan, through the lifecycle: `retire`, the stops (each told as the plan
         says), the spawns."""
         for w in plan.retire:
-            w.retire_sent = True
-            w.proc.send_retire()
+            retirement.tell_retire(w)
         for stop in plan.stops:
             w = stop.worker
             if stop.culled:
                 self.hooks.emit(
-                    "worker_culled", pool=pool.name, slot=w.slot, pid=w.pid, reason=w.retire_reason
+                    "worker_culled", pool=pool.name, slot=w.slot, pid=w.pid, reason=w.limits.retire_reason
                 )
             if stop.said is not None:
                 self.journal.record(stop.said[0], pool.name, stop.said[1], w.slot, w.pid)
@@ -737,19 +736,17 @@ class Master:
             generation=pool.generation,
             pool=pool.name,
             threads=pool.cfg.threads if pool.cfg.worker_command is None else 1,
-            jobs_limit=jobs_limit,
-            age_limit=age_limit,
+            limits=Limits(jobs=jobs_limit, age=age_limit),
         )
         if pool.paused:
             proc.send_pause(True)
         pool.workers[slot.index] = w
         self.counters.totals.spawned += 1
         where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
-        log.info("slot %d pid %d: spawned -> %s%s", slot.index, w.pid, w.state, where)
+        log.info("slot %d pid %d: spawned -> %s%s", slot.index, w.pid, w.life.state, where)
         self.journal.record("spawned", pool.name, f"{w.label} spawned{where}", slot.index, w.pid)
 
     def stop_worker(self, w: Worker, why: str) -> None:
-        w.stop_reason = w.stop_reason or why
         lifecycle.ask_stop(w, why, self.clock.monotonic())
 
     # ---- stop -----------------------------------------------------------------------------
@@ -762,11 +759,11 @@ class Master:
             if self.uplink:
                 self.uplink.stopping()
             for w in self.workers.values():
-                if w.state not in LEAVING:
+                if w.life.state not in LEAVING:
                     self.stop_worker(w, why)
         if hurry:
             log.warning("%s: stopping now; jobs still running go back on their queues", why)
             self.sched.hurry()
             for w in list(self.workers.values()):
-                if w.state != WorkerState.KILLING:
+                if w.life.state != WorkerState.KILLING:
                     self.kill(w, f"herder is stopping in a hurry ({why})", KillKind.HURRIED_STOP)

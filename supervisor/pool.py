@@ -208,12 +208,11 @@ class Pool:
         live = self.live()
         for w in live:
             if w.culled:  # every job it takes fails: no capacity to keep
-                stops.append(
-                    Stop(w, w.retire_reason, ("culled", f"{w.label} {w.retire_reason}"), culled=True)
-                )
+                why = w.limits.retire_reason
+                stops.append(Stop(w, why, ("culled", f"{w.label} {why}"), culled=True))
             elif self.draining:  # a reload removed the pool: finish the job, then go
                 stops.append(Stop(w, f"pool {self.name} removed by a reload"))
-            elif w.retire == Retire.MAX_MEMORY and not w.retire_sent:
+            elif w.limits.retire == Retire.MAX_MEMORY and not w.limits.retire_sent:
                 # Each job it takes may leak more: none from now on. Replaced, then sent `stop` (roll).
                 retire.append(w)
         if self.draining:
@@ -224,7 +223,7 @@ class Pool:
         if old:
             return self._roll(share, live, old, now, Plan(tuple(retire), tuple(stops)))
         if len(live) > target:
-            states = {w.slot: w.state for w in live}
+            states = {w.slot: w.life.state for w in live}
             for slot in pick_idle_to_stop(states, len(live) - target):
                 stops.append(Stop(self.workers[slot], f"scale down to {target}"))
             return Plan(tuple(retire), tuple(stops))
@@ -246,22 +245,22 @@ class Pool:
         target, stops = share.target, list(plan.stops)
         mine = list(self.workers.values())  # stopping ones too
         new = [w for w in live if w not in old]
-        ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
+        ready_new = [w for w in new if w.life.state in (WorkerState.IDLE, WorkerState.BUSY)]
         surplus = len(old) + len(ready_new) - target
         going = [  # one replaced ahead of its jobs limit works on to it (it stops there itself)
             w for w in old
             if w.generation < self.generation or not working_to_its_limit(w, w.proc.snapshot(), now)
         ]  # fmt: skip
-        leaving = sorted(going, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]
+        leaving = sorted(going, key=lambda w: w.life.state != WorkerState.IDLE)[: max(0, surplus)]
         for w in leaving:
-            said = ("recycled", f"{w.label} {w.retire_reason}; replaced") if w.recycling else None
-            stops.append(Stop(w, w.retire_reason or "rolling restart: replaced", said))
+            said = ("recycled", f"{w.label} {w.limits.retire_reason}; replaced") if w.recycling else None
+            stops.append(Stop(w, w.limits.retire_reason or "rolling restart: replaced", said))
         batch = max(1, target // 4)
         room = min(target - len(new), target + batch - len(mine))
         settled = len(live) == len(mine) and len(ready_new) == len(new)
         if room > 0 and settled and share.host_workers >= share.limit:
             # No replacement can start first at the workers limit: one idle old worker makes room.
-            idle = [w for w in old if w.state == WorkerState.IDLE and all(w is not x for x in leaving)]
+            idle = [w for w in old if w.life.state == WorkerState.IDLE and all(w is not x for x in leaving)]
             for w in idle[:1]:
                 stops.append(Stop(w, "rolling restart at the workers limit: making room"))
         return Plan(plan.retire, tuple(stops), max(0, room))
@@ -292,7 +291,7 @@ def host_floor(pools: Iterable[Pool]) -> int:
 
 def live(workers: Iterable[Worker]) -> list[Worker]:
     """Workers that count towards a target (not on their way out)."""
-    return [w for w in workers if w.state not in LEAVING]
+    return [w for w in workers if w.life.state not in LEAVING]
 
 
 class Workers:

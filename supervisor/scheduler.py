@@ -83,7 +83,7 @@ class SchedulerKeeper:
 
     def in_motion(self) -> bool:
         """Its process is starting or stopping: the master's loop looks more often."""
-        return self.w is not None and self.w.state not in WORKING
+        return self.w is not None and self.w.life.state not in WORKING
 
     # ---- in the reconcile loop -------------------------------------------------------------
 
@@ -103,7 +103,7 @@ class SchedulerKeeper:
         wanted = (cfg.scheduler or bool(cfg.cron)) and not stopping
         if self.w is None and wanted and not self.slot.in_backoff(now) and self._can_spawn():
             self._spawn(cfg, wake, now)
-        elif self.w is not None and self.w.state not in LEAVING:
+        elif self.w is not None and self.w.life.state not in LEAVING:
             if not wanted:
                 self._stop(
                     self.w, "herder is stopping" if stopping else "the scheduler and cron settings are off"
@@ -113,7 +113,7 @@ class SchedulerKeeper:
 
     def hurry(self) -> None:
         """A hurried stop: end it now; its locks are freed when it is reaped."""
-        if self.w is not None and self.w.state != WorkerState.KILLING:
+        if self.w is not None and self.w.life.state != WorkerState.KILLING:
             self._kill(self.w, "herder is stopping in a hurry")
 
     def close(self, timeout: float = 5.0) -> None:
@@ -143,9 +143,9 @@ class SchedulerKeeper:
         # Not a fleet worker, but it lives the workers' life (lifecycle.py): the same state
         # funnel, kill and escalation; its lines say `scheduler pid N`.
         obs = w.proc.snapshot()
-        if w.state == WorkerState.STARTING and obs.ready:
+        if w.life.state == WorkerState.STARTING and obs.ready:
             change_state(w, WorkerState.IDLE, "ready")
-        if w.state == WorkerState.KILLING:
+        if w.life.state == WorkerState.KILLING:
             lifecycle.escalate(w, now, cfg.kill_timeout)
             return
         verdict = judge(w, obs, now, cfg)
@@ -163,7 +163,7 @@ class SchedulerKeeper:
         self.w = None
         assert self.locks is not None
         self.locks.release(self.name, self.queues)  # owner-checked: only what it still held
-        why = "after `stop`" if ex.graceful else w.kill_reason or "unexpected"
+        why = "after `stop`" if ex.graceful else w.life.kill_reason or "unexpected"
         # The exit's one line is the one below, in the form docs and operators know; the
         # state's own line says it again only at DEBUG.
         lifecycle.exited(w, ex, f"{ex.how}; {why}", logging.DEBUG)
@@ -206,7 +206,7 @@ class SchedulerKeeper:
                 }
             queues.append({"name": q, "holder": holder})
         if w is not None:
-            state = str(w.state)
+            state = str(w.life.state)
         elif (cfg.scheduler or cfg.cron) and self.locks is not None:
             state = "backoff" if self.slot.in_backoff(now) else "starting"
         else:

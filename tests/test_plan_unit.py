@@ -9,7 +9,7 @@ import itertools
 from dataclasses import replace
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc
-from herder.supervisor.fleet import Worker
+from herder.supervisor.fleet import Culling, Life, Limits, Worker
 from herder.supervisor.pool import Plan, Pool, PoolState, Share
 from herder.supervisor.states import Cull, Retire, WorkerState
 
@@ -22,14 +22,30 @@ def pool_of(clock: FakeClock, **settings: object) -> Pool:
 
 
 def place(
-    pool: Pool, clock: FakeClock, slot: int, state: WorkerState = WorkerState.IDLE, **fields: object
+    pool: Pool,
+    clock: FakeClock,
+    slot: int,
+    state: WorkerState = WorkerState.IDLE,
+    generation: int = 0,
+    retire: Retire | None = None,
+    retire_reason: str = "",
 ) -> Worker:
-    """A worker of `pool` in `slot`, in `state` (its lines say so: ready, busy for BUSY)."""
+    """A worker of `pool` in `slot`, in `state` (its lines say so: ready, busy for BUSY),
+    marked to retire for `retire` (culled: its culling says so too)."""
     proc = FakeProc(100 + slot, clock)
     proc.ready()
     if state == WorkerState.BUSY:
         proc.busy(f"job-{slot}")
-    w = Worker(slot, proc, spawned_at=clock.t, pool=pool.name, state=state, **fields)  # type: ignore[arg-type]
+    w = Worker(
+        slot,
+        proc,
+        spawned_at=clock.t,
+        generation=generation,
+        pool=pool.name,
+        life=Life(state=state),
+        limits=Limits(retire=retire, retire_reason=retire_reason),
+        culling=Culling(cull=Cull.CULLED if retire == Retire.CULLED else Cull.NONE),
+    )
     pool.workers[slot] = w
     return w
 
@@ -78,7 +94,7 @@ def test_scale_down_stops_idle_workers_only_highest_slot_first(clock: FakeClock)
 def test_a_culled_worker_is_stopped_announced_and_replaced(clock: FakeClock) -> None:
     pool = pool_of(clock)
     place(pool, clock, 0)
-    bad = place(pool, clock, 1, cull=Cull.CULLED, retire=Retire.CULLED, retire_reason="culled: 5 failed jobs")
+    bad = place(pool, clock, 1, retire=Retire.CULLED, retire_reason="culled: 5 failed jobs")
     plan = pool.plan(share(2), WALL)
     [stop] = plan.stops
     assert stop.worker is bad and stop.culled and stop.why == "culled: 5 failed jobs"
@@ -104,7 +120,7 @@ def test_past_max_memory_a_worker_is_told_to_retire_once(clock: FakeClock) -> No
     assert plan.retire == (fat,)
     assert plan.stops == ()  # no replacement ready yet: it keeps its place
     assert plan.spawn == 1  # a replacement starts first
-    fat.retire_sent = True
+    fat.limits.retire_sent = True
     assert pool.plan(share(2), WALL).retire == ()
 
 
@@ -117,7 +133,7 @@ def test_a_rolling_restart_stops_an_old_worker_only_once_a_new_one_is_ready(cloc
     assert first.stops == () and first.spawn == 1  # a batch of max(1, 4 // 4) beyond the target
     place(pool, clock, 4, WorkerState.STARTING, generation=1)
     assert pool.plan(share(4), WALL).stops == ()  # starting is not ready: capacity never dips
-    pool.workers[4].state = WorkerState.IDLE
+    pool.workers[4].life.state = WorkerState.IDLE
     plan = pool.plan(share(4), WALL)
     assert list(stopped(plan).values()) == ["rolling restart: replaced"]
     assert plan.stops[0].said is None  # a restart is journaled once, by the command
@@ -146,18 +162,18 @@ def test_at_the_workers_limit_one_idle_old_worker_makes_room(clock: FakeClock) -
 
 def test_planning_changes_nothing(clock: FakeClock) -> None:
     pool = pool_of(clock, workers=1)
-    w = place(pool, clock, 0, cull=Cull.CULLED, retire=Retire.CULLED, retire_reason="culled")
+    w = place(pool, clock, 0, retire=Retire.CULLED, retire_reason="culled")
     place(pool, clock, 1)
     place(pool, clock, 2)
-    before = [(x.state, x.stop_reason, x.retire_sent) for x in pool.workers.values()]
+    before = [(x.life.state, x.life.stop_reason, x.limits.retire_sent) for x in pool.workers.values()]
     assert pool.plan(share(1), WALL) == pool.plan(share(1), WALL)
-    assert [(x.state, x.stop_reason, x.retire_sent) for x in pool.workers.values()] == before
+    assert [(x.life.state, x.life.stop_reason, x.limits.retire_sent) for x in pool.workers.values()] == before
     assert w.proc.stops == 0  # type: ignore[attr-defined]
 
 
 def test_a_culled_worker_is_stopped_once_and_not_counted_again(clock: FakeClock) -> None:
     pool = pool_of(clock)
-    place(pool, clock, 0, cull=Cull.CULLED, retire=Retire.CULLED, retire_reason="culled")
+    place(pool, clock, 0, retire=Retire.CULLED, retire_reason="culled")
     place(pool, clock, 1)
     place(pool, clock, 2)  # its replacement is up: the pool is at its target without it
     plan = pool.plan(share(2), WALL)

@@ -60,7 +60,7 @@ def test_one_scheduler_beside_the_fleet_not_in_it(clock: FakeClock) -> None:
     assert m.sched.name.startswith("herder-scheduler:h1:")
     procs[0].ready()
     m.step()
-    assert m.sched.w is not None and m.sched.w.state == WorkerState.IDLE
+    assert m.sched.w is not None and m.sched.w.life.state == WorkerState.IDLE
     assert m.counters.totals.spawned == 2 and len(m.workers) == 2  # not a worker
 
 

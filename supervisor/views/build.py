@@ -95,7 +95,7 @@ class Snapshots:
             cluster_grant=sum(grants) if grants else None,
             target=target,
             actual=len(alive),
-            ready=sum(w.state in WORKING for w in m.workers.values()),
+            ready=sum(w.life.state in WORKING for w in m.workers.values()),
             paused=all(p.paused for p in pools),
             backoff=tuple(
                 sorted(
@@ -185,7 +185,7 @@ class Snapshots:
             jobs_failed=failed,
             queues=tuple(cfg.queues),
             target=pool.target,
-            ready=sum(w.state in WORKING for w in alive),
+            ready=sum(w.life.state in WORKING for w in alive),
             by_state=by_state,
             scaled=dict(pool.scaled),
             threads=cfg.threads,
@@ -251,8 +251,8 @@ def _worker_row(w: Worker, o: Observations, now: float, usage: tuple[int | None,
         # A protocol line since its spawn: a starting worker without one is still loading and
         # holds the start window (fleet.loading); one with one is on its way to ready.
         heard_from=o.last_seen > w.spawned_at,
-        jobs_limit=w.jobs_limit,
-        retiring=w.retire_reason if w.retiring else None,
+        jobs_limit=w.limits.jobs,
+        retiring=w.limits.retire_reason if w.retiring else None,
     )
 
 

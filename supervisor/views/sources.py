@@ -59,7 +59,7 @@ def health_of(s: Sources, now: float, pools: list[Pool], alive: list[Worker]) ->
     return tuple(
         s.health.reasons(
             now,
-            ready=sum(w.state in WORKING for w in alive),
+            ready=sum(w.life.state in WORKING for w in alive),
             floor=sum(p.cfg.floor for p in active(pools)),
             was_ready=s.ever_ready(),
             stopping=s.stopping(),
@@ -88,7 +88,7 @@ def short_pools(pools: list[Pool]) -> str:
     running = active(pools)
     if len(running) < 2:
         return ""
-    ready = {p.name: sum(w.state in WORKING for w in p.live()) for p in running}
+    ready = {p.name: sum(w.life.state in WORKING for w in p.live()) for p in running}
     return "; ".join(
         f"pool {p.name}: {ready[p.name]} of {p.cfg.floor}" for p in running if ready[p.name] < p.cfg.floor
     )
