@@ -410,6 +410,7 @@ class Master:
         Workers' RSS and CPU are sampled (at most once a second) for status and the dashboard
         only: without --http a pass does not read every worker's /proc."""
         controls = self.http.controls.enabled if self.http else False
+        self.count_jobs()
         snap = self.snapshots.build(self.sources, controls, usage=usage or self.http is not None)
         self.snapshot, self._published_at = snap, snap.taken_at
         if self.http:
@@ -567,6 +568,12 @@ class Master:
             oom=oom,  # the kernel's OOM killer sent the SIGKILL (its cgroup's counter moved)
         )
 
+    def count_jobs(self) -> None:
+        """Every worker's jobs finished since it was last counted, into the one count the
+        views and the autoscaler read (counters.py); done where they read it, not each pass."""
+        for w in self.workers.values():
+            self.counters.count_jobs(w, w.proc.snapshot())
+
     def fold_finished(self, w: Worker) -> None:
         """The worker's finished jobs into the job metrics (by the pool's queues)."""
         done = w.proc.take_finished()
@@ -655,9 +662,10 @@ class Master:
             return
         self.guard.cluster_read(reading.kills)
         pressure = self.memory.check(self.clock.monotonic())
+        self.count_jobs()  # what each pool's workers did lately: the autoscaler learns their rate
         for pool in self.pool_list():
-            mine = list(pool.workers.values())
-            jobs, busy = self.counters.jobs_and_busy_seconds(mine, pool.name)
+            done = self.counters.pool_jobs(pool.name)
+            jobs, busy = done.done, done.busy_seconds
             paused = fleet.all_paused(pool.live())  # a pause is no demand for workers
             pool_reading = reading.for_pool(pool.name, pool.cfg.queues) if self.cfg.pools else reading
             # Under memory pressure the target may fall, never rise (pressure.py).
@@ -668,7 +676,7 @@ class Master:
                                     f"{target} workers ({queued})")  # fmt: skip
             pool.target = target
             if pool.cfg.cluster_max_workers is not None:
-                self.reader.tell(target=pool.target, running=len(mine), pool=pool.name)
+                self.reader.tell(target=pool.target, running=len(pool.workers), pool=pool.name)
 
     # ---- manage: towards the target -------------------------------------------------------
 

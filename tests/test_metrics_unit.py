@@ -89,3 +89,32 @@ def test_every_health_kind_has_a_series_one_while_it_holds(clock: FakeClock) -> 
         dict(k[1])["kind"]: v for k, v in samples(down, clock).items() if k[0] == "herder_health_problem"
     }
     assert kinds["redis_unreachable"] == 1 and kinds["starting"] == 0
+
+
+def test_a_finished_job_is_counted_once_while_its_worker_lives_and_after_its_reap(clock: FakeClock) -> None:
+    """One count of finished jobs, the host's and its pool's, that every view reads: looking
+    twice adds nothing, and a job finished just before its worker's exit is counted at the reap."""
+    m, _, _ = make(clock, workers=2)
+    m.step()
+    all_ready(m)
+    first, second = live(m)[0], live(m)[1]
+    for proc, job in ((first, "a"), (second, "b")):
+        proc.busy(job)
+        clock.advance(0.5)
+        proc.done()
+    first.obs.jobs_failed += 1
+
+    def counted() -> tuple[int, int, int, int]:
+        snap = m.take_snapshot()
+        [pool] = snap.pools
+        return snap.jobs_ok, snap.jobs_failed, pool.jobs_ok, pool.jobs_failed
+
+    assert counted() == (2, 1, 2, 1)
+    assert counted() == (2, 1, 2, 1)  # counted again: nothing added
+    first.busy("c")
+    first.done()  # its last job, finished after the last look and before its exit
+    m.stop_worker(m.workers[0], "test")
+    first.exit(0)
+    m.step()  # reaped (and its slot refilled)
+    assert counted() == (3, 1, 3, 1)
+    assert m.counters.pool_jobs("default").done == 4  # what the autoscaler reads: the same count

@@ -7,7 +7,7 @@ of the previous ones (the jobs/s over the last RATE_WINDOW seconds)."""
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from herder.common.config import redact_url
@@ -71,7 +71,7 @@ class Snapshots:
         cfg = m_cfg if m_cfg.pools else pools[0].cfg  # one pool: its bounds are the host's (scale)
         fleet = max(target, len(alive))
         sched = m.sched.status(m.sched_cfg())
-        ok, failed = _jobs(m.counters.jobs([]), observed.values())
+        ok, failed = m.counters.jobs.ok, m.counters.jobs.failed
         return HostSnapshot(
             host_id=m.host_id,
             hostname=self.hostname,
@@ -148,8 +148,9 @@ class Snapshots:
         by_state = dict.fromkeys(STATES, 0)
         for w in mine:
             by_state[derived_state(w, observed[w.slot])] += 1
-        # Every worker process of the pool counts its jobs, stopping ones too (until reaped).
-        ok, failed = _jobs(m.counters.jobs([], name), (observed[w.slot] for w in mine))
+        # The pool's one count: every worker process it had, stopping and reaped ones too.
+        done = m.counters.pool_jobs(name)
+        ok, failed = done.ok, done.failed
         jobs_per_s, failed_per_s = self._rates(name, now, ok, failed)
         read = [q for q in queues if q.backlog is not None]
         known = bool(read) and len(read) == len(cfg.queues)
@@ -213,14 +214,6 @@ class Snapshots:
             return 0.0, 0.0
         done = max(0, ok + failed - ok0 - failed0)
         return round(done / dt, 3), round(max(0, failed - failed0) / dt, 3)
-
-
-def _jobs(base: tuple[int, int], observed: Iterable[Observations]) -> tuple[int, int]:
-    """Jobs ok and failed: the reaped workers' (`base`, counters.py) and the live ones'."""
-    ok, failed = base
-    for o in observed:
-        ok, failed = ok + o.jobs_ok, failed + o.jobs_failed
-    return ok, failed
 
 
 def _worker_row(w: Worker, o: Observations, now: float, usage: tuple[int | None, float | None]) -> WorkerRow:
