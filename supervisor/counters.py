@@ -74,8 +74,12 @@ class Totals:
     killed: int = 0
     problems: LineProblems = field(default_factory=LineProblems)  # as reported in the log
     killed_by: Counter[str] = field(default_factory=Counter)  # by the kill reason's class
-    killed_by_pool: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, pool)
+    killed_by_pool: dict[str, Counter[str]] = field(default_factory=dict)  # pool -> kind -> kills
     died_by_pool: Counter[str] = field(default_factory=Counter)  # exits herder did not ask for
+
+    def killed_in(self, pool: str) -> Counter[str]:
+        """A pool's kills by kind, to count one more."""
+        return self.killed_by_pool.setdefault(pool, Counter())
 
 
 @dataclass

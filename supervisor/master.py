@@ -494,7 +494,7 @@ class Master:
             if oom:  # said as such in the exit line, the event, the requeue and herder_kills_total
                 how = "killed by the kernel's OOM killer (SIGKILL)"
                 self.counters.totals.killed_by[KillKind.OOM] += 1
-                self.counters.totals.killed_by_pool[KillKind.OOM, w.pool] += 1
+                self.counters.totals.killed_in(w.pool)[KillKind.OOM] += 1
             why = "stopped as asked" if graceful else w.life.kill_reason or "unexpected"
             if not graceful and self.recovery is not None and pool.cfg.worker_command is None:
                 # A killed RQ worker cannot unregister itself, nor say what it had popped.
@@ -650,7 +650,7 @@ class Master:
         lifecycle.kill(w, reason, kind, self.clock.monotonic())
         self.counters.totals.killed += 1
         self.counters.totals.killed_by[kind] += 1
-        self.counters.totals.killed_by_pool[kind, w.pool] += 1
+        self.counters.totals.killed_in(w.pool)[kind] += 1
         self.hooks.emit("worker_killed", pool=w.pool, slot=w.slot, pid=w.pid, kind=kind, reason=reason)
         self.journal.record("killed", w.pool, f"{w.label} killed by herder: {reason}", w.slot, w.pid)
 

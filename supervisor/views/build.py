@@ -195,7 +195,7 @@ class Snapshots:
             paused=pool.paused,
             draining=pool.draining,
             generation=pool.generation,
-            killed_by={k: n for (k, p), n in m.counters.totals.killed_by_pool.items() if p == name},
+            killed_by=dict(m.counters.totals.killed_by_pool.get(name, {})),
             requeued_by=dict(requeued),
             recycled_by=dict(pool.retirement.recycled),
             failed_by_herder=sum(n for q, n in counts.failed_by_queue.items() if q in own),
