@@ -67,7 +67,7 @@ from herder.supervisor.uplink import Uplink
 from herder.supervisor.views.build import PUBLISH_EVERY, Snapshots
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
-from herder.supervisor.views.sources import Sources, short_pools
+from herder.supervisor.views.sources import Loop, Sources, sched_cfg, short_pools
 from herder.supervisor.views.usage import SHARED
 
 if TYPE_CHECKING:  # imported with --http only (Master.__init__)
@@ -191,9 +191,8 @@ class Master:
         self.commands = Commands(self, self)
         # What the snapshot's builder reads: these parts, not the master (views/sources.py).
         self.sources = Sources(
-            clock, self.host_id, self.started_at, self.restarts, lambda: self.cfg, lambda: self.stopping,
-            lambda: self.ever_ready, self.pools, self.workers, self.counters, self.guard,
-            recovery, reader, self.sched, self.health, self.memory,
+            clock, self.host_id, self.started_at, self.restarts, self.pools, self.workers, self.counters,
+            self.guard, recovery, reader, self.sched, self.health, self.memory,
         )  # fmt: skip
         answer = self.commands.answer_directly
         if control is None and cfg.state_dir:
@@ -349,7 +348,7 @@ class Master:
 
     @property
     def sched_cfg(self) -> Config:
-        return self.sources.sched_cfg()
+        return sched_cfg(self.cfg)
 
     def retire(self) -> None:
         """Recycling and culling, each pool by its own rules (retirement.py)."""
@@ -411,7 +410,8 @@ class Master:
         only: without --http a pass does not read every worker's /proc."""
         controls = self.http.controls.enabled if self.http else False
         self.count_jobs()
-        snap = self.snapshots.build(self.sources, controls, usage=usage or self.http is not None)
+        loop = Loop(self.cfg, self.phase, self.ever_ready)
+        snap = self.snapshots.build(self.sources, loop, controls, usage=usage or self.http is not None)
         self.snapshot, self._published_at = snap, snap.taken_at
         if self.http:
             self.http.publish(snap)

@@ -705,3 +705,15 @@ def test_the_master_pool_and_cull_states_move_only_along_their_tables(clock: Fak
     assert w.culled
     with pytest.raises(IllegalTransition):
         change_cull(w, Cull.NONE)  # culled is final: it retires
+
+
+def test_the_snapshot_states_the_masters_phase_as_its_type(clock: FakeClock) -> None:
+    """The snapshot is handed the master's phase (views/sources.Loop), not two booleans it
+    rebuilds a string from."""
+    m, _, _ = make(clock, workers=1)
+    m.step()
+    assert m.take_snapshot().state is MasterPhase.STARTING
+    all_ready(m)
+    assert m.take_snapshot().state is MasterPhase.RUNNING
+    m.begin_stop(hurry=False, why="test")
+    assert m.take_snapshot().state is MasterPhase.STOPPING

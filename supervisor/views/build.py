@@ -27,7 +27,7 @@ from herder.supervisor.views.model import (
     ThreadJob,
     WorkerRow,
 )
-from herder.supervisor.views.sources import Sources, health_of, settings
+from herder.supervisor.views.sources import Loop, Sources, health_of, sched_cfg, settings
 from herder.supervisor.views.usage import Usage
 
 PUBLISH_EVERY = 0.5  # seconds between two snapshots the loop publishes
@@ -43,14 +43,15 @@ class Snapshots:
         self.hostname, self.wall, self.usage, self.journal = hostname, wall, usage, journal
         self._counts: dict[str, deque[tuple[float, int, int]]] = {}  # pool -> (monotonic, ok, failed)
 
-    def build(self, m: Sources, controls: bool, usage: bool = True) -> HostSnapshot:
-        """`usage`: sample the workers' RSS and CPU for it (else None: a snapshot nobody shows
-        them from need not cost a psutil read a worker a second)."""
+    def build(self, m: Sources, loop: Loop, controls: bool, usage: bool = True) -> HostSnapshot:
+        """`loop`: where the master's loop stands now. `usage`: sample the workers' RSS and CPU
+        for it (else None: a snapshot nobody shows them from need not cost a psutil read a
+        worker a second)."""
         now, wall = m.clock.monotonic(), m.clock.wall()
         counts = m.recovery.counts if m.recovery else Counts()
         pools = list(m.pools.values())
         alive = live(m.workers.values())
-        target, m_cfg, stopping, ever_ready = host_target(pools), m.cfg(), m.stopping(), m.ever_ready()
+        target, m_cfg = host_target(pools), loop.cfg
         every = sorted(m.workers.values(), key=lambda w: w.slot)
         observed = {w.slot: w.proc.snapshot() for w in every}  # once a worker: a copy under its lock
         sampled = self.usage.of(w.pid for w in every) if usage else {}
@@ -60,24 +61,24 @@ class Snapshots:
         own = [tuple(_queue_row(p, q) for q in p.cfg.queues) for p in pools]  # each pool's queues' rows
         queues = tuple(q for rows in own for q in rows)
         pool_rows = tuple(
-            self._pool_row(m, p, now, observed, rows, counts, stopping, ever_ready)
+            self._pool_row(m, loop, p, now, observed, rows, counts)
             for p, rows in zip(pools, own, strict=True)
         )
         for gone in set(self._counts) - {p.name for p in pools}:
             del self._counts[gone]
-        problems = health_of(m, now, pools, alive)
+        problems = health_of(m, loop, now, pools, alive)
         grants = [p.scaler.grant for p in pools if p.scaler.grant is not None]
         rates = [p.scaler.state.per_worker for p in pools if p.scaler.state.per_worker is not None]
         cfg = m_cfg if m_cfg.pools else pools[0].cfg  # one pool: its bounds are the host's (scale)
         fleet = max(target, len(alive))
-        sched = m.sched.status(m.sched_cfg())
+        sched = m.sched.status(sched_cfg(m_cfg))
         ok, failed = m.counters.jobs.ok, m.counters.jobs.failed
         return HostSnapshot(
             host_id=m.host_id,
             hostname=self.hostname,
             time=self.wall(),
             taken_at=now,
-            state="stopping" if stopping else "running" if ever_ready else "starting",
+            state=loop.phase,
             health=Health(ok=not problems, reasons=tuple(text for _, text in problems), problems=problems),
             controls=controls,
             pools=pool_rows,
@@ -114,7 +115,7 @@ class Snapshots:
                 "failed_by_herder": counts.failed,
                 "recycled": dict(sum((p.retirement.recycled for p in pools), Counter())),
             },
-            settings=settings(m),
+            settings=settings(m, m_cfg),
             scheduler_status=sched,
             scheduler_locks=_locks(sched),
             jobs_ok=ok,
@@ -134,13 +135,12 @@ class Snapshots:
     def _pool_row(
         self,
         m: Sources,
+        loop: Loop,
         pool: Pool,
         now: float,
         observed: dict[int, Observations],
         queues: tuple[QueueRow, ...],  # its own queues' rows
         counts: Counts,
-        stopping: bool,
-        ever_ready: bool,
     ) -> PoolRow:
         """One pool's figures, for every view (the only place they are built)."""
         cfg, name = pool.cfg, pool.name
@@ -154,12 +154,12 @@ class Snapshots:
         jobs_per_s, failed_per_s = self._rates(name, now, ok, failed)
         read = [q for q in queues if q.backlog is not None]
         known = bool(read) and len(read) == len(cfg.queues)
-        if stopping or pool.draining:
+        if loop.stopping or pool.draining:
             state = "stopping"
         elif pool.paused:
             state = "paused"
         else:
-            state = "running" if ever_ready else "starting"
+            state = "running" if loop.ever_ready else "starting"
         # Requeues by the pool that owns the job's queue (a queue belongs to one pool).
         own = set(cfg.queues)
         requeued: Counter[str] = Counter()

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from herder.supervisor.states import MasterPhase  # the snapshot's `state`: renderers read it here
+
 STALE_AFTER = 5.0  # seconds without a new snapshot: the loop is stalled (it passes every 0.25 s)
 VIEW_ONLY = {"json": False}  # a field's metadata: kept out of the dashboard's JSON
 # The one map from the loop's words to the wire's (the dashboard's JSON, status, /metrics).
@@ -159,7 +161,7 @@ class HostSnapshot:
     hostname: str
     time: float  # wall clock
     taken_at: float  # monotonic, when the loop took it (not in the JSON)
-    state: str  # starting, running, stopping
+    state: MasterPhase  # the master's: starting, running, stopping
     health: Health
     controls: bool  # an operator configured a token
     pools: tuple[PoolRow, ...]

@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from herder.common.config import KEYS, Config, all_queues, redact_setting, redact_url
-from herder.supervisor.views.model import HostSnapshot, PoolRow, QueueRow, WorkerRow
+from herder.supervisor.views.model import HostSnapshot, MasterPhase, PoolRow, QueueRow, WorkerRow
 
 
 def _uptime(pid: int) -> float | None:
@@ -26,7 +26,7 @@ def _uptime(pid: int) -> float | None:
 
 def build_status(snap: HostSnapshot) -> dict[str, Any]:
     degraded = "; ".join(snap.health.reasons)
-    stopping = snap.state == "stopping"
+    stopping = snap.state == MasterPhase.STOPPING
     running = (
         snap.actual >= snap.target
         and not snap.backoff
