@@ -137,7 +137,7 @@ class Pool:
     # ---- what an operator asks of a pool (commands.py translates each request) ----
 
     def restart(self) -> None:
-        """A rolling restart: every worker of an older generation is replaced (the loop's roll),
+        """A rolling restart: every worker of an older generation is replaced (its plan's rolling step),
         by new workers from a renewed launcher."""
         self.generation += 1
         if self.launcher is not None:
@@ -213,7 +213,7 @@ class Pool:
             elif self.draining:  # a reload removed the pool: finish the job, then go
                 stops.append(Stop(w, f"pool {self.name} removed by a reload"))
             elif w.limits.retire == Retire.MAX_MEMORY and not w.limits.retire_sent:
-                # Each job it takes may leak more: none from now on. Replaced, then sent `stop` (roll).
+                # Each job it takes may leak more: none from now on. Replaced, then sent `stop` (_roll).
                 retire.append(w)
         if self.draining:
             return Plan(tuple(retire), tuple(stops))
