@@ -717,3 +717,25 @@ def test_the_snapshot_states_the_masters_phase_as_its_type(clock: FakeClock) -> 
     assert m.take_snapshot().state is MasterPhase.RUNNING
     m.begin_stop(hurry=False, why="test")
     assert m.take_snapshot().state is MasterPhase.STOPPING
+
+
+def test_a_pool_added_back_while_its_workers_drain_still_holds_them(clock: FakeClock) -> None:
+    """A reload removes pool b (its worker finishes its job and goes), another adds it back
+    before that worker exits: the new pool holds it, so it is still reaped and counted."""
+    two = {"a": {"workers": 1, "queues": ["a"]}, "b": {"workers": 1, "queues": ["b"]}}
+    m, _, _ = make(clock, pools=two)
+    m.step()
+    all_ready(m)
+    [old] = m.pools["b"].workers.values()
+    old.proc.busy("job-1")  # type: ignore[attr-defined]
+    m.step()
+    reload.apply(m, replace(m.cfg, pools={"a": two["a"]}))
+    m.step()
+    assert m.pools["b"].draining and old.life.state == WorkerState.STOPPING
+    reload.apply(m, replace(m.cfg, pools=two))  # back, while its old worker runs its job
+    m.step()
+    assert old in m.pools["b"].workers.values() and old.slot in m.workers
+    old.proc.done()  # type: ignore[attr-defined]
+    old.proc.exit(0)  # type: ignore[attr-defined]
+    m.step()
+    assert old not in m.pools["b"].workers.values() and m.counters.totals.exited == 1
