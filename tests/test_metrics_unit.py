@@ -11,7 +11,14 @@ from dataclasses import replace
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import FakeClock, all_ready, live, make
-from herder.supervisor.views.model import Health, HostSnapshot
+from herder.supervisor.views.model import (
+    CronStatus,
+    Health,
+    HostSnapshot,
+    LockHolder,
+    QueueLock,
+    SchedulerStatus,
+)
 from herder.supervisor.views.prometheus import HEALTH_KINDS, SnapshotCollector, exposition, registry_for
 
 
@@ -62,12 +69,17 @@ def test_each_pool_has_its_ceiling_and_each_queue_names_its_pool(clock: FakeCloc
 def test_scheduler_locks_show_once_read_held_or_not(clock: FakeClock) -> None:
     m, _, _ = make(clock, workers=1)
     m.step()
-    unread = {"read_age": None, "queues": [{"name": "default", "holder": None}]}
+
+    def status(read_age: float | None, *queues: QueueLock) -> SchedulerStatus:
+        off = CronStatus(False, None, None)
+        return SchedulerStatus(True, "off", None, None, None, 0, (), queues, read_age, off)
+
+    unread = status(None, QueueLock("default", None))
     m.sched.status = lambda cfg: unread  # type: ignore[method-assign]
     got = samples(m.take_snapshot(), clock)
     assert not [k for k in got if k[0] == "herder_scheduler_lock_held"]  # nothing known yet: no sample
-    holder = {"name": "s1", "host_id": "h", "hostname": "box", "pid": 7, "here": False}
-    read = {"read_age": 0.3, "queues": [{"name": "a", "holder": holder}, {"name": "b", "holder": None}]}
+    holder = LockHolder("s1", "h", "box", 7, here=False)
+    read = status(0.3, QueueLock("a", holder), QueueLock("b", None))
     m.sched.status = lambda cfg: read  # type: ignore[method-assign]
     got = samples(m.take_snapshot(), clock)
     assert got[("herder_scheduler_lock_held", (("queue", "a"),))] == 1

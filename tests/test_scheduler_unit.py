@@ -125,7 +125,7 @@ def test_stop_waits_for_the_scheduler_and_a_hurry_kills_it(clock: FakeClock) -> 
 def test_the_setting_off_and_a_reload(clock: FakeClock) -> None:
     m, _, procs, _ = make(clock, scheduler=False)
     m.step()
-    assert procs == [] and m.sched.status(m.cfg)["state"] == "off"
+    assert procs == [] and m.sched.status(m.cfg).state == "off"
     m.cfg = replace(m.cfg, scheduler=True)
     m.step()
     assert len(procs) == 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
 
 from herder.common.config import redact_url
 from herder.supervisor.fleet import Worker
@@ -24,6 +23,7 @@ from herder.supervisor.views.model import (
     PoolRow,
     QueueRow,
     SchedulerRow,
+    SchedulerStatus,
     ThreadJob,
     WorkerRow,
 )
@@ -263,25 +263,25 @@ def _queue_row(pool: Pool, name: str) -> QueueRow:
     )
 
 
-def _locks(s: dict[str, Any] | None) -> dict[str, bool]:
+def _locks(s: SchedulerStatus | None) -> dict[str, bool]:
     """Queue -> some RQ scheduler (on any host) holds its lock; {} until Redis was read."""
-    if not s or s.get("read_age") is None:
+    if s is None or s.read_age is None:
         return {}
-    return {q["name"]: q["holder"] is not None for q in s.get("queues", [])}
+    return {q.name: q.holder is not None for q in s.queues}
 
 
-def _scheduler(s: dict[str, Any] | None) -> SchedulerRow | None:
+def _scheduler(s: SchedulerStatus | None) -> SchedulerRow | None:
     """Where RQ's scheduler runs: here, on another host (its hostname), or nowhere; None when
     herder runs no scheduler and none holds this host's queues."""
     if s is None:
         return None
-    holders = [q["holder"] for q in s.get("queues", []) if q.get("holder")]
-    if s.get("pid") is not None or any(h["here"] for h in holders):
+    holders = [q.holder for q in s.queues if q.holder]
+    if s.pid is not None or any(h.here for h in holders):
         where = "here"
     elif holders:
-        where = ", ".join(sorted({str(h["hostname"] or h["host_id"]) for h in holders}))
+        where = ", ".join(sorted({str(h.hostname or h.host_id) for h in holders}))
     else:
         where = "nowhere"
-    if not s.get("enabled") and not holders:
+    if not s.enabled and not holders:
         return None
-    return SchedulerRow(pid=s.get("pid"), state=str(s.get("state", "off")), where=where)
+    return SchedulerRow(pid=s.pid, state=s.state, where=where)

@@ -64,7 +64,7 @@ def build_status(snap: HostSnapshot) -> dict[str, Any]:
         "workers": [_worker(w) for w in snap.workers],
         "totals": snap.totals,
         "settings": snap.settings,
-        "scheduler": snap.scheduler_status,
+        "scheduler": snap.scheduler_status.to_json() if snap.scheduler_status else None,
         "jobs": {"ok": snap.jobs_ok, "failed": snap.jobs_failed},
         "killed_by": snap.killed_by,
         "requeued_by": snap.requeued_by,
