@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any, Protocol
@@ -24,7 +24,6 @@ from herder.supervisor.control import ControlServer, Request
 from herder.supervisor.fleet import Worker
 from herder.supervisor.pool import Pool
 from herder.supervisor.reload import Reloadable
-from herder.supervisor.states import LEAVING
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
 from herder.supervisor.views.status import build_status
@@ -33,17 +32,16 @@ log = logging.getLogger("herder")
 
 
 class Operable(Protocol):
-    """What commands ask of the master (herder.supervisor.master.Master): its pools, which take
-    restart, pause and scale themselves (pool.py), and the few things only the loop does."""
+    """What commands ask of the master (herder.supervisor.master.Master): its pools, which hold
+    their workers and take restart, pause and scale themselves (pool.py), and the few things
+    only the loop does."""
 
     journal: Journal
     control: ControlServer | None
 
     def active_pools(self) -> list[Pool]: ...  # not draining
 
-    def workers_of(self, pools: Iterable[str] | None = None) -> list[Worker]:
-        """Every worker process of these pools (of all, for None), those leaving too."""
-        ...
+    def pool_list(self) -> list[Pool]: ...  # every pool, draining ones too
 
     def stop_worker(self, w: Worker, why: str) -> None: ...
 
@@ -148,7 +146,7 @@ class Commands:
                 # drain_seconds: the longest the drain may take, so `herder stop` knows how long to wait.
                 return {
                     "ok": True,
-                    "stopping": len(self.m.workers_of()),
+                    "stopping": sum(len(p.workers) for p in self.m.pool_list()),
                     "drain_seconds": self.reloadable.cfg.drain_seconds,  # the settings in force
                 }
             case cmd:
@@ -156,7 +154,7 @@ class Commands:
 
     def stop_one(self, pid: object) -> dict:
         """One worker finishes its job and stops; its slot starts a new one (the target stays)."""
-        found = [w for w in self.m.workers_of() if w.pid == pid and w.state not in LEAVING]
+        found = [w for p in self.m.pool_list() for w in p.live() if w.pid == pid]
         if not found:
             return {"ok": False, "error": f"no live worker with pid {pid}"}
         w = found[0]
@@ -181,9 +179,9 @@ class Commands:
     def pause(self, paused: bool, pools: list[Pool]) -> dict:
         """`herder pause` / `resume` [--pool]: the workers finish their jobs and take no new
         ones (Sidekiq's quiet, celery's cancel_consumer); workers started meanwhile start paused."""
-        m, names = self.m, {p.name for p in pools}
+        m = self.m
         for pool in pools:
-            if pool.pause(paused):
+            if pool.pause(paused):  # its workers told, each pool its own
                 what = "finish their jobs and take no new ones" if paused else "take jobs again"
                 where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
                 log.info("herder %s%s: workers %s", "pause" if paused else "resume", where, what)
@@ -192,17 +190,15 @@ class Commands:
                     pool.name,
                     f"pool {pool.name} {pool.state}: workers {what}",
                 )
-        told = m.workers_of(names)
-        for w in told:
-            w.proc.send_pause(paused)
-        return {"ok": True, "paused": paused, "workers": len(told), "pools": sorted(names)}
+        told = sum(len(p.workers) for p in pools)
+        return {"ok": True, "paused": paused, "workers": told, "pools": sorted(p.name for p in pools)}
 
     def restart(self, why: str, pools: list[Pool] | None = None) -> dict:
         m = self.m
         pools = pools if pools is not None else m.active_pools()
         for pool in pools:
             pool.restart()
-        n = sum(w.state not in LEAVING for w in m.workers_of(p.name for p in pools))
+        n = sum(len(p.live()) for p in pools)
         where = (
             ""
             if [p.name for p in pools] == [DEFAULT_POOL]

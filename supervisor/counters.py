@@ -1,4 +1,6 @@
-"""The master's counters: fleet totals, and the per-worker problems it reports in the log.
+"""The master's counters: fleet totals, the one count of finished jobs (the host's and each
+pool's, which every view and the autoscaler read), and the per-worker problems it reports
+in the log.
 
 Readers count a worker's malformed, oversized and throttled lines as they happen; the
 loop reports only what is new, at most every REPORT_INTERVAL seconds per worker (and once
@@ -48,17 +50,36 @@ class LineProblems:
 
 
 @dataclass
+class JobCount:
+    """Jobs finished, ok and failed, and the seconds spent busy running them."""
+
+    ok: int = 0
+    failed: int = 0
+    busy_seconds: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return self.ok + self.failed
+
+    def add(self, ok: int, failed: int, busy_seconds: float) -> None:
+        self.ok += ok
+        self.failed += failed
+        self.busy_seconds += busy_seconds
+
+
+@dataclass
 class Totals:
     spawned: int = 0
     exited: int = 0
     killed: int = 0
     problems: LineProblems = field(default_factory=LineProblems)  # as reported in the log
-    jobs_ok: int = 0
-    jobs_failed: int = 0
-    busy_seconds: float = 0.0
     killed_by: Counter[str] = field(default_factory=Counter)  # by the kill reason's class
-    killed_by_pool: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, pool)
+    killed_by_pool: dict[str, Counter[str]] = field(default_factory=dict)  # pool -> kind -> kills
     died_by_pool: Counter[str] = field(default_factory=Counter)  # exits herder did not ask for
+
+    def killed_in(self, pool: str) -> Counter[str]:
+        """A pool's kills by kind, to count one more."""
+        return self.killed_by_pool.setdefault(pool, Counter())
 
 
 @dataclass
@@ -72,18 +93,32 @@ class _Reported:
 @dataclass
 class Counters:
     totals: Totals = field(default_factory=Totals)
-    by_pool: dict[str, Totals] = field(default_factory=dict)  # the reaped workers' jobs, per pool
+    # Every job finished since the start, once: the host's and each pool's (pools a reload
+    # removed too). A worker's own figures are folded in as they grow (count_jobs).
+    jobs: JobCount = field(default_factory=JobCount)
+    jobs_by_pool: dict[str, JobCount] = field(default_factory=dict)
+    _counted: dict[int, JobCount] = field(default_factory=dict)  # of each worker's, by pid
     _reported: dict[int, _Reported] = field(default_factory=dict)  # by pid
 
+    def count_jobs(self, w: Worker, obs: Observations) -> None:
+        """What the worker finished since it was last counted, into the host's and its
+        pool's count."""
+        seen = self._counted.setdefault(w.pid, JobCount())
+        ok, failed = obs.jobs_ok - seen.ok, obs.jobs_failed - seen.failed
+        busy = obs.busy_seconds - seen.busy_seconds
+        if ok or failed or busy:
+            for count in (self.jobs, self.jobs_by_pool.setdefault(w.pool, JobCount()), seen):
+                count.add(ok, failed, busy)
+
+    def pool_jobs(self, pool: str) -> JobCount:
+        """A pool's count (none yet: zero)."""
+        return self.jobs_by_pool.get(pool) or JobCount()
+
     def fold_exit(self, w: Worker, obs: Observations, now: float) -> None:
-        """A worker was reaped: add its job counts to the totals (the host's and its pool's),
-        report its last problems."""
-        t = self.totals
-        t.exited += 1
-        for totals in (t, self.by_pool.setdefault(w.pool, Totals())):
-            totals.jobs_ok += obs.jobs_ok
-            totals.jobs_failed += obs.jobs_failed
-            totals.busy_seconds += obs.busy_seconds
+        """A worker was reaped: its last jobs counted, its last problems reported."""
+        self.totals.exited += 1
+        self.count_jobs(w, obs)
+        self._counted.pop(w.pid, None)
         self.report(w, obs, now)
         self._reported.pop(w.pid, None)
 
@@ -115,29 +150,6 @@ class Counters:
             self.totals.problems.add(new)
         rep.problems, rep.at = now_seen, now
 
-    def _base(self, pool: str | None) -> Totals:
-        return self.totals if pool is None else self.by_pool.get(pool, Totals())
-
-    def jobs(self, workers: list[Worker], pool: str | None = None) -> tuple[int, int]:
-        """Jobs ok and failed since the start, by the whole fleet, or by one pool (`workers`:
-        its live ones)."""
-        base = self._base(pool)
-        ok, failed = base.jobs_ok, base.jobs_failed
-        for w in workers:
-            o = w.proc.snapshot()
-            ok, failed = ok + o.jobs_ok, failed + o.jobs_failed
-        return ok, failed
-
-    def jobs_and_busy_seconds(self, workers: list[Worker], pool: str | None = None) -> tuple[int, float]:
-        """Jobs done and seconds spent busy since the start, by the whole fleet or one pool."""
-        base = self._base(pool)
-        jobs, busy = base.jobs_ok + base.jobs_failed, base.busy_seconds
-        for w in workers:
-            o = w.proc.snapshot()
-            jobs += o.jobs_ok + o.jobs_failed
-            busy += o.busy_seconds
-        return jobs, busy
-
     def log_summary(self, requeued: int, failed: int, not_requeued: int) -> None:
         t = self.totals
         log.info(
@@ -148,8 +160,8 @@ class Counters:
             t.spawned,
             t.exited,
             t.killed,
-            t.jobs_ok,
-            t.jobs_failed,
+            self.jobs.ok,
+            self.jobs.failed,
             requeued,
             failed,
             t.problems.malformed,

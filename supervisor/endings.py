@@ -78,7 +78,7 @@ class Endings:
     def can_end(w: Worker, current: Callable[[Worker], bool]) -> bool:
         """Idle, of its pool's current generation, not paused, culled or retiring."""
         return (
-            w.state == WorkerState.IDLE
+            w.life.state == WorkerState.IDLE
             and current(w)
             and not w.retiring
             and not w.culled

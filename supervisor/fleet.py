@@ -1,12 +1,13 @@
 """The master's records of its fleet: a Worker (one process and what the master decided
 about it) and a Slot (a place in the fleet that outlives its workers and backs off when
 they keep dying young). Plain data and pure rules; only the reconcile loop changes them.
+A pool holds its workers and slots (pool.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,36 +57,62 @@ class ProcessHandle(Protocol):
 
 
 @dataclass
+class Life:
+    """Where a worker is in its life: its state, and its stop and kill as herder asked them.
+    Moved by lifecycle.py (and states.change_state, the one funnel of its state)."""
+
+    state: WorkerState = WorkerState.STARTING
+    stop_sent_at: float | None = None  # monotonic
+    stop_reason: str = ""  # why herder sent it `stop` (its exit's event says so)
+    kill_started_at: float | None = None  # monotonic: its SIGTERM
+    kill_reason: str = ""  # why herder killed it, as a sentence (its kill's log line and events)
+    kill_kind: KillKind | None = None  # and as a class: what the code branches on, the metrics' label
+    kill_stage: KillStage = KillStage.NONE  # spared, SIGTERM sent, SIGKILL sent (states.KILL_TRANSITIONS)
+
+
+@dataclass
+class Limits:
+    """What recycling holds about a worker: its own limits, its memory, and why it retires
+    (replaced first, then sent `stop`). Moved by retirement.py."""
+
+    jobs: int | None = None  # max_jobs plus this worker's jitter (the worker knows it too)
+    age: float | None = None  # max_age plus this worker's jitter
+    ready_at: float | None = None  # monotonic: when the loop first saw it ready (its job rate's start)
+    rss: float | None = None  # MB, its last reading (only with max_memory)
+    rss_checked_at: float = float("-inf")
+    retire: Retire | None = None  # why it retires: a planned recycle, or a cull
+    retire_reason: str = ""  # the same, as a sentence with its figures
+    retire_sent: bool = False  # told `retire`: it takes no more jobs (past max_memory)
+
+
+@dataclass
+class Culling:
+    """What culling holds about a worker whose jobs may keep failing. Moved by retirement.py
+    (its state through states.change_cull)."""
+
+    cull: Cull = Cull.NONE  # where culling stands (states.CULL_TRANSITIONS)
+    failed_seen: int = 0  # its failed jobs already timed into `failures`
+    failures: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when (monotonic)
+    ticket: int = 0  # the cull token asked for, as the recovery thread answers it
+    asked_at: float = 0.0  # monotonic
+
+
+@dataclass
 class Worker:
+    """One worker process: what it is (fixed at its spawn), and one record per concern that
+    moves: its life (lifecycle.py), its limits (retirement.py's recycling), its culling."""
+
     slot: int
     proc: ProcessHandle
     spawned_at: float  # monotonic
     generation: int = 0  # a rolling restart replaces every worker of its pool's older generations
-    pool: str = "default"  # the pool it works for (herder.supervisor.pool)
-    state: WorkerState = WorkerState.STARTING
-    stop_sent_at: float | None = None
-    kill_started_at: float | None = None
-    kill_reason: str = ""  # why herder killed it, as a sentence (its kill's log line and events)
-    kill_kind: KillKind | None = None  # and as a class: what the code branches on, the metrics' label
-    kill_stage: KillStage = KillStage.NONE  # spared, SIGTERM sent, SIGKILL sent (states.KILL_TRANSITIONS)
-    # Retirement (herder.supervisor.retirement): replaced first, then sent `stop`.
-    retire: Retire | None = None  # why it retires: a planned recycle, or a cull
-    retire_reason: str = ""  # the same, as a sentence with its figures
-    stop_reason: str = ""  # why herder sent it `stop` (its exit's event says so)
-    jobs_limit: int | None = None  # max_jobs plus this worker's jitter (the worker knows it too)
-    retire_sent: bool = False  # told `retire`: it takes no more jobs (past max_memory)
-    ready_at: float | None = None  # monotonic: when the loop first saw it ready (retirement.py)
-    age_limit: float | None = None  # max_age plus this worker's jitter
-    failed_seen: int = 0  # its failed jobs already timed into `failures`
-    failures: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when (monotonic)
-    cull: Cull = Cull.NONE  # where culling stands (states.CULL_TRANSITIONS; retirement.py moves it)
-    cull_ticket: int = 0
-    cull_asked_at: float = 0.0
-    rss: float | None = None  # MB, its last reading (only with max_memory)
-    rss_checked_at: float = float("-inf")
+    pool: str = "default"  # the name of the pool that holds it (herder.supervisor.pool)
     title: str = ""  # what its log lines call it when it is no fleet worker ("scheduler")
     threads: int = 1  # jobs it runs at once, one per thread (its pool's `threads` at its spawn)
-    rq_names: tuple[str, ...] = ()  # as it registers with RQ, one per thread (set at its spawn)
+    rq_names: tuple[str, ...] = ()  # as it registers with RQ, one per thread (worked out once)
+    life: Life = field(default_factory=Life)
+    limits: Limits = field(default_factory=Limits)
+    culling: Culling = field(default_factory=Culling)
 
     @property
     def pid(self) -> int:
@@ -99,32 +126,31 @@ class Worker:
     @property
     def killed(self) -> bool:
         """herder killed it (SIGTERM sent; herder.supervisor.lifecycle.kill)."""
-        return self.kill_stage in (KillStage.TERM, KillStage.SIGKILLED)
+        return self.life.kill_stage in (KillStage.TERM, KillStage.SIGKILLED)
 
     @property
     def spared(self) -> bool:
         """Judged hung, but the kill budget was spent: left alone (guard.py)."""
-        return self.kill_stage == KillStage.SPARED
+        return self.life.kill_stage == KillStage.SPARED
 
     @property
     def culled(self) -> bool:
-        return self.cull == Cull.CULLED
+        return self.culling.cull == Cull.CULLED
 
     @property
     def retiring(self) -> bool:
         """Marked to retire (recycled or culled): replaced, then sent `stop`."""
-        return self.retire is not None
+        return self.limits.retire is not None
 
     @property
     def recycling(self) -> bool:
         """A planned recycle (not a cull): no fault, no budget spent."""
-        return self.retire is not None and self.retire != Retire.CULLED
+        return self.limits.retire is not None and self.limits.retire != Retire.CULLED
 
 
 @dataclass
 class Slot:
     index: int
-    pool: str = "default"  # whose it is while it backs off: a crash loop is its pool's
     young_deaths: int = 0
     next_spawn_at: float = 0.0  # monotonic; later than now while the slot backs off
 
@@ -147,28 +173,6 @@ class Slot:
 def died_young(graceful: bool, was_ready: bool, lived: float, cfg: Config) -> bool:
     """Before `ready` (a failed start, however long it took), or soon after it."""
     return not graceful and not (was_ready and lived >= cfg.min_uptime)
-
-
-def free_slots(
-    slots: dict[int, Slot], taken: Container[int], room: int, limit: int, now: float, pool: str = "default"
-) -> Iterator[Slot]:
-    """Up to `room` free slots for a pool to spawn into, lowest first, among the `limit` a
-    host may fill (with at most `limit` workers, one of those is free whenever there is room).
-    A slot in backoff takes its place without being spawned into: a crash loop cannot spill
-    over. A free slot another pool left (not backing off) becomes this pool's, afresh."""
-    for i in range(limit):
-        if room <= 0:
-            return
-        if i in taken:
-            continue
-        slot = slots.get(i)
-        if slot is None or (slot.pool != pool and not slot.in_backoff(now)):
-            slot = slots[i] = Slot(i, pool)
-        if slot.pool != pool:
-            continue  # another pool's, backing off
-        room -= 1
-        if not slot.in_backoff(now):
-            yield slot
 
 
 def spawn_paced(free: Iterable[Slot], spawn: Callable[[Slot], None], clock: Callable[[], float]) -> bool:
@@ -195,14 +199,15 @@ def loading(workers: Iterable[Worker]) -> int:
     """Workers still loading their code: starting and not a word yet (a worker waiting for
     Redis says `idle`, so it does not hold the start window)."""
     return sum(
-        w.state == WorkerState.STARTING and w.proc.snapshot().last_seen <= w.spawned_at for w in workers
+        w.life.state == WorkerState.STARTING and w.proc.snapshot().last_seen <= w.spawned_at for w in workers
     )
 
 
-def spawn_room(room: int, workers: dict[int, Worker], limit: int) -> int:
+def spawn_room(room: int, workers: Callable[[], list[Worker]], limit: int) -> int:
     """How many of `room` spawns may start now: never past the workers limit (stopping workers
     count: they are still processes), and only while the start window has room (a `ready`
     wakes the loop for the next ones)."""
     if room <= 0:
         return 0  # nothing to spawn: the window is not counted (a pass over every worker)
-    return min(room, limit - len(workers), START_WINDOW - loading(workers.values()))
+    every = workers()  # the host's, every pool's
+    return min(room, limit - len(every), START_WINDOW - loading(every))

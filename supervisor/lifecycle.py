@@ -43,25 +43,26 @@ def start(
 
 def ask_stop(w: Worker, why: str, now: float) -> None:
     """STOPPING: `stop` on its stdin; it finishes its job and exits 0 (liveness.judge gives it
-    stop_timeout)."""
+    stop_timeout). The first reason asked is the one its exit says."""
+    w.life.stop_reason = w.life.stop_reason or why
     change_state(w, WorkerState.STOPPING, why)
     w.proc.send_stop()
-    w.stop_sent_at = now
+    w.life.stop_sent_at = now
 
 
 def kill(w: Worker, reason: str, kind: KillKind, now: float) -> None:
     """KILLING: SIGTERM to its process group now, SIGKILL after kill_timeout (escalate)."""
     change_state(w, WorkerState.KILLING, f"SIGTERM to its process group: {reason}", logging.WARNING)
     change_kill(w, KillStage.TERM)
-    w.kill_reason, w.kill_kind, w.kill_started_at = reason, kind, now
+    w.life.kill_reason, w.life.kill_kind, w.life.kill_started_at = reason, kind, now
     w.proc.signal_group(signal.SIGTERM)
     w.proc.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
 
 
 def escalate(w: Worker, now: float, kill_timeout: float) -> None:
     """A child being killed and still alive kill_timeout after its SIGTERM: SIGKILL, once."""
-    due = now - (w.kill_started_at or now) >= kill_timeout
-    if w.kill_stage == KillStage.TERM and due:
+    due = now - (w.life.kill_started_at or now) >= kill_timeout
+    if w.life.kill_stage == KillStage.TERM and due:
         log.warning("%s: still alive %.1f s after SIGTERM: SIGKILL", w.label, kill_timeout)
         w.proc.signal_group(signal.SIGKILL)
         change_kill(w, KillStage.SIGKILLED)
@@ -70,7 +71,7 @@ def escalate(w: Worker, now: float, kill_timeout: float) -> None:
 def graceful(w: Worker, code: int, obs: Observations) -> bool:
     """The one rule of a graceful exit: asked to stop (by herder, or by RQ's shutdown command:
     it said `stop`), exited 0, and not killed by herder."""
-    return code == 0 and not w.killed and (w.stop_sent_at is not None or obs.said_stop)
+    return code == 0 and not w.killed and (w.life.stop_sent_at is not None or obs.said_stop)
 
 
 @dataclass(frozen=True)

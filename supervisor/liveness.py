@@ -28,8 +28,8 @@ class Verdict:
 
 def derived_state(w: Worker, obs: Observations) -> WorkerState:
     """The state the worker's own lines imply, unless the master's action rules."""
-    if w.state in (WorkerState.KILLING, WorkerState.STOPPING, WorkerState.EXITED) or not obs.ready:
-        return w.state
+    if w.life.state in (WorkerState.KILLING, WorkerState.STOPPING, WorkerState.EXITED) or not obs.ready:
+        return w.life.state
     return WorkerState.BUSY if obs.jobs else WorkerState.IDLE
 
 
@@ -77,7 +77,7 @@ def _judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | N
     late = past_job_timeout(obs, now, cfg)
     # A stop timeout is part of a stop, and a job past its own timeout is killed as RQ itself
     # would: neither is a judgement a widespread fault could fool.
-    hung = w.state != WorkerState.STOPPING and late is None
+    hung = w.life.state != WorkerState.STOPPING and late is None
     if obs.stdout_eof:
         # EOF comes a moment before the exit that caused it: allow the process time to go.
         grace = cfg.kill_timeout if obs.said_stop else EOF_GRACE
@@ -85,8 +85,8 @@ def _judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | N
             how = " after saying stop" if obs.said_stop else " but kept running"
             return Verdict("closed its stdout" + how, judged_hung=hung, kind=KillKind.STDOUT_CLOSED)
         return None
-    stopping_for = now - w.stop_sent_at if w.stop_sent_at is not None else 0.0
-    if w.state == WorkerState.STOPPING and stopping_for > cfg.stop_timeout:
+    stopping_for = now - w.life.stop_sent_at if w.life.stop_sent_at is not None else 0.0
+    if w.life.state == WorkerState.STOPPING and stopping_for > cfg.stop_timeout:
         busy = f", job {obs.job_id} still running" if obs.job_id else ""
         return Verdict(
             f"still running {cfg.stop_timeout:g} s after `stop`{busy}",

@@ -24,13 +24,13 @@ from herder.common.config import DEFAULT_POOL, Config, all_queues, pool_configs,
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
 from herder.common.transitions import move
-from herder.supervisor import fleet, lifecycle, pipes, reload
+from herder.supervisor import fleet, lifecycle, pipes, reload, retirement
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
 from herder.supervisor.counters import Counters
 from herder.supervisor.endings import Endings
 from herder.supervisor.events import Events
-from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.fleet import Limits, Slot, Worker
 from herder.supervisor.guard import KillGuard
 from herder.supervisor.health import HealthWatch
 from herder.supervisor.hooks import EventHooks, HealthChanges
@@ -38,12 +38,21 @@ from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
 from herder.supervisor.launchers import Launchers
 from herder.supervisor.liveness import derived_state, judge, read_late
 from herder.supervisor.observations import Observations
-from herder.supervisor.pool import Pool, active, host_floor, host_target, live, share_limit
+from herder.supervisor.pool import (
+    Plan,
+    Pool,
+    Share,
+    Workers,
+    active,
+    host_floor,
+    host_target,
+    live,
+    share_limit,
+    slots_of,
+)
 from herder.supervisor.pressure import KernelLog, MemoryWatch, OomWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.retirement import working_to_its_limit
-from herder.supervisor.scaling import pick_idle_to_stop
 from herder.supervisor.scheduler import SchedulerKeeper
 from herder.supervisor.states import (
     LEAVING,
@@ -51,7 +60,6 @@ from herder.supervisor.states import (
     WORKING,
     KillKind,
     MasterPhase,
-    Retire,
     WorkerState,
     change_state,
 )
@@ -59,7 +67,7 @@ from herder.supervisor.uplink import Uplink
 from herder.supervisor.views.build import PUBLISH_EVERY, Snapshots
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
-from herder.supervisor.views.sources import Sources, short_pools
+from herder.supervisor.views.sources import Loop, Sources, sched_cfg, short_pools
 from herder.supervisor.views.usage import SHARED
 
 if TYPE_CHECKING:  # imported with --http only (Master.__init__)
@@ -121,8 +129,7 @@ class Master:
             for name, pc in pool_configs(cfg).items()
         }
         self.launchers = launchers  # one fork server per set of imports; pools that agree share it
-        self.workers: dict[int, Worker] = {}  # by slot
-        self.slots: dict[int, Slot] = {}
+        self.workers = Workers(self.pools)  # the host's fleet: every pool's workers (each pool holds its own)
         self.counters = Counters()
         self.sched = sched or SchedulerKeeper(None, clock, self.host_id)  # RQ's scheduler: scheduler.py
         self.guard = KillGuard(cfg, recovery)
@@ -184,9 +191,8 @@ class Master:
         self.commands = Commands(self, self)
         # What the snapshot's builder reads: these parts, not the master (views/sources.py).
         self.sources = Sources(
-            clock, self.host_id, self.started_at, self.restarts, lambda: self.cfg, lambda: self.stopping,
-            lambda: self.ever_ready, self.pools, self.workers, self.slots, self.counters, self.guard,
-            recovery, reader, self.sched, self.health, self.memory,
+            clock, self.host_id, self.started_at, self.restarts, self.pools, self.workers, self.counters,
+            self.guard, recovery, reader, self.sched, self.health, self.memory,
         )  # fmt: skip
         answer = self.commands.answer_directly
         if control is None and cfg.state_dir:
@@ -211,14 +217,10 @@ class Master:
         """The pool that serves `queue` (a queue belongs to one pool), or "" for none."""
         return next((p.name for p in list(self.pools.values()) if queue in p.cfg.queues), "")
 
-    def pool_workers(self, pool: Pool) -> list[Worker]:
-        """A pool's live workers (not on their way out)."""
-        return live(self.workers.values(), pool.name)
-
-    def workers_of(self, pools: Iterable[str] | None = None) -> list[Worker]:
-        """Every worker process of these pools (of all, for None), those leaving too."""
-        names = None if pools is None else set(pools)
-        return [w for w in self.workers.values() if names is None or w.pool in names]
+    @property
+    def slots(self) -> dict[int, Slot]:
+        """Every pool's slots, by index."""
+        return slots_of(self.pools.values())
 
     def new_pool(self, name: str, cfg: Config) -> Pool:
         """A pool of this host (its cull tickets unique across pools: retirement.py)."""
@@ -346,19 +348,24 @@ class Master:
 
     @property
     def sched_cfg(self) -> Config:
-        return self.sources.sched_cfg()
+        return sched_cfg(self.cfg)
 
     def retire(self) -> None:
         """Recycling and culling, each pool by its own rules (retirement.py)."""
         answers = self.recovery.answers() if self.recovery else {}
         now, wall = self.clock.monotonic(), self.clock.wall()
         for pool in self.pool_list():
-            pool.retirement.review(self.pool_workers(pool), pool.target, now, wall, self.kill, answers)
+            pool.retirement.review(pool.live(), pool.target, now, wall, self.kill, answers)
 
     def next_wait(self) -> float:
         """Until the next tick, or sooner if a slot's backoff ends first (0.1 s, not a tick)."""
         now = self.clock.monotonic()
-        due = [s.next_spawn_at - now for s in self.slots.values() if s.index not in self.workers]
+        due = [
+            s.next_spawn_at - now
+            for p in self.pool_list()
+            for s in p.slots.values()
+            if s.index not in p.workers
+        ]
         soon = [fleet.SPAWN_AGAIN] if self.spawns_pending else []  # paced spawns left for the next pass
         tick = TICK_IN_MOTION if self.in_motion() else TICK
         return max(0.0, min([tick, *soon, *[d for d in due if d > 0]]))
@@ -368,14 +375,14 @@ class Master:
         has its own deadline in next_wait)."""
         if self.phase != MasterPhase.RUNNING or self.sched.in_motion():
             return True
-        return any(w.state not in WORKING for w in self.workers.values())
+        return any(w.life.state not in WORKING for w in self.workers.values())
 
     def publish(self) -> None:
         """Health bookkeeping each pass; the host's snapshot every view renders, now and then."""
         now = self.clock.monotonic()
-        ready = sum(w.state in WORKING for w in self.workers.values())
+        ready = sum(w.life.state in WORKING for w in self.workers.values())
         down = self.reader is not None and self.reader.outage_since is not None
-        self.health.observe(now, ready, self.floor, short_pools(self.pool_list(), self.workers.values()),
+        self.health.observe(now, ready, self.floor, short_pools(self.pool_list()),
                             redis_down=down)  # fmt: skip
         for w in self.workers.values():
             self.fold_finished(w)
@@ -402,7 +409,9 @@ class Master:
         Workers' RSS and CPU are sampled (at most once a second) for status and the dashboard
         only: without --http a pass does not read every worker's /proc."""
         controls = self.http.controls.enabled if self.http else False
-        snap = self.snapshots.build(self.sources, controls, usage=usage or self.http is not None)
+        self.count_jobs()
+        loop = Loop(self.cfg, self.phase, self.ever_ready)
+        snap = self.snapshots.build(self.sources, loop, controls, usage=usage or self.http is not None)
         self.snapshot, self._published_at = snap, snap.taken_at
         if self.http:
             self.http.publish(snap)
@@ -443,7 +452,7 @@ class Master:
             self._last_alive = now
             self.uplink.alive()
         live = self.live_workers()
-        busy = sum(w.state == WorkerState.BUSY for w in live)
+        busy = sum(w.life.state == WorkerState.BUSY for w in live)
         queued = sum(q.backlog for p in self.pool_list() for q in p.scaler.queues.values())
         stopping = ", stopping" if self.stopping else ""
         self.uplink.status(f"{len(live)}/{self.target} workers, {busy} busy, {queued} queued{stopping}")
@@ -462,31 +471,31 @@ class Master:
         for pool in self.pool_list():
             if pool.draining:
                 continue
-            live, grant = self.pool_workers(pool), pool.scaler.grant
+            live, grant = pool.live(), pool.scaler.grant
             due = pool.target if grant is None else min(pool.target, grant)  # the count to be ready
             if (pool.cfg.autoscale and not pool.scaler.has_reading) or len(live) < due:
                 return False
-            if any(w.state == WorkerState.STARTING for w in live):
+            if any(w.life.state == WorkerState.STARTING for w in live):
                 return False
         return True
 
     # ---- reap: the dead ------------------------------------------------------------------
 
     def reap(self) -> None:
-        for slot_index, w in list(self.workers.items()):
+        for slot_index, w in self.workers.items():
             if not w.proc.has_exited():
                 continue
             now = self.clock.monotonic()
             ex = lifecycle.reap(w, now)
-            del self.workers[slot_index]
+            pool = self.pool_of(w)
+            del pool.workers[slot_index]  # it leaves its pool
             code, obs, lived, how, graceful = ex.code, ex.obs, ex.lived, ex.how, ex.graceful
             oom = code == -signal.SIGKILL and not w.killed and self.oom.killed(w.proc.pid)
             if oom:  # said as such in the exit line, the event, the requeue and herder_kills_total
                 how = "killed by the kernel's OOM killer (SIGKILL)"
                 self.counters.totals.killed_by[KillKind.OOM] += 1
-                self.counters.totals.killed_by_pool[KillKind.OOM, w.pool] += 1
-            why = "stopped as asked" if graceful else w.kill_reason or "unexpected"
-            pool = self.pool_of(w)
+                self.counters.totals.killed_in(w.pool)[KillKind.OOM] += 1
+            why = "stopped as asked" if graceful else w.life.kill_reason or "unexpected"
             if not graceful and self.recovery is not None and pool.cfg.worker_command is None:
                 # A killed RQ worker cannot unregister itself, nor say what it had popped.
                 for name in self.rq_names(w):
@@ -495,17 +504,17 @@ class Master:
             self.fold_finished(w)
             life = f"lived {lived:.1f} s, {obs.jobs_ok} jobs ok, {obs.jobs_failed} failed"
             lifecycle.exited(w, ex, f"{how}; {why}; {life}")
-            cause = f"killed by herder: {w.kill_reason}" if w.killed else f"worker died ({how})"
+            cause = f"killed by herder: {w.life.kill_reason}" if w.killed else f"worker died ({how})"
             label = "killed" if w.killed else "died"  # the metrics' reason
             for held in obs.jobs.values():  # every job it ran: one per thread of a threaded worker
                 self.requeue(
                     held.job_id,
                     f"{cause} while running the job",
                     label,
-                    w.kill_kind or KillKind.DIED,
+                    w.life.kill_kind or KillKind.DIED,
                     self.rq_names(w),
                 )
-            slot, delay = self.slots.get(w.slot), None
+            slot, delay = pool.slots.get(w.slot), None
             if slot is not None and not self.stopping:  # a stop's exits are no crash loop
                 delay = lifecycle.back_off(slot, ex, pool.cfg, now)
                 if delay is not None:
@@ -529,7 +538,7 @@ class Master:
         jobs = f", job{'s' if len(held) > 1 else ''} {', '.join(held)} {fate}" if held else ""
         who, record = f"slot {w.slot} pid {w.pid}", self.journal.record
         if graceful:
-            record("stopped", w.pool, f"{who} stopped ({w.stop_reason or 'as asked'})", w.slot, w.pid)
+            record("stopped", w.pool, f"{who} stopped ({w.life.stop_reason or 'as asked'})", w.slot, w.pid)
         elif oom:
             record("oom", w.pool, f"{who} killed by the kernel's OOM killer{jobs}", w.slot, w.pid)
         elif w.killed:
@@ -559,6 +568,12 @@ class Master:
             oom=oom,  # the kernel's OOM killer sent the SIGKILL (its cgroup's counter moved)
         )
 
+    def count_jobs(self) -> None:
+        """Every worker's jobs finished since it was last counted, into the one count the
+        views and the autoscaler read (counters.py); done where they read it, not each pass."""
+        for w in self.workers.values():
+            self.counters.count_jobs(w, w.proc.snapshot())
+
     def fold_finished(self, w: Worker) -> None:
         """The worker's finished jobs into the job metrics (by the pool's queues)."""
         done = w.proc.take_finished()
@@ -576,7 +591,7 @@ class Master:
     def forget_drained_pools(self) -> None:
         """A pool a reload removed is gone once its last worker is."""
         for pool in [p for p in self.pool_list() if p.draining]:
-            if not any(w.pool == pool.name for w in self.workers.values()):
+            if not pool.workers:
                 del self.pools[pool.name]
                 log.info("pool %s: drained and removed", pool.name)
 
@@ -606,9 +621,9 @@ class Master:
         for w in list(self.workers.values()):
             obs, cfg = w.proc.snapshot(), self.pool_of(w).cfg  # judged by its pool's deadlines
             state = derived_state(w, obs)
-            if state != w.state:  # the reason is built only for a change (each worker, each pass)
+            if state != w.life.state:  # the reason is built only for a change (each worker, each pass)
                 change_state(w, state, f"job {obs.job_id}" if obs.job_id else "ready")
-            if w.state == WorkerState.KILLING:
+            if w.life.state == WorkerState.KILLING:
                 lifecycle.escalate(w, now, cfg.kill_timeout)
                 continue
             verdict = judge(w, obs, now, cfg)
@@ -635,7 +650,7 @@ class Master:
         lifecycle.kill(w, reason, kind, self.clock.monotonic())
         self.counters.totals.killed += 1
         self.counters.totals.killed_by[kind] += 1
-        self.counters.totals.killed_by_pool[kind, w.pool] += 1
+        self.counters.totals.killed_in(w.pool)[kind] += 1
         self.hooks.emit("worker_killed", pool=w.pool, slot=w.slot, pid=w.pid, kind=kind, reason=reason)
         self.journal.record("killed", w.pool, f"{w.label} killed by herder: {reason}", w.slot, w.pid)
 
@@ -647,10 +662,11 @@ class Master:
             return
         self.guard.cluster_read(reading.kills)
         pressure = self.memory.check(self.clock.monotonic())
+        self.count_jobs()  # what each pool's workers did lately: the autoscaler learns their rate
         for pool in self.pool_list():
-            mine = [w for w in self.workers.values() if w.pool == pool.name]
-            jobs, busy = self.counters.jobs_and_busy_seconds(mine, pool.name)
-            paused = fleet.all_paused(self.pool_workers(pool))  # a pause is no demand for workers
+            done = self.counters.pool_jobs(pool.name)
+            jobs, busy = done.done, done.busy_seconds
+            paused = fleet.all_paused(pool.live())  # a pause is no demand for workers
             pool_reading = reading.for_pool(pool.name, pool.cfg.queues) if self.cfg.pools else reading
             # Under memory pressure the target may fall, never rise (pressure.py).
             target = pool.scaler.fold(pool_reading, jobs, busy, pool.target, paused or bool(pressure))
@@ -660,7 +676,7 @@ class Master:
                                     f"{target} workers ({queued})")  # fmt: skip
             pool.target = target
             if pool.cfg.cluster_max_workers is not None:
-                self.reader.tell(target=pool.target, running=len(mine), pool=pool.name)
+                self.reader.tell(target=pool.target, running=len(pool.workers), pool=pool.name)
 
     # ---- manage: towards the target -------------------------------------------------------
 
@@ -669,86 +685,42 @@ class Master:
         return live(self.workers.values())
 
     def manage(self) -> None:
+        """Each pool's plan, carried out: the host's workers limit shared first (every pool its
+        minimum, the rest in turn: pool.share_limit), each pool planned on the host as the
+        plans before it left it."""
         self.spawns_pending = False
         if self.stopping:
             return
-        for w in self.live_workers():
-            if w.culled:  # every job it takes fails: no capacity to keep. Its replacement starts below
-                self.hooks.emit("worker_culled", pool=w.pool, slot=w.slot, pid=w.pid, reason=w.retire_reason)
-                self.journal.record("culled", w.pool, f"{w.label} {w.retire_reason}", w.slot, w.pid)
-                self.stop_worker(w, w.retire_reason)
-            elif self.pool_of(w).draining:  # a reload removed its pool: finish the job, then go
-                self.stop_worker(w, f"pool {w.pool} removed by a reload")
-            elif w.retire == Retire.MAX_MEMORY and not w.retire_sent:
-                # Each job it takes may leak more: none from now on. Replaced, then sent `stop` (roll).
-                w.retire_sent = True
-                w.proc.send_retire()
-        active = [p for p in self.pool_list() if not p.draining]
-        # The host's workers limit, shared: every pool its minimum, the rest in turn (pool.py).
-        shares = share_limit([(p.name, p.cfg.floor, p.target) for p in active], self.cfg.limit)
-        for pool in active:
-            self.manage_pool(pool, min(pool.target, shares[pool.name]))
-
-    def manage_pool(self, pool: Pool, target: int) -> None:
-        """One pool towards its target: a rolling step, or scale down idle workers, or spawn."""
-        live = self.pool_workers(pool)
-        if self.roll(pool, live, target):
-            return
-        if len(live) > target:
-            states = {w.slot: w.state for w in live}
-            for slot in pick_idle_to_stop(states, len(live) - target):
-                self.stop_worker(self.workers[slot], f"scale down to {target}")
-            return
-        # A cluster grant counts every process still running, stopping ones included.
-        room = target - len(live)
-        if pool.scaler.grant is not None:
-            room = min(room, pool.scaler.grant - sum(w.pool == pool.name for w in self.workers.values()))
-        self.spawn_into_free_slots(pool, room)
-
-    def roll(self, pool: Pool, live: list[Worker], target: int) -> bool:
-        """One step of a rolling restart, or of retiring workers (recycled or culled); False
-        when no worker of an older generation, or marked to retire, is left.
-
-        Replacements start first, up to a batch beyond the target; an old worker is sent
-        `stop` (it finishes its job) only once a new one is ready to take its place, so
-        capacity never dips. If replacements keep failing, the old workers keep working. One
-        replaced ahead of its jobs limit works on to the limit (retirement.working_to_its_limit).
-        """
-        old = [w for w in live if w.generation < pool.generation or w.retiring]
-        if not old:
-            return False
-        mine = [w for w in self.workers.values() if w.pool == pool.name]  # stopping ones too
-        new = [w for w in live if w not in old]
-        ready_new = [w for w in new if w.state in (WorkerState.IDLE, WorkerState.BUSY)]
-        surplus = len(old) + len(ready_new) - target
+        running = self.active_pools()
+        shares = share_limit([(p.name, p.cfg.floor, p.target) for p in running], self.cfg.limit)
         wall = self.clock.wall()
-        going = [  # one replaced ahead of its jobs limit works on to it (it stops there itself)
-            w for w in old
-            if w.generation < pool.generation or not working_to_its_limit(w, w.proc.snapshot(), wall)
-        ]  # fmt: skip
-        for w in sorted(going, key=lambda w: w.state != WorkerState.IDLE)[: max(0, surplus)]:
-            if w.recycling:
-                self.journal.record(
-                    "recycled", w.pool, f"{w.label} {w.retire_reason}; replaced", w.slot, w.pid
+        for pool in self.pool_list():
+            target = min(pool.target, shares[pool.name]) if pool.name in shares else 0  # draining: 0
+            self.carry_out(pool, pool.plan(Share(target, self.cfg.limit, len(self.workers)), wall))
+
+    def carry_out(self, pool: Pool, plan: Plan) -> None:
+        """A pool's plan, through the lifecycle: `retire`, the stops (each told as the plan
+        says), the spawns."""
+        for w in plan.retire:
+            retirement.tell_retire(w)
+        for stop in plan.stops:
+            w = stop.worker
+            if stop.culled:
+                self.hooks.emit(
+                    "worker_culled", pool=pool.name, slot=w.slot, pid=w.pid, reason=w.limits.retire_reason
                 )
-            self.stop_worker(w, w.retire_reason or "rolling restart: replaced")
-        batch = max(1, target // 4)
-        room = min(target - len(new), target + batch - len(mine))
-        settled = len(live) == len(mine) and len(ready_new) == len(new)
-        if room > 0 and settled and len(self.workers) >= self.cfg.limit:
-            # No replacement can start first at the workers limit: one idle old worker makes room.
-            for w in [w for w in old if w.state == WorkerState.IDLE][:1]:
-                self.stop_worker(w, "rolling restart at the workers limit: making room")
-        self.spawn_into_free_slots(pool, room)
-        return True
+            if stop.said is not None:
+                self.journal.record(stop.said[0], pool.name, stop.said[1], w.slot, w.pid)
+            self.stop_worker(w, stop.why)
+        self.spawn_into_free_slots(pool, plan.spawn)
 
     def spawn_into_free_slots(self, pool: Pool, room: int) -> None:
         """Up to `room` workers for a pool, within the host's workers limit and paced
         (fleet.spawn_room); a pool's slots back off on their own."""
         waiting = room > 0 and self.launcher_for(pool).warming()  # a warm template is moments away
-        room = 0 if waiting else fleet.spawn_room(room, self.workers, self.cfg.limit)
+        room = 0 if waiting else fleet.spawn_room(room, self.workers.values, self.cfg.limit)
         now = self.clock.monotonic()
-        free = fleet.free_slots(self.slots, self.workers, room, self.cfg.limit, now, pool.name)
+        free = pool.free_slots(self.pools.values(), room, self.cfg.limit, now)
         pending = fleet.spawn_paced(free, lambda slot: self.spawn(slot, pool), self.clock.monotonic)
         self.spawns_pending = self.spawns_pending or pending or waiting
 
@@ -772,19 +744,17 @@ class Master:
             generation=pool.generation,
             pool=pool.name,
             threads=pool.cfg.threads if pool.cfg.worker_command is None else 1,
-            jobs_limit=jobs_limit,
-            age_limit=age_limit,
+            limits=Limits(jobs=jobs_limit, age=age_limit),
         )
         if pool.paused:
             proc.send_pause(True)
-        self.workers[slot.index] = w
+        pool.workers[slot.index] = w
         self.counters.totals.spawned += 1
         where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
-        log.info("slot %d pid %d: spawned -> %s%s", slot.index, w.pid, w.state, where)
+        log.info("slot %d pid %d: spawned -> %s%s", slot.index, w.pid, w.life.state, where)
         self.journal.record("spawned", pool.name, f"{w.label} spawned{where}", slot.index, w.pid)
 
     def stop_worker(self, w: Worker, why: str) -> None:
-        w.stop_reason = w.stop_reason or why
         lifecycle.ask_stop(w, why, self.clock.monotonic())
 
     # ---- stop -----------------------------------------------------------------------------
@@ -797,11 +767,11 @@ class Master:
             if self.uplink:
                 self.uplink.stopping()
             for w in self.workers.values():
-                if w.state not in LEAVING:
+                if w.life.state not in LEAVING:
                     self.stop_worker(w, why)
         if hurry:
             log.warning("%s: stopping now; jobs still running go back on their queues", why)
             self.sched.hurry()
             for w in list(self.workers.values()):
-                if w.state != WorkerState.KILLING:
+                if w.life.state != WorkerState.KILLING:
                     self.kill(w, f"herder is stopping in a hurry ({why})", KillKind.HURRIED_STOP)

@@ -113,7 +113,10 @@ def apply(m: Reloadable, new: Config) -> list[str]:
     for name, pc in fresh.items():
         pool = m.pools.get(name)
         if pool is None or pool.draining:
-            m.pools[name] = m.new_pool(name, pc)
+            m.pools[name] = added = m.new_pool(name, pc)
+            if pool is not None:  # back while its workers drain: they are still its own, leaving
+                added.workers.update(pool.workers)
+                added.slots.update(pool.slots)
             if new.pools:
                 done.append(f"pool {name} added")
             continue

@@ -116,57 +116,60 @@ class Retirement:
         tickets the recovery thread answered (the master takes them once for every pool)."""
         if answers is None:
             answers = self.recovery.answers() if self.recovery else {}
-        self._asking = sum(1 for w in live if w.cull == Cull.ASKED)
+        self._asking = sum(1 for w in live if w.culling.cull == Cull.ASKED)
         planned = sum(1 for w in live if w.recycling)
         room = max(1, math.floor(self.cfg.recycle_share * target)) - planned
         for w in live:
-            obs = w.proc.snapshot()
-            if w.ready_at is None and obs.ready:
+            obs, culling = w.proc.snapshot(), w.culling
+            if w.limits.ready_at is None and obs.ready:
                 self._timed_start(w, now)
-            if obs.jobs_failed != w.failed_seen or w.failures:  # else nothing to count or expire
+            if obs.jobs_failed != culling.failed_seen or culling.failures:  # else nothing to count or expire
                 self._count_failures(w, obs, now)
-            if w.cull == Cull.ASKED and w.cull_ticket in answers:
-                self._answered(w, answers[w.cull_ticket], now, wall)
+            if culling.cull == Cull.ASKED and culling.ticket in answers:
+                self._answered(w, answers[culling.ticket], now, wall)
             if w.retiring:
                 continue
             hard = self._memory(w, now)
             if hard:
                 kill(w, hard, KillKind.MEMORY_HARD)
                 continue
-            if w.failures or w.cull == Cull.DENIED:  # else no failure to cull for, none denied
+            if culling.failures or culling.cull == Cull.DENIED:  # else no failure to cull for, none denied
                 self._consider_cull(w, now, wall)
             # Room is for replacements started ahead: one that takes no more jobs is due, room or not.
             if w.retiring or (room <= 0 and obs.paused != RETIRING):
                 continue
             planned = self.planned(w, obs, now)
             if planned is not None:
-                w.retire, w.retire_reason = planned
-                self.recycled[w.retire] += 1
+                limits = w.limits
+                limits.retire, limits.retire_reason = planned
+                self.recycled[limits.retire] += 1
                 room -= 1
-                log.info("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, w.retire_reason)
-        denied = [w for w in live if w.cull == Cull.DENIED]
+                log.info(
+                    "slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, limits.retire_reason
+                )
+        denied = [w for w in live if w.culling.cull == Cull.DENIED]
         if self.degraded and not denied:
             log.warning("health ok again: no worker is waiting on the cull budget")
             self.degraded = ""
 
     def planned(self, w: Worker, obs: Observations, now: float) -> tuple[Retire, str] | None:
         """A planned recycle due now, and its sentence; None if none is."""
-        done = obs.jobs_ok + obs.jobs_failed
-        if w.jobs_limit is not None:
-            if done >= w.jobs_limit:
-                return Retire.MAX_JOBS, f"{Retire.MAX_JOBS}: {done} jobs done (limit {w.jobs_limit})"
+        done, limits = obs.jobs_ok + obs.jobs_failed, w.limits
+        if limits.jobs is not None:
+            if done >= limits.jobs:
+                return Retire.MAX_JOBS, f"{Retire.MAX_JOBS}: {done} jobs done (limit {limits.jobs})"
             taken = done + len(obs.jobs)  # as the worker counts: the jobs it runs are taken
-            if taken + self._jobs_ahead(w, done, now) >= w.jobs_limit:
+            if taken + self._jobs_ahead(w, done, now) >= limits.jobs:
                 return Retire.MAX_JOBS, (
-                    f"{Retire.MAX_JOBS}: {taken} jobs taken of its limit of {w.jobs_limit}, which it "
+                    f"{Retire.MAX_JOBS}: {taken} jobs taken of its limit of {limits.jobs}, which it "
                     f"reaches within a replacement's start ({self.start_seconds:.2f} s)"
                 )
         age = now - w.spawned_at
-        if w.age_limit is not None and age >= w.age_limit:
-            return Retire.MAX_AGE, f"{Retire.MAX_AGE}: {age:.0f} s old (limit {w.age_limit:.0f} s)"
+        if limits.age is not None and age >= limits.age:
+            return Retire.MAX_AGE, f"{Retire.MAX_AGE}: {age:.0f} s old (limit {limits.age:.0f} s)"
         limit = self.cfg.max_memory
-        if w.rss is not None and limit is not None and w.rss >= limit:
-            return Retire.MAX_MEMORY, f"{Retire.MAX_MEMORY}: RSS {w.rss:.0f} MiB (limit {limit:g} MiB)"
+        if limits.rss is not None and limit is not None and limits.rss >= limit:
+            return Retire.MAX_MEMORY, f"{Retire.MAX_MEMORY}: RSS {limits.rss:.0f} MiB (limit {limit:g} MiB)"
         if obs.paused == RETIRING:  # it takes no more jobs, by a limit the master did not set
             return Retire.MAX_JOBS, f"{Retire.MAX_JOBS}: {done} jobs done, and it takes no more"
         return None
@@ -174,74 +177,79 @@ class Retirement:
     def _jobs_ahead(self, w: Worker, done: int, now: float) -> float:
         """Jobs the worker likely does before a replacement started now is ready and the loop
         has looked again: its rate since it became ready, times that time (0 until known)."""
-        if w.ready_at is None or done < RATE_AFTER or now <= w.ready_at:
+        ready_at = w.limits.ready_at
+        if ready_at is None or done < RATE_AFTER or now <= ready_at:
             return 0.0
-        return done / (now - w.ready_at) * (self.start_seconds + LOOK_AGAIN)
+        return done / (now - ready_at) * (self.start_seconds + LOOK_AGAIN)
 
     def _timed_start(self, w: Worker, now: float) -> None:
         """The worker is ready (the loop looks at once on `ready`): how long its start took
         goes into the pool's running figure."""
-        w.ready_at = now
+        w.limits.ready_at = now
         took = max(0.0, now - w.spawned_at)
         self.start_seconds += START_WEIGHT * (took - self.start_seconds)
 
     # ---- parts -------------------------------------------------------------------------
 
     def _count_failures(self, w: Worker, obs: Observations, now: float) -> None:
-        for _ in range(max(0, obs.jobs_failed - w.failed_seen)):
-            w.failures.append(now)
-        w.failed_seen = obs.jobs_failed
-        while w.failures and w.failures[0] < now - self.cfg.cull_failure_window:
-            w.failures.popleft()
+        culling = w.culling
+        for _ in range(max(0, obs.jobs_failed - culling.failed_seen)):
+            culling.failures.append(now)
+        culling.failed_seen = obs.jobs_failed
+        while culling.failures and culling.failures[0] < now - self.cfg.cull_failure_window:
+            culling.failures.popleft()
 
     def _memory(self, w: Worker, now: float) -> str:
         """The hard limit's kill reason, or ""; keeps the worker's last RSS reading."""
-        hard = self.cfg.memory_hard_limit
-        if self.cfg.max_memory is None or now - w.rss_checked_at < RSS_EVERY:
+        hard, limits = self.cfg.memory_hard_limit, w.limits
+        if self.cfg.max_memory is None or now - limits.rss_checked_at < RSS_EVERY:
             return ""
-        w.rss_checked_at = now
-        w.rss = self.rss_of(w.pid)
-        if w.rss is not None and hard is not None and w.rss >= hard:
+        limits.rss_checked_at = now
+        limits.rss = self.rss_of(w.pid)
+        if limits.rss is not None and hard is not None and limits.rss >= hard:
             self.recycled["killed over hard memory limit"] += 1
-            return f"RSS {w.rss:.0f} MB over the hard memory limit of {hard:g} MB"
+            return f"RSS {limits.rss:.0f} MB over the hard memory limit of {hard:g} MB"
         return ""
 
     def _consider_cull(self, w: Worker, now: float, wall: float) -> None:
-        cfg = self.cfg
-        failing = cfg.cull_failures > 0 and len(w.failures) >= cfg.cull_failures
+        cfg, culling = self.cfg, w.culling
+        failing = cfg.cull_failures > 0 and len(culling.failures) >= cfg.cull_failures
         if not failing:
-            if w.cull == Cull.DENIED:
+            if culling.cull == Cull.DENIED:
                 change_cull(w, Cull.NONE)  # its jobs succeed again: nothing to cull
             return
-        if w.cull == Cull.ASKED or (w.cull == Cull.DENIED and now - w.cull_asked_at < ASK_AGAIN):
+        if culling.cull == Cull.ASKED or (culling.cull == Cull.DENIED and now - culling.asked_at < ASK_AGAIN):
             return
-        w.cull_asked_at = now
+        culling.asked_at = now
         if self.local.count(wall) + self._asking + 1 > cfg.cull_budget:  # asks in flight count
             self._deny(w, "on this host")
         elif self.recovery is None:
             self._answered(w, True, now, wall)
         else:
             change_cull(w, Cull.ASKED)
-            w.cull_ticket = next(self.tickets)
+            culling.ticket = next(self.tickets)
             self._asking += 1
-            self.recovery.ask_cull(w.cull_ticket, wall)
+            self.recovery.ask_cull(culling.ticket, wall)
 
     def _answered(self, w: Worker, granted: bool, now: float, wall: float) -> None:
-        self._asking -= w.cull == Cull.ASKED
+        self._asking -= w.culling.cull == Cull.ASKED
         if not granted:
             self._deny(w, "cluster-wide (or Redis did not answer)")
             return
         self.local.add(wall)
         change_cull(w, Cull.CULLED)
-        w.retire = Retire.CULLED
-        w.retire_reason = (
-            f"{Retire.CULLED}: {len(w.failures)} failed jobs within {self.cfg.cull_failure_window:g} s"
+        limits, failures = w.limits, len(w.culling.failures)
+        limits.retire = Retire.CULLED
+        limits.retire_reason = (
+            f"{Retire.CULLED}: {failures} failed jobs within {self.cfg.cull_failure_window:g} s"
         )
         self.recycled[Retire.CULLED] += 1
-        log.warning("slot %d pid %d: %s; stopped as its replacement starts", w.slot, w.pid, w.retire_reason)
+        log.warning(
+            "slot %d pid %d: %s; stopped as its replacement starts", w.slot, w.pid, limits.retire_reason
+        )
 
     def _deny(self, w: Worker, where: str) -> None:
-        first = w.cull != Cull.DENIED
+        first = w.culling.cull != Cull.DENIED
         change_cull(w, Cull.DENIED)
         self.degraded = (
             f"cull budget spent {where}: {self.cfg.cull_budget} culls per {self.cfg.cull_window:g} s; "
@@ -253,10 +261,17 @@ class Retirement:
                 "down)? Leaving it for a person; health degraded",
                 w.slot,
                 w.pid,
-                len(w.failures),
+                len(w.culling.failures),
                 self.cfg.cull_failure_window,
                 self.degraded,
             )
+
+
+def tell_retire(w: Worker) -> None:
+    """`retire` on its stdin, once: it takes no more jobs (past max_memory: each job may leak
+    more); replaced, then sent `stop` by its pool's rolling step."""
+    w.limits.retire_sent = True
+    w.proc.send_retire()
 
 
 def working_to_its_limit(w: Worker, obs: Observations, wall: float) -> bool:
@@ -264,9 +279,9 @@ def working_to_its_limit(w: Worker, obs: Observations, wall: float) -> bool:
     its limit (where it stops taking jobs and says `retiring`), not as soon as its replacement
     is ready, which would waste the jobs it has left. One that has had no job for a moment
     has no queue to work: it goes now."""
-    if w.retire != Retire.MAX_JOBS or w.jobs_limit is None or obs.paused is not None:
+    if w.limits.retire != Retire.MAX_JOBS or w.limits.jobs is None or obs.paused is not None:
         return False
-    if obs.jobs_ok + obs.jobs_failed >= w.jobs_limit:
+    if obs.jobs_ok + obs.jobs_failed >= w.limits.jobs:
         return False  # past it (a --worker-command program that does not stop there)
     recent = obs.last_done_wall is not None and wall - obs.last_done_wall < STILL_TAKING
     return bool(obs.jobs) or recent

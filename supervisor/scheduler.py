@@ -18,7 +18,6 @@ import secrets
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from herder.common import worker_protocol as wp
 from herder.common.config import Config
@@ -27,8 +26,9 @@ from herder.supervisor import lifecycle
 from herder.supervisor.fleet import ProcessHandle, Slot, Worker
 from herder.supervisor.launcher import Clock, worker_env
 from herder.supervisor.liveness import judge, read_late
-from herder.supervisor.redis_side.scheduler_locks import LockReading, SchedulerLocks
+from herder.supervisor.redis_side.scheduler_locks import Holder, SchedulerLocks
 from herder.supervisor.states import LEAVING, WORKING, KillKind, WorkerState, change_state
+from herder.supervisor.views.model import CronStatus, LockHolder, QueueLock, SchedulerStatus
 from herder.supervisor.workerproc import WorkerProcess
 
 log = logging.getLogger("herder")
@@ -83,7 +83,7 @@ class SchedulerKeeper:
 
     def in_motion(self) -> bool:
         """Its process is starting or stopping: the master's loop looks more often."""
-        return self.w is not None and self.w.state not in WORKING
+        return self.w is not None and self.w.life.state not in WORKING
 
     # ---- in the reconcile loop -------------------------------------------------------------
 
@@ -103,7 +103,7 @@ class SchedulerKeeper:
         wanted = (cfg.scheduler or bool(cfg.cron)) and not stopping
         if self.w is None and wanted and not self.slot.in_backoff(now) and self._can_spawn():
             self._spawn(cfg, wake, now)
-        elif self.w is not None and self.w.state not in LEAVING:
+        elif self.w is not None and self.w.life.state not in LEAVING:
             if not wanted:
                 self._stop(
                     self.w, "herder is stopping" if stopping else "the scheduler and cron settings are off"
@@ -113,7 +113,7 @@ class SchedulerKeeper:
 
     def hurry(self) -> None:
         """A hurried stop: end it now; its locks are freed when it is reaped."""
-        if self.w is not None and self.w.state != WorkerState.KILLING:
+        if self.w is not None and self.w.life.state != WorkerState.KILLING:
             self._kill(self.w, "herder is stopping in a hurry")
 
     def close(self, timeout: float = 5.0) -> None:
@@ -143,9 +143,9 @@ class SchedulerKeeper:
         # Not a fleet worker, but it lives the workers' life (lifecycle.py): the same state
         # funnel, kill and escalation; its lines say `scheduler pid N`.
         obs = w.proc.snapshot()
-        if w.state == WorkerState.STARTING and obs.ready:
+        if w.life.state == WorkerState.STARTING and obs.ready:
             change_state(w, WorkerState.IDLE, "ready")
-        if w.state == WorkerState.KILLING:
+        if w.life.state == WorkerState.KILLING:
             lifecycle.escalate(w, now, cfg.kill_timeout)
             return
         verdict = judge(w, obs, now, cfg)
@@ -163,7 +163,7 @@ class SchedulerKeeper:
         self.w = None
         assert self.locks is not None
         self.locks.release(self.name, self.queues)  # owner-checked: only what it still held
-        why = "after `stop`" if ex.graceful else w.kill_reason or "unexpected"
+        why = "after `stop`" if ex.graceful else w.life.kill_reason or "unexpected"
         # The exit's one line is the one below, in the form docs and operators know; the
         # state's own line says it again only at DEBUG.
         lifecycle.exited(w, ex, f"{ex.how}; {why}", logging.DEBUG)
@@ -185,55 +185,39 @@ class SchedulerKeeper:
 
     # ---- for `herder status` -----------------------------------------------------------------
 
-    def status(self, cfg: Config) -> dict[str, Any]:
+    def status(self, cfg: Config) -> SchedulerStatus:
         """Where RQ's scheduler runs: this host's process, and each queue's lock holder (read
         from Redis, so it names another host's scheduler, or nobody, just as well)."""
         now = self.clock.monotonic()
         w = self.w
         reading = self.locks.reading() if self.locks else None
-        queues = []
-        for q in cfg.queues:
-            h = reading.holders.get(q) if reading else None
-            holder = None
-            if h is not None:
-                here = w is not None and h.name == self.name
-                holder = {
-                    "name": h.name,
-                    "host_id": h.host_id,
-                    "hostname": h.hostname,
-                    "pid": h.pid,
-                    "here": here,
-                }
-            queues.append({"name": q, "holder": holder})
+        queues = tuple(
+            QueueLock(q, self._holder(reading.holders.get(q) if reading else None)) for q in cfg.queues
+        )
         if w is not None:
-            state = str(w.state)
+            state = str(w.life.state)
         elif (cfg.scheduler or cfg.cron) and self.locks is not None:
             state = "backoff" if self.slot.in_backoff(now) else "starting"
         else:
             state = "off"
-        return {
-            "enabled": cfg.scheduler and self.locks is not None,
-            "state": state,
-            "pid": w.pid if w else None,
-            "name": self.name if w else None,
-            "uptime": round(now - w.spawned_at, 1) if w else None,
-            "spawned": self.spawned,
-            "holds": [q["name"] for q in queues if q["holder"] and q["holder"]["here"]],
-            "queues": queues,
-            "read_age": round(now - reading.at, 1) if reading else None,
-            "cron": self.cron_status(cfg, reading),
-        }
+        return SchedulerStatus(
+            enabled=cfg.scheduler and self.locks is not None,
+            state=state,
+            pid=w.pid if w else None,
+            name=self.name if w else None,
+            uptime=round(now - w.spawned_at, 1) if w else None,
+            spawned=self.spawned,
+            holds=tuple(q.name for q in queues if q.holder and q.holder.here),
+            queues=queues,
+            read_age=round(now - reading.at, 1) if reading else None,
+            cron=CronStatus(
+                bool(cfg.cron), cfg.cron or None, self._holder(reading.cron if reading else None)
+            ),
+        )
 
-    def cron_status(self, cfg: Config, reading: LockReading | None) -> dict[str, Any]:
-        """RQ's cron: on or off here, and which scheduler process (on any host) runs it."""
-        h = reading.cron if reading else None
-        holder = None
-        if h is not None:
-            holder = {
-                "name": h.name,
-                "host_id": h.host_id,
-                "hostname": h.hostname,
-                "pid": h.pid,
-                "here": self.w is not None and h.name == self.name,
-            }
-        return {"enabled": bool(cfg.cron), "config": cfg.cron or None, "holder": holder}
+    def _holder(self, h: Holder | None) -> LockHolder | None:
+        """A lock's holder as status shows it: here, when it is this host's process."""
+        if h is None:
+            return None
+        here = self.w is not None and h.name == self.name
+        return LockHolder(h.name, h.host_id, h.hostname, h.pid, here)

@@ -106,8 +106,9 @@ CULL_TRANSITIONS: dict[Cull, frozenset[Cull]] = {
 
 def change_cull(w: HasCull, new: Cull) -> None:
     """The one place a worker's culling moves, checked against CULL_TRANSITIONS."""
-    if w.cull != new:
-        w.cull = move(CULL_TRANSITIONS, w.cull, new, f"{w.label} cull")
+    c = w.culling
+    if c.cull != new:
+        c.cull = move(CULL_TRANSITIONS, c.cull, new, f"{w.label} cull")
 
 
 class KillKind(StrEnum):
@@ -160,10 +161,24 @@ class Retire(StrEnum):
     CULLED = "culled"
 
 
-class HasState(Protocol):
-    """What the funnel reads and changes of a worker (herder.supervisor.fleet.Worker)."""
+class LifeState(Protocol):
+    """The states of a worker's life record (herder.supervisor.fleet.Life)."""
 
     state: WorkerState
+    kill_stage: KillStage
+
+
+class CullState(Protocol):
+    """The state of a worker's culling record (herder.supervisor.fleet.Culling)."""
+
+    cull: Cull
+
+
+class HasState(Protocol):
+    """What the funnels read and change of a worker (herder.supervisor.fleet.Worker)."""
+
+    @property
+    def life(self) -> LifeState: ...
 
     @property
     def label(self) -> str: ...  # `slot 3 pid 1234`, `scheduler pid 1234`
@@ -172,33 +187,27 @@ class HasState(Protocol):
 class HasCull(Protocol):
     """What change_cull reads and changes of a worker (herder.supervisor.fleet.Worker)."""
 
-    cull: Cull
+    @property
+    def culling(self) -> CullState: ...
 
     @property
     def label(self) -> str: ...
 
 
-class HasKillStage(Protocol):
-    """What change_kill reads and changes of a worker (herder.supervisor.fleet.Worker)."""
-
-    kill_stage: KillStage
-
-    @property
-    def label(self) -> str: ...
-
-
-def change_kill(w: HasKillStage, new: KillStage) -> None:
+def change_kill(w: HasState, new: KillStage) -> None:
     """The one place a worker's kill stage moves, checked against KILL_TRANSITIONS."""
-    w.kill_stage = move(KILL_TRANSITIONS, w.kill_stage, new, f"{w.label} kill")
+    life = w.life
+    life.kill_stage = move(KILL_TRANSITIONS, life.kill_stage, new, f"{w.label} kill")
 
 
 def change_state(w: HasState, new: WorkerState, reason: str, level: int = logging.INFO) -> None:
     """The one place a worker's state changes: checked against TRANSITIONS, and logged, once,
     with everything known about why (`level`: WARNING for a fault). No other line repeats it."""
-    if w.state == new:
+    life = w.life
+    if life.state == new:
         return
-    move(TRANSITIONS, w.state, new, w.label, reason)
-    if {w.state, new} <= WORKING:
+    move(TRANSITIONS, life.state, new, w.label, reason)
+    if {life.state, new} <= WORKING:
         level = logging.DEBUG  # one IDLE<->BUSY flip per job: or a busy fleet's log is nothing else
-    log.log(level, "%s: %s -> %s (%s)", w.label, w.state, new, reason)
-    w.state = new
+    log.log(level, "%s: %s -> %s (%s)", w.label, life.state, new, reason)
+    life.state = new

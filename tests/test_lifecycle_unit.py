@@ -30,7 +30,7 @@ CFG = SHORT_TIMEOUT_CONFIG
 
 def child(clock: FakeClock, state: WorkerState = WorkerState.IDLE) -> Worker:
     w = Worker(0, FakeProc(100, clock), spawned_at=clock.t)
-    w.state = state
+    w.life.state = state
     return w
 
 
@@ -111,7 +111,7 @@ def test_a_reaped_child_is_exited_and_its_slot_backs_off_only_when_it_died_young
     w.proc.exit(1)  # type: ignore[attr-defined]  # before `ready`
     ex = lifecycle.reap(w, clock.t)
     lifecycle.exited(w, ex, "test")
-    assert w.state == WorkerState.EXITED
+    assert w.life.state == WorkerState.EXITED
     assert lifecycle.back_off(slot, ex, CFG, clock.t) == CFG.backoff_initial and slot.young_deaths == 1
     w = child(clock)
     w.proc.obs.ready = True  # type: ignore[attr-defined]
@@ -131,7 +131,7 @@ def test_a_kill_escalates_to_sigkill_once_after_kill_timeout() -> None:
     assert isinstance(proc, FakeProc)
     proc.obeys_term = False
     lifecycle.kill(w, "silent", KillKind.SILENT, clock.t)
-    assert w.state == WorkerState.KILLING and w.killed and w.kill_kind == KillKind.SILENT
+    assert w.life.state == WorkerState.KILLING and w.killed and w.life.kill_kind == KillKind.SILENT
     assert proc.signals == [signal.SIGTERM, signal.SIGCONT]
     clock.advance(CFG.kill_timeout / 2)
     lifecycle.escalate(w, clock.t, CFG.kill_timeout)
@@ -140,7 +140,7 @@ def test_a_kill_escalates_to_sigkill_once_after_kill_timeout() -> None:
     for _ in range(3):
         lifecycle.escalate(w, clock.t, CFG.kill_timeout)
         clock.advance(CFG.kill_timeout)
-    assert proc.signals.count(signal.SIGKILL) == 1 and w.kill_stage == KillStage.SIGKILLED
+    assert proc.signals.count(signal.SIGKILL) == 1 and w.life.kill_stage == KillStage.SIGKILLED
 
 
 def test_a_spared_worker_can_still_be_killed_and_a_killed_one_not_spared() -> None:
@@ -204,10 +204,10 @@ def test_the_scheduler_reaches_exited_after_a_graceful_stop(
     procs[0].ready()
     sched.step(cfg, False, lambda: None)
     sched.step(cfg, True, lambda: None)  # herder stops: `stop`
-    assert w.state == WorkerState.STOPPING and procs[0].stops == 1
+    assert w.life.state == WorkerState.STOPPING and procs[0].stops == 1
     procs[0].exit(0)
     sched.step(cfg, True, lambda: None)
-    assert w.state == WorkerState.EXITED and sched.w is None
+    assert w.life.state == WorkerState.EXITED and sched.w is None
     assert f"scheduler pid {w.pid}: exited (exit code 0, after `stop`)" in caplog.text
     assert sched.slot.young_deaths == 0
 
@@ -220,7 +220,7 @@ def test_a_scheduler_that_said_stop_and_exited_0_is_graceful_as_a_worker_is(cloc
     procs[0].obs.said_stop = True
     procs[0].exit(0)
     sched.step(cfg, False, lambda: None)
-    assert w.state == WorkerState.EXITED and sched.slot.young_deaths == 0
+    assert w.life.state == WorkerState.EXITED and sched.slot.young_deaths == 0
     assert len(procs) == 2  # replaced at once
 
 
@@ -228,11 +228,11 @@ def test_a_scheduler_killed_is_exited_too(clock: FakeClock) -> None:
     sched, procs, cfg, w = spawned_scheduler(clock)
     procs[0].obeys_term = False
     sched.hurry()
-    assert w.kill_kind == KillKind.SCHEDULER and procs[0].signals == [signal.SIGTERM, signal.SIGCONT]
+    assert w.life.kill_kind == KillKind.SCHEDULER and procs[0].signals == [signal.SIGTERM, signal.SIGCONT]
     for _ in range(3):
         clock.advance(cfg.kill_timeout)
         sched.step(cfg, True, lambda: None)
-    assert procs[0].signals.count(signal.SIGKILL) == 1 and w.state == WorkerState.EXITED
+    assert procs[0].signals.count(signal.SIGKILL) == 1 and w.life.state == WorkerState.EXITED
 
 
 # ---- the watchdog: a starved master is not a hung one --------------------------------------

@@ -15,7 +15,7 @@ import pytest
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc, all_ready, live, make
 from herder.common.worker_protocol import parse_line, wait_line
 from herder.supervisor import fleet, pipes, reload
-from herder.supervisor.fleet import Worker
+from herder.supervisor.fleet import Life, Worker
 from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
 from herder.supervisor.master import TICK, TICK_IN_MOTION, Master
 from herder.supervisor.observations import Held, Observations, record, wait_to_log
@@ -39,12 +39,12 @@ def test_spawns_the_target_and_marks_ready_workers_idle(clock: FakeClock) -> Non
     m, launcher, _ = make(clock, workers=3)
     m.step()
     assert len(launcher.spawned) == 3
-    assert {w.state for w in m.workers.values()} == {WorkerState.STARTING}
+    assert {w.life.state for w in m.workers.values()} == {WorkerState.STARTING}
     all_ready(m)
-    assert {w.state for w in m.workers.values()} == {WorkerState.IDLE}
+    assert {w.life.state for w in m.workers.values()} == {WorkerState.IDLE}
     launcher.spawned[0].busy("job-1")
     m.step()
-    assert m.workers[0].state == WorkerState.BUSY
+    assert m.workers[0].life.state == WorkerState.BUSY
 
 
 def test_spawns_wait_for_a_warming_fork_server_and_the_loop_comes_back_soon(clock: FakeClock) -> None:
@@ -124,7 +124,7 @@ def test_a_silent_worker_gets_sigterm_then_sigkill_after_the_kill_timeout(clock:
     clock.advance(3.5)  # past the 3 s heartbeat timeout
     m.step()
     assert proc.signals == [signal.SIGTERM, signal.SIGCONT]
-    assert m.workers[0].state == WorkerState.KILLING
+    assert m.workers[0].life.state == WorkerState.KILLING
     clock.advance(1.0)  # the kill timeout
     m.step()
     assert proc.signals[-1] == signal.SIGKILL
@@ -144,7 +144,7 @@ def test_a_worker_whose_lines_wait_unread_is_not_silent(clock: FakeClock) -> Non
     proc.pending = 120  # `beat` lines written, not yet read by the master's reader
     clock.advance(3.5)  # past the 3 s heartbeat timeout, as the master's reads go
     m.step()
-    assert proc.signals == [] and m.workers[0].state != WorkerState.KILLING
+    assert proc.signals == [] and m.workers[0].life.state != WorkerState.KILLING
     assert m.lagging_reads == 1
     proc.pending = 0  # read, and still nothing new: now it is silent
     m.step()
@@ -159,7 +159,7 @@ def test_a_start_whose_ready_waits_unread_is_not_killed(clock: FakeClock) -> Non
     proc.pending = 40  # `ready` written, not yet read
     clock.advance(11)  # past the 10 s start timeout, as the master's reads go
     m.step()
-    assert proc.signals == [] and m.workers[0].state == WorkerState.STARTING
+    assert proc.signals == [] and m.workers[0].life.state == WorkerState.STARTING
     proc.pending = 0  # read, and no `ready` among them: now it is a hung start
     m.step()
     assert proc.signals == [signal.SIGTERM, signal.SIGCONT]
@@ -173,7 +173,7 @@ def test_the_kill_budget_spares_half_the_fleet_and_health_recovers(clock: FakeCl
         proc.obeys_term = False
     clock.advance(4)  # every worker silent: a widespread fault
     m.step()
-    killing = [w for w in m.workers.values() if w.state == WorkerState.KILLING]
+    killing = [w for w in m.workers.values() if w.life.state == WorkerState.KILLING]
     spared = [w for w in m.workers.values() if w.spared]
     assert len(killing) == 2 and len(spared) == 2
     assert m.guard.degraded.startswith("kill budget spent on this host")
@@ -194,8 +194,8 @@ def test_a_job_past_its_own_timeout_is_killed_even_with_the_budget_spent(clock: 
         clock.advance(1)
         proc.beat()
         m.step()
-    assert m.workers[0].state == WorkerState.KILLING
-    assert m.workers[0].kill_reason == "busy 2 s past its 5 s timeout"
+    assert m.workers[0].life.state == WorkerState.KILLING
+    assert m.workers[0].life.kill_reason == "busy 2 s past its 5 s timeout"
 
 
 # ---- stop, scale down, rolling restart ---------------------------------------------------------
@@ -218,11 +218,11 @@ def test_a_graceful_stop_lets_jobs_finish_and_kills_only_past_the_stop_timeout(c
         clock.advance(1)
         slow.beat()
         m.step()
-    assert m.workers[1].state == WorkerState.STOPPING
+    assert m.workers[1].life.state == WorkerState.STOPPING
     clock.advance(1)
     slow.beat()
     m.step()
-    assert m.workers[1].state == WorkerState.KILLING
+    assert m.workers[1].life.state == WorkerState.KILLING
     m.step()
     assert not m.workers
     assert recovery.requeues == [
@@ -289,7 +289,7 @@ def test_a_rolling_restart_starts_replacements_before_it_stops_anyone(clock: Fak
         for proc in old:
             if proc.stops and proc.code is None:
                 proc.exit(0)
-        ready = sum(w.state in (WorkerState.IDLE, WorkerState.BUSY) for w in m.workers.values())
+        ready = sum(w.life.state in (WorkerState.IDLE, WorkerState.BUSY) for w in m.workers.values())
         lowest_ready = min(lowest_ready, ready)
     assert not old & set(live(m).values())  # every old worker replaced
     assert lowest_ready >= 4  # and capacity never dipped
@@ -300,7 +300,7 @@ def test_a_rolling_restart_starts_replacements_before_it_stops_anyone(clock: Fak
 
 
 def worker(state: WorkerState = WorkerState.IDLE, spawned_at: float = 0.0) -> Worker:
-    return Worker(0, FakeProc(1, FakeClock()), spawned_at=spawned_at, state=state)
+    return Worker(0, FakeProc(1, FakeClock()), spawned_at=spawned_at, life=Life(state=state))
 
 
 def test_judge_eof_start_timeout_and_waiting_for_redis() -> None:
@@ -390,13 +390,13 @@ def fleet_up(m: Master) -> None:
     for _ in range(20):
         m.step()
         all_ready(m)
-        if len(m.workers) == m.target and all(w.state == WorkerState.IDLE for w in m.workers.values()):
+        if len(m.workers) == m.target and all(w.life.state == WorkerState.IDLE for w in m.workers.values()):
             return
     raise AssertionError("the fleet did not come up")
 
 
 def loading_count(m: Master) -> int:
-    return sum(w.state == WorkerState.STARTING for w in m.workers.values())
+    return sum(w.life.state == WorkerState.STARTING for w in m.workers.values())
 
 
 def test_a_big_scale_up_is_paced_and_the_loop_comes_back_soon(clock: FakeClock, window: int) -> None:
@@ -502,7 +502,7 @@ def test_stopping_workers_count_towards_the_limit(clock: FakeClock, window: int)
     # A lower limit (a reload): the idle half is stopped; those still finish up meanwhile.
     reload.apply(m, replace(m.cfg, workers=4, workers_limit=4))
     m.step()
-    assert sorted(w.slot for w in m.workers.values() if w.state == WorkerState.STOPPING) == [4, 5, 6, 7]
+    assert sorted(w.slot for w in m.workers.values() if w.life.state == WorkerState.STOPPING) == [4, 5, 6, 7]
     clock.advance(2)
     for proc in launcher.spawned[:4]:
         proc.exit(-signal.SIGKILL)  # the busy half dies: four slots free, four processes left
@@ -552,7 +552,7 @@ def test_a_rolling_restart_at_the_workers_limit_makes_room_one_at_a_time(
         for proc in old:
             if proc.stops and proc.code is None:
                 proc.exit(0)
-        ready = sum(w.state in (WorkerState.IDLE, WorkerState.BUSY) for w in m.workers.values())
+        ready = sum(w.life.state in (WorkerState.IDLE, WorkerState.BUSY) for w in m.workers.values())
         lowest_ready = min(lowest_ready, ready)
     assert not old & set(live(m).values())  # every old worker replaced
     assert lowest_ready >= 3  # at the limit capacity dips by one worker at most
@@ -705,3 +705,37 @@ def test_the_master_pool_and_cull_states_move_only_along_their_tables(clock: Fak
     assert w.culled
     with pytest.raises(IllegalTransition):
         change_cull(w, Cull.NONE)  # culled is final: it retires
+
+
+def test_the_snapshot_states_the_masters_phase_as_its_type(clock: FakeClock) -> None:
+    """The snapshot is handed the master's phase (views/sources.Loop), not two booleans it
+    rebuilds a string from."""
+    m, _, _ = make(clock, workers=1)
+    m.step()
+    assert m.take_snapshot().state is MasterPhase.STARTING
+    all_ready(m)
+    assert m.take_snapshot().state is MasterPhase.RUNNING
+    m.begin_stop(hurry=False, why="test")
+    assert m.take_snapshot().state is MasterPhase.STOPPING
+
+
+def test_a_pool_added_back_while_its_workers_drain_still_holds_them(clock: FakeClock) -> None:
+    """A reload removes pool b (its worker finishes its job and goes), another adds it back
+    before that worker exits: the new pool holds it, so it is still reaped and counted."""
+    two = {"a": {"workers": 1, "queues": ["a"]}, "b": {"workers": 1, "queues": ["b"]}}
+    m, _, _ = make(clock, pools=two)
+    m.step()
+    all_ready(m)
+    [old] = m.pools["b"].workers.values()
+    old.proc.busy("job-1")  # type: ignore[attr-defined]
+    m.step()
+    reload.apply(m, replace(m.cfg, pools={"a": two["a"]}))
+    m.step()
+    assert m.pools["b"].draining and old.life.state == WorkerState.STOPPING
+    reload.apply(m, replace(m.cfg, pools=two))  # back, while its old worker runs its job
+    m.step()
+    assert old in m.pools["b"].workers.values() and old.slot in m.workers
+    old.proc.done()  # type: ignore[attr-defined]
+    old.proc.exit(0)  # type: ignore[attr-defined]
+    m.step()
+    assert old not in m.pools["b"].workers.values() and m.counters.totals.exited == 1

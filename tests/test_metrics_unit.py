@@ -11,7 +11,14 @@ from dataclasses import replace
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import FakeClock, all_ready, live, make
-from herder.supervisor.views.model import Health, HostSnapshot
+from herder.supervisor.views.model import (
+    CronStatus,
+    Health,
+    HostSnapshot,
+    LockHolder,
+    QueueLock,
+    SchedulerStatus,
+)
 from herder.supervisor.views.prometheus import HEALTH_KINDS, SnapshotCollector, exposition, registry_for
 
 
@@ -62,12 +69,17 @@ def test_each_pool_has_its_ceiling_and_each_queue_names_its_pool(clock: FakeCloc
 def test_scheduler_locks_show_once_read_held_or_not(clock: FakeClock) -> None:
     m, _, _ = make(clock, workers=1)
     m.step()
-    unread = {"read_age": None, "queues": [{"name": "default", "holder": None}]}
+
+    def status(read_age: float | None, *queues: QueueLock) -> SchedulerStatus:
+        off = CronStatus(False, None, None)
+        return SchedulerStatus(True, "off", None, None, None, 0, (), queues, read_age, off)
+
+    unread = status(None, QueueLock("default", None))
     m.sched.status = lambda cfg: unread  # type: ignore[method-assign]
     got = samples(m.take_snapshot(), clock)
     assert not [k for k in got if k[0] == "herder_scheduler_lock_held"]  # nothing known yet: no sample
-    holder = {"name": "s1", "host_id": "h", "hostname": "box", "pid": 7, "here": False}
-    read = {"read_age": 0.3, "queues": [{"name": "a", "holder": holder}, {"name": "b", "holder": None}]}
+    holder = LockHolder("s1", "h", "box", 7, here=False)
+    read = status(0.3, QueueLock("a", holder), QueueLock("b", None))
     m.sched.status = lambda cfg: read  # type: ignore[method-assign]
     got = samples(m.take_snapshot(), clock)
     assert got[("herder_scheduler_lock_held", (("queue", "a"),))] == 1
@@ -89,3 +101,32 @@ def test_every_health_kind_has_a_series_one_while_it_holds(clock: FakeClock) -> 
         dict(k[1])["kind"]: v for k, v in samples(down, clock).items() if k[0] == "herder_health_problem"
     }
     assert kinds["redis_unreachable"] == 1 and kinds["starting"] == 0
+
+
+def test_a_finished_job_is_counted_once_while_its_worker_lives_and_after_its_reap(clock: FakeClock) -> None:
+    """One count of finished jobs, the host's and its pool's, that every view reads: looking
+    twice adds nothing, and a job finished just before its worker's exit is counted at the reap."""
+    m, _, _ = make(clock, workers=2)
+    m.step()
+    all_ready(m)
+    first, second = live(m)[0], live(m)[1]
+    for proc, job in ((first, "a"), (second, "b")):
+        proc.busy(job)
+        clock.advance(0.5)
+        proc.done()
+    first.obs.jobs_failed += 1
+
+    def counted() -> tuple[int, int, int, int]:
+        snap = m.take_snapshot()
+        [pool] = snap.pools
+        return snap.jobs_ok, snap.jobs_failed, pool.jobs_ok, pool.jobs_failed
+
+    assert counted() == (2, 1, 2, 1)
+    assert counted() == (2, 1, 2, 1)  # counted again: nothing added
+    first.busy("c")
+    first.done()  # its last job, finished after the last look and before its exit
+    m.stop_worker(m.workers[0], "test")
+    first.exit(0)
+    m.step()  # reaped (and its slot refilled)
+    assert counted() == (3, 1, 3, 1)
+    assert m.counters.pool_jobs("default").done == 4  # what the autoscaler reads: the same count

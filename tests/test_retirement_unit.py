@@ -12,7 +12,7 @@ from herder.supervisor.states import WorkerState
 
 def ready_count(m) -> int:  # noqa: ANN001
     """Workers taking jobs: a retiring one still does, until it is sent `stop`."""
-    return sum(w.state in (WorkerState.IDLE, WorkerState.BUSY) for w in m.workers.values())
+    return sum(w.life.state in (WorkerState.IDLE, WorkerState.BUSY) for w in m.workers.values())
 
 
 def run_jobs(proc, n: int, failed: bool = False) -> None:  # noqa: ANN001
@@ -42,14 +42,14 @@ def test_max_jobs_with_jitter_recycles_workers_apart_and_capacity_never_dips(clo
     m.pools["default"].retirement.rng = random.Random(7)
     m.step()
     all_ready(m)
-    limits = sorted(w.jobs_limit for w in m.workers.values())
+    limits = sorted(w.limits.jobs for w in m.workers.values())
     assert len(set(limits)) > 1 and all(100 <= x <= 150 for x in limits)
     first = live(m)
     for proc in first.values():
         run_jobs(proc, 150)  # every worker is past its limit at once
     m.step()
-    retiring = [w for w in m.workers.values() if w.retire_reason]
-    assert len(retiring) == 1 and "max jobs" in retiring[0].retire_reason  # a quarter of 4 at a time
+    retiring = [w for w in m.workers.values() if w.limits.retire_reason]
+    assert len(retiring) == 1 and "max jobs" in retiring[0].limits.retire_reason  # a quarter of 4 at a time
     assert settle(m, launcher, clock, passes=30) >= 4
     assert not set(first.values()) & set(live(m).values())  # all four recycled, one by one
     assert m.pools["default"].retirement.recycled["recycled after max jobs"] == 4
@@ -73,7 +73,7 @@ def test_a_worker_whose_jobs_keep_failing_is_culled_with_a_token_and_stopped_as_
     recovery.pending_answers = {1: True}
     spawned = len(launcher.spawned)
     m.step()
-    assert m.workers[1].retire_reason.startswith("culled: 5 failed jobs")
+    assert m.workers[1].limits.retire_reason.startswith("culled: 5 failed jobs")
     # Every job it took would fail: it takes no more (`stop` now), as its replacement starts.
     assert bad.stops == 1 and len(launcher.spawned) == spawned + 1
     settle(m, launcher, clock)
@@ -91,7 +91,7 @@ def test_no_token_leaves_the_worker_and_degrades_health_until_its_jobs_succeed(c
     m.step()
     recovery.pending_answers = {1: False}  # the cluster's budget is spent (or Redis is away)
     m.step()
-    assert m.workers[0].retire_reason == "" and bad.stops == 0
+    assert m.workers[0].limits.retire_reason == "" and bad.stops == 0
     assert m.pools["default"].retirement.degraded.startswith("cull budget spent cluster-wide")
     assert not m.take_snapshot().health.ok
     clock.advance(61)  # the fault clears: no new failures, the minute passes
@@ -110,7 +110,7 @@ def test_the_local_budget_stops_culls_before_asking_redis(clock: FakeClock) -> N
     assert "on this host" in m.pools["default"].retirement.degraded
     recovery.pending_answers = {1: True}
     m.step()
-    culled = [w for w in m.workers.values() if w.retire_reason]
+    culled = [w for w in m.workers.values() if w.limits.retire_reason]
     assert len(culled) == 1  # the others are left running
 
 
@@ -123,7 +123,7 @@ def test_one_failure_per_worker_culls_nobody(clock: FakeClock) -> None:
         run_jobs(proc, 1, failed=True)
     for _ in range(3):
         m.step()
-    assert recovery.asked == [] and not any(w.retire_reason for w in m.workers.values())
+    assert recovery.asked == [] and not any(w.limits.retire_reason for w in m.workers.values())
 
 
 def test_memory_soft_limit_recycles_and_hard_limit_kills(clock: FakeClock) -> None:
@@ -138,8 +138,8 @@ def test_memory_soft_limit_recycles_and_hard_limit_kills(clock: FakeClock) -> No
     for proc in (fat, huge):
         proc.beat()
     m.step()
-    assert "max memory" in m.workers[0].retire_reason
-    assert huge.signals[:1] == [15] and "hard memory limit" in m.workers[1].kill_reason
+    assert "max memory" in m.workers[0].limits.retire_reason
+    assert huge.signals[:1] == [15] and "hard memory limit" in m.workers[1].life.kill_reason
 
 
 def test_each_worker_is_told_its_own_jobs_limit_and_no_other(clock: FakeClock, monkeypatch) -> None:  # noqa: ANN001
@@ -147,8 +147,8 @@ def test_each_worker_is_told_its_own_jobs_limit_and_no_other(clock: FakeClock, m
     m, launcher, _ = make(clock, workers=4, max_jobs=100, max_jobs_jitter=50)
     m.step()
     told = {w.pid: w.proc.env.get(wp.ENV_JOBS_LIMIT) for w in m.workers.values()}  # type: ignore[attr-defined]
-    assert told == {w.pid: str(w.jobs_limit) for w in m.workers.values()}
-    assert {wp.jobs_limit(p.env) for p in launcher.spawned} == {w.jobs_limit for w in m.workers.values()}
+    assert told == {w.pid: str(w.limits.jobs) for w in m.workers.values()}
+    assert {wp.jobs_limit(p.env) for p in launcher.spawned} == {w.limits.jobs for w in m.workers.values()}
     m, launcher, _ = make(clock, workers=1)  # no max_jobs: no limit
     m.step()
     assert wp.ENV_JOBS_LIMIT not in launcher.spawned[0].env
@@ -177,7 +177,7 @@ def test_a_worker_is_replaced_ahead_of_its_jobs_limit_and_stopped_only_at_it(clo
     fast.busy("j")
     slow.beat()
     m.step()
-    assert "91 jobs taken of its limit of 100" in m.workers[0].retire_reason  # 90 done, 1 running
+    assert "91 jobs taken of its limit of 100" in m.workers[0].limits.retire_reason  # 90 done, 1 running
     (new,) = launcher.spawned[2:]
     new.ready()
     clock.advance(0.5)
@@ -246,7 +246,7 @@ def test_past_max_memory_the_worker_is_told_at_once_to_take_no_more_jobs(clock: 
     clock.advance(3)
     fat.beat()
     m.step()
-    assert "max memory" in m.workers[0].retire_reason
+    assert "max memory" in m.workers[0].limits.retire_reason
     assert fat.retires == 1 and fat.stops == 0  # no more jobs now; `stop` once replaced
     m.step()
     assert fat.retires == 1  # once
@@ -287,7 +287,7 @@ def test_a_worker_that_took_its_last_long_job_is_replaced_while_it_runs_it(clock
     proc.done()
     proc.busy("fifth")
     m.step()
-    assert "5 jobs taken of its limit of 5" in m.workers[0].retire_reason
+    assert "5 jobs taken of its limit of 5" in m.workers[0].limits.retire_reason
     assert len(launcher.spawned) == 2
     launcher.spawned[1].ready()
     clock.advance(30)

@@ -60,7 +60,7 @@ def test_one_scheduler_beside_the_fleet_not_in_it(clock: FakeClock) -> None:
     assert m.sched.name.startswith("herder-scheduler:h1:")
     procs[0].ready()
     m.step()
-    assert m.sched.w is not None and m.sched.w.state == WorkerState.IDLE
+    assert m.sched.w is not None and m.sched.w.life.state == WorkerState.IDLE
     assert m.counters.totals.spawned == 2 and len(m.workers) == 2  # not a worker
 
 
@@ -125,7 +125,7 @@ def test_stop_waits_for_the_scheduler_and_a_hurry_kills_it(clock: FakeClock) -> 
 def test_the_setting_off_and_a_reload(clock: FakeClock) -> None:
     m, _, procs, _ = make(clock, scheduler=False)
     m.step()
-    assert procs == [] and m.sched.status(m.cfg)["state"] == "off"
+    assert procs == [] and m.sched.status(m.cfg).state == "off"
     m.cfg = replace(m.cfg, scheduler=True)
     m.step()
     assert len(procs) == 1

@@ -7,8 +7,7 @@ of the previous ones (the jobs/s over the last RATE_WINDOW seconds)."""
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 from herder.common.config import redact_url
 from herder.supervisor.fleet import Worker
@@ -24,10 +23,11 @@ from herder.supervisor.views.model import (
     PoolRow,
     QueueRow,
     SchedulerRow,
+    SchedulerStatus,
     ThreadJob,
     WorkerRow,
 )
-from herder.supervisor.views.sources import Sources, health_of, settings
+from herder.supervisor.views.sources import Loop, Sources, health_of, sched_cfg, settings
 from herder.supervisor.views.usage import Usage
 
 PUBLISH_EVERY = 0.5  # seconds between two snapshots the loop publishes
@@ -43,39 +43,42 @@ class Snapshots:
         self.hostname, self.wall, self.usage, self.journal = hostname, wall, usage, journal
         self._counts: dict[str, deque[tuple[float, int, int]]] = {}  # pool -> (monotonic, ok, failed)
 
-    def build(self, m: Sources, controls: bool, usage: bool = True) -> HostSnapshot:
-        """`usage`: sample the workers' RSS and CPU for it (else None: a snapshot nobody shows
-        them from need not cost a psutil read a worker a second)."""
+    def build(self, m: Sources, loop: Loop, controls: bool, usage: bool = True) -> HostSnapshot:
+        """`loop`: where the master's loop stands now. `usage`: sample the workers' RSS and CPU
+        for it (else None: a snapshot nobody shows them from need not cost a psutil read a
+        worker a second)."""
         now, wall = m.clock.monotonic(), m.clock.wall()
         counts = m.recovery.counts if m.recovery else Counts()
         pools = list(m.pools.values())
         alive = live(m.workers.values())
-        target, m_cfg, stopping, ever_ready = host_target(pools), m.cfg(), m.stopping(), m.ever_ready()
+        target, m_cfg = host_target(pools), loop.cfg
         every = sorted(m.workers.values(), key=lambda w: w.slot)
         observed = {w.slot: w.proc.snapshot() for w in every}  # once a worker: a copy under its lock
         sampled = self.usage.of(w.pid for w in every) if usage else {}
         workers = tuple(
             _worker_row(w, observed[w.slot], now, sampled.get(w.pid, (None, None))) for w in every
         )
-        queues = tuple(_queue_row(p, q) for p in pools for q in p.cfg.queues)
+        own = [tuple(_queue_row(p, q) for q in p.cfg.queues) for p in pools]  # each pool's queues' rows
+        queues = tuple(q for rows in own for q in rows)
         pool_rows = tuple(
-            self._pool_row(m, p, now, workers, observed, queues, counts, stopping, ever_ready) for p in pools
+            self._pool_row(m, loop, p, now, observed, rows, counts)
+            for p, rows in zip(pools, own, strict=True)
         )
         for gone in set(self._counts) - {p.name for p in pools}:
             del self._counts[gone]
-        problems = health_of(m, now, pools, alive)
+        problems = health_of(m, loop, now, pools, alive)
         grants = [p.scaler.grant for p in pools if p.scaler.grant is not None]
         rates = [p.scaler.state.per_worker for p in pools if p.scaler.state.per_worker is not None]
         cfg = m_cfg if m_cfg.pools else pools[0].cfg  # one pool: its bounds are the host's (scale)
         fleet = max(target, len(alive))
-        sched = m.sched.status(m.sched_cfg())
-        ok, failed = _jobs(m.counters.jobs([]), observed.values())
+        sched = m.sched.status(sched_cfg(m_cfg))
+        ok, failed = m.counters.jobs.ok, m.counters.jobs.failed
         return HostSnapshot(
             host_id=m.host_id,
             hostname=self.hostname,
             time=self.wall(),
             taken_at=now,
-            state="stopping" if stopping else "running" if ever_ready else "starting",
+            state=loop.phase,
             health=Health(ok=not problems, reasons=tuple(text for _, text in problems), problems=problems),
             controls=controls,
             pools=pool_rows,
@@ -93,10 +96,15 @@ class Snapshots:
             cluster_grant=sum(grants) if grants else None,
             target=target,
             actual=len(alive),
-            ready=sum(w.state in WORKING for w in m.workers.values()),
+            ready=sum(w.life.state in WORKING for w in m.workers.values()),
             paused=all(p.paused for p in pools),
             backoff=tuple(
-                sorted(s.index for s in m.slots.values() if s.index not in m.workers and s.in_backoff(now))
+                sorted(
+                    s.index
+                    for p in pools
+                    for s in p.slots.values()
+                    if s.index not in p.workers and s.in_backoff(now)
+                )
             ),
             queues=queues,
             totals={
@@ -107,7 +115,7 @@ class Snapshots:
                 "failed_by_herder": counts.failed,
                 "recycled": dict(sum((p.retirement.recycled for p in pools), Counter())),
             },
-            settings=settings(m),
+            settings=settings(m, m_cfg),
             scheduler_status=sched,
             scheduler_locks=_locks(sched),
             jobs_ok=ok,
@@ -127,33 +135,31 @@ class Snapshots:
     def _pool_row(
         self,
         m: Sources,
+        loop: Loop,
         pool: Pool,
         now: float,
-        workers: tuple[WorkerRow, ...],
         observed: dict[int, Observations],
-        queues: tuple[QueueRow, ...],
+        queues: tuple[QueueRow, ...],  # its own queues' rows
         counts: Counts,
-        stopping: bool,
-        ever_ready: bool,
     ) -> PoolRow:
         """One pool's figures, for every view (the only place they are built)."""
         cfg, name = pool.cfg, pool.name
-        alive = live(m.workers.values(), name)
-        mine = [w for w in workers if w.pool == name]
+        alive, mine = pool.live(), list(pool.workers.values())
         by_state = dict.fromkeys(STATES, 0)
         for w in mine:
             by_state[derived_state(w, observed[w.slot])] += 1
-        # Every worker process of the pool counts its jobs, stopping ones too (until reaped).
-        ok, failed = _jobs(m.counters.jobs([], name), (observed[w.slot] for w in mine))
+        # The pool's one count: every worker process it had, stopping and reaped ones too.
+        done = m.counters.pool_jobs(name)
+        ok, failed = done.ok, done.failed
         jobs_per_s, failed_per_s = self._rates(name, now, ok, failed)
-        read = [q for q in queues if q.pool == name and q.backlog is not None]
+        read = [q for q in queues if q.backlog is not None]
         known = bool(read) and len(read) == len(cfg.queues)
-        if stopping or pool.draining:
+        if loop.stopping or pool.draining:
             state = "stopping"
         elif pool.paused:
             state = "paused"
         else:
-            state = "running" if ever_ready else "starting"
+            state = "running" if loop.ever_ready else "starting"
         # Requeues by the pool that owns the job's queue (a queue belongs to one pool).
         own = set(cfg.queues)
         requeued: Counter[str] = Counter()
@@ -180,7 +186,7 @@ class Snapshots:
             jobs_failed=failed,
             queues=tuple(cfg.queues),
             target=pool.target,
-            ready=sum(w.state in WORKING for w in alive),
+            ready=sum(w.life.state in WORKING for w in alive),
             by_state=by_state,
             scaled=dict(pool.scaled),
             threads=cfg.threads,
@@ -189,7 +195,7 @@ class Snapshots:
             paused=pool.paused,
             draining=pool.draining,
             generation=pool.generation,
-            killed_by={k: n for (k, p), n in m.counters.totals.killed_by_pool.items() if p == name},
+            killed_by=dict(m.counters.totals.killed_by_pool.get(name, {})),
             requeued_by=dict(requeued),
             recycled_by=dict(pool.retirement.recycled),
             failed_by_herder=sum(n for q, n in counts.failed_by_queue.items() if q in own),
@@ -208,14 +214,6 @@ class Snapshots:
             return 0.0, 0.0
         done = max(0, ok + failed - ok0 - failed0)
         return round(done / dt, 3), round(max(0, failed - failed0) / dt, 3)
-
-
-def _jobs(base: tuple[int, int], observed: Iterable[Observations]) -> tuple[int, int]:
-    """Jobs ok and failed: the reaped workers' (`base`, counters.py) and the live ones'."""
-    ok, failed = base
-    for o in observed:
-        ok, failed = ok + o.jobs_ok, failed + o.jobs_failed
-    return ok, failed
 
 
 def _worker_row(w: Worker, o: Observations, now: float, usage: tuple[int | None, float | None]) -> WorkerRow:
@@ -246,8 +244,8 @@ def _worker_row(w: Worker, o: Observations, now: float, usage: tuple[int | None,
         # A protocol line since its spawn: a starting worker without one is still loading and
         # holds the start window (fleet.loading); one with one is on its way to ready.
         heard_from=o.last_seen > w.spawned_at,
-        jobs_limit=w.jobs_limit,
-        retiring=w.retire_reason if w.retiring else None,
+        jobs_limit=w.limits.jobs,
+        retiring=w.limits.retire_reason if w.retiring else None,
     )
 
 
@@ -265,25 +263,25 @@ def _queue_row(pool: Pool, name: str) -> QueueRow:
     )
 
 
-def _locks(s: dict[str, Any] | None) -> dict[str, bool]:
+def _locks(s: SchedulerStatus | None) -> dict[str, bool]:
     """Queue -> some RQ scheduler (on any host) holds its lock; {} until Redis was read."""
-    if not s or s.get("read_age") is None:
+    if s is None or s.read_age is None:
         return {}
-    return {q["name"]: q["holder"] is not None for q in s.get("queues", [])}
+    return {q.name: q.holder is not None for q in s.queues}
 
 
-def _scheduler(s: dict[str, Any] | None) -> SchedulerRow | None:
+def _scheduler(s: SchedulerStatus | None) -> SchedulerRow | None:
     """Where RQ's scheduler runs: here, on another host (its hostname), or nowhere; None when
     herder runs no scheduler and none holds this host's queues."""
     if s is None:
         return None
-    holders = [q["holder"] for q in s.get("queues", []) if q.get("holder")]
-    if s.get("pid") is not None or any(h["here"] for h in holders):
+    holders = [q.holder for q in s.queues if q.holder]
+    if s.pid is not None or any(h.here for h in holders):
         where = "here"
     elif holders:
-        where = ", ".join(sorted({str(h["hostname"] or h["host_id"]) for h in holders}))
+        where = ", ".join(sorted({str(h.hostname or h.host_id) for h in holders}))
     else:
         where = "nowhere"
-    if not s.get("enabled") and not holders:
+    if not s.enabled and not holders:
         return None
-    return SchedulerRow(pid=s.get("pid"), state=str(s.get("state", "off")), where=where)
+    return SchedulerRow(pid=s.pid, state=s.state, where=where)

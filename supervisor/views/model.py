@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from herder.supervisor.states import MasterPhase  # the snapshot's `state`: renderers read it here
+
 STALE_AFTER = 5.0  # seconds without a new snapshot: the loop is stalled (it passes every 0.25 s)
 VIEW_ONLY = {"json": False}  # a field's metadata: kept out of the dashboard's JSON
 # The one map from the loop's words to the wire's (the dashboard's JSON, status, /metrics).
@@ -146,6 +148,53 @@ class SchedulerRow:
     where: str
 
 
+# Where RQ's scheduler runs, as its keeper (scheduler.py) reads it: typed once there, shown by
+# status as it is (`SchedulerStatus.to_json`), summed up as a SchedulerRow by the builder.
+
+
+@dataclass(frozen=True, slots=True)
+class LockHolder:
+    """The RQ scheduler process holding a lock, on any host, as Redis names it."""
+
+    name: str
+    host_id: str  # "" if it is not herder's
+    hostname: str
+    pid: int | None
+    here: bool  # this host's own scheduler process
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLock:
+    name: str  # the queue
+    holder: LockHolder | None  # None: nobody holds it (or not read yet: read_age None)
+
+
+@dataclass(frozen=True, slots=True)
+class CronStatus:
+    enabled: bool
+    config: str | None
+    holder: LockHolder | None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStatus:
+    enabled: bool
+    state: str  # its process's state, or off, backoff, starting
+    pid: int | None
+    name: str | None
+    uptime: float | None
+    spawned: int
+    holds: tuple[str, ...]  # the queues whose lock this host's process holds
+    queues: tuple[QueueLock, ...]
+    read_age: float | None  # seconds since the locks were read; None: not yet
+    cron: CronStatus
+
+    def to_json(self) -> dict[str, Any]:
+        """As `herder status` shows it."""
+        out: dict[str, Any] = _json(self)
+        return out
+
+
 @dataclass(frozen=True, slots=True)
 class Health:
     ok: bool
@@ -159,7 +208,7 @@ class HostSnapshot:
     hostname: str
     time: float  # wall clock
     taken_at: float  # monotonic, when the loop took it (not in the JSON)
-    state: str  # starting, running, stopping
+    state: MasterPhase  # the master's: starting, running, stopping
     health: Health
     controls: bool  # an operator configured a token
     pools: tuple[PoolRow, ...]
@@ -184,7 +233,7 @@ class HostSnapshot:
     queues: tuple[QueueRow, ...] = view_only(())  # in force, in priority order
     totals: dict[str, Any] = view_only(factory=dict)  # spawned, killed, requeued, ...
     settings: dict[str, Any] = view_only(factory=dict)  # every setting in force, secrets redacted
-    scheduler_status: dict[str, Any] | None = view_only()  # scheduler.py's, as status shows it
+    scheduler_status: SchedulerStatus | None = view_only()  # scheduler.py's, as status shows it
     scheduler_locks: dict[str, bool] = view_only(factory=dict)  # queue -> some scheduler holds it; {}: unread
     jobs_ok: int = view_only(0)
     jobs_failed: int = view_only(0)

@@ -1,23 +1,23 @@
 """What a snapshot is built from: the master's parts, each read live, never the master itself
-(`Sources`, handed over once); and the readings that are not a pool's or a worker's row:
+(`Sources`, handed over once), and where its loop stands (`Loop`, handed over with each
+build); and the readings that are not a pool's or a worker's row:
 health's reasons, and each setting as it is in force."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from herder.common.config import KEYS, SECRET_KEYS, Config, all_queues, redact_setting, redact_url
 from herder.supervisor.counters import Counters
-from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.fleet import Worker
 from herder.supervisor.health import HealthWatch
-from herder.supervisor.pool import Pool, active, live
+from herder.supervisor.pool import Pool, Workers, active
 from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.states import WORKING
+from herder.supervisor.states import WORKING, MasterPhase
 
 if TYPE_CHECKING:
     from herder.supervisor.guard import KillGuard
@@ -26,20 +26,30 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Loop:
+    """Where the loop stands as a snapshot is built: values the master replaces (a reload its
+    settings, a stop its phase), handed over with each build."""
+
+    cfg: Config  # the settings in force
+    phase: MasterPhase
+    ever_ready: bool  # the fleet was ready once (health judges a shortfall from then)
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase == MasterPhase.STOPPING
+
+
+@dataclass(frozen=True)
 class Sources:
-    """The parts the builder reads. The collections are the master's own (changed in place by
-    the loop); `cfg` and `phase` are read through callables, as a reload and a stop replace them."""
+    """The parts the builder reads, handed over once: the collections are the master's own,
+    changed in place by the loop."""
 
     clock: Clock
     host_id: str
     started_at: float
     restarts: int  # times the watchdog restarted the master before this one
-    cfg: Callable[[], Config]  # the settings in force
-    stopping: Callable[[], bool]  # the master is stopping
-    ever_ready: Callable[[], bool]  # the fleet was ready once (health judges a shortfall from then)
     pools: dict[str, Pool]
-    workers: dict[int, Worker]  # by slot
-    slots: dict[int, Slot]
+    workers: Workers  # every pool's, by slot
     counters: Counters
     guard: KillGuard
     recovery: Recovery | None
@@ -48,25 +58,27 @@ class Sources:
     health: HealthWatch
     memory: MemoryWatch
 
-    def sched_cfg(self) -> Config:
-        """RQ's scheduler serves every pool's queues."""
-        cfg = self.cfg()
-        return replace(cfg, queues=all_queues(cfg)) if cfg.pools else cfg
+
+def sched_cfg(cfg: Config) -> Config:
+    """RQ's scheduler serves every pool's queues."""
+    return replace(cfg, queues=all_queues(cfg)) if cfg.pools else cfg
 
 
-def health_of(s: Sources, now: float, pools: list[Pool], alive: list[Worker]) -> tuple[tuple[str, str], ...]:
+def health_of(
+    s: Sources, loop: Loop, now: float, pools: list[Pool], alive: list[Worker]
+) -> tuple[tuple[str, str], ...]:
     """Health's (kind, reason) pairs as the loop sees them now (herder.supervisor.health)."""
-    cfg = s.cfg()
+    cfg = loop.cfg
     return tuple(
         s.health.reasons(
             now,
-            ready=sum(w.state in WORKING for w in alive),
+            ready=sum(w.life.state in WORKING for w in alive),
             floor=sum(p.cfg.floor for p in active(pools)),
-            was_ready=s.ever_ready(),
-            stopping=s.stopping(),
+            was_ready=loop.ever_ready,
+            stopping=loop.stopping,
             redis_down_since=s.reader.outage_since if s.reader else None,
             grace=cfg.health_grace,
-            short=short_pools(pools, s.workers.values()),
+            short=short_pools(pools),
             budgets=[
                 ("kill_budget_spent", s.guard.degraded),
                 (
@@ -84,23 +96,22 @@ def named(pool: Pool, pools: list[Pool]) -> str:
     return f"pool {pool.name}: {reason}" if len(pools) > 1 else reason
 
 
-def short_pools(pools: list[Pool], workers: Any) -> str:
+def short_pools(pools: list[Pool]) -> str:
     """The pools below their own minimum of ready workers, when there are several."""
     running = active(pools)
     if len(running) < 2:
         return ""
-    every = list(workers)
-    ready = {p.name: sum(w.state in WORKING for w in live(every, p.name)) for p in running}
+    ready = {p.name: sum(w.life.state in WORKING for w in p.live()) for p in running}
     return "; ".join(
         f"pool {p.name}: {ready[p.name]} of {p.cfg.floor}" for p in running if ready[p.name] < p.cfg.floor
     )
 
 
-def settings(s: Sources) -> dict[str, Any]:
+def settings(s: Sources, cfg: Config) -> dict[str, Any]:
     """Every setting as the master runs it, read back from the part that applies it where
     one does: a reload that did not reach a part shows here. With pools, the fleet
     settings shown are the first pool's; `pools` has what each pool sets itself."""
-    cfg, pools = s.cfg(), list(s.pools.values())
+    pools = list(s.pools.values())
     first = pools[0]
     in_force = cfg if cfg.pools else first.cfg  # one pool: `herder scale`'s bounds are the host's
     out: dict[str, Any] = {k: getattr(in_force, k) for k in KEYS}

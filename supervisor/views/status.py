@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from herder.common.config import KEYS, Config, all_queues, redact_setting, redact_url
-from herder.supervisor.views.model import HostSnapshot, PoolRow, QueueRow, WorkerRow
+from herder.supervisor.views.model import HostSnapshot, MasterPhase, PoolRow, QueueRow, WorkerRow
 
 
 def _uptime(pid: int) -> float | None:
@@ -26,7 +26,7 @@ def _uptime(pid: int) -> float | None:
 
 def build_status(snap: HostSnapshot) -> dict[str, Any]:
     degraded = "; ".join(snap.health.reasons)
-    stopping = snap.state == "stopping"
+    stopping = snap.state == MasterPhase.STOPPING
     running = (
         snap.actual >= snap.target
         and not snap.backoff
@@ -64,7 +64,7 @@ def build_status(snap: HostSnapshot) -> dict[str, Any]:
         "workers": [_worker(w) for w in snap.workers],
         "totals": snap.totals,
         "settings": snap.settings,
-        "scheduler": snap.scheduler_status,
+        "scheduler": snap.scheduler_status.to_json() if snap.scheduler_status else None,
         "jobs": {"ok": snap.jobs_ok, "failed": snap.jobs_failed},
         "killed_by": snap.killed_by,
         "requeued_by": snap.requeued_by,
