@@ -20,7 +20,7 @@ def rq_worker_name(host: str, slot: int | str, pid: int, thread: int = 0) -> str
 
 def client_name() -> str:
     """The name each Redis connection of a herder worker process gives itself (CLIENT
-    SETNAME), so the process can find its own blocked dequeue to wake (worker/rq_worker.py)."""
+    SETNAME), so the process can find its own blocked dequeue to wake (worker/presence.py)."""
     return f"herder-worker-{os.getpid()}"
 
 

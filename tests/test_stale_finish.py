@@ -3,7 +3,7 @@ writes once it is back must not undo that run, nor run the job again. On a real 
 
 - the fast path's finish is written only while the job is still the worker's
   (herder.worker.fast_path.script, the call framed as a worker frames it: wire.py), and so is
-  RQ's own (a failure, a Retry, --no-fast-path: herder.worker.rq_worker), on a real herder;
+  RQ's own (a failure, a Retry, --no-fast-path: herder.worker.job_path), on a real herder;
 - the requeue of a job whose worker died while Redis was away moves it only while it is still
   started under that worker (supervisor/redis_side/recovery.py's MOVE), never another host's run;
 - a job a worker took but had not started when it stalled, recovered and run elsewhere meanwhile,

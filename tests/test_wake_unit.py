@@ -1,5 +1,5 @@
 """A request from the master (or RQ's shutdown command) ends an idle worker's blocking dequeue at
-once (HerderMixin.wake_dequeue), also when it comes just before the dequeue blocks: the loop then
+once (Presence.wake_dequeue), also when it comes just before the dequeue blocks: the loop then
 leaves RQ's dequeue at its first heartbeat() instead of waiting out a slice. Unit tests of the
 worker's logic on a real connection."""
 
@@ -11,7 +11,8 @@ import pytest
 from redis import Redis
 from rq import Queue
 
-from herder.worker.rq_worker import HerderWorker, Woken
+from herder.worker.base import Woken
+from herder.worker.rq_worker import HerderWorker
 
 
 def idle_worker(conn: Redis) -> HerderWorker:

@@ -62,7 +62,7 @@ def run_threads(
         bound_calls(w.connection, max(cfg.redis_timeout, math.ceil(cfg.heartbeat_interval) + 1))
         workers.append(w)
     workers[0].nice_when_ready = cfg.worker_nice  # the process's niceness, once
-    # herder's signals mean "now" for the whole process (rq_worker.py, _install_signal_handlers).
+    # herder's signals mean "now" for the whole process (presence.py, _install_signal_handlers).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     failed: list[int] = []

@@ -214,7 +214,7 @@ def validate(cfg: Config, sources: dict[str, str] | None = None) -> None:
         if getattr(cfg, key) < 0:
             raise bad(key, f"must not be negative, got {getattr(cfg, key)}")
     # An idle RQ worker speaks once per dequeue slice of max(1 s, heartbeat_interval)
-    # (worker/rq_worker.py); a timeout that does not outlast two slices kills healthy ones.
+    # (worker/dequeue.py); a timeout that does not outlast two slices kills healthy ones.
     slice_s = max(1.0, cfg.heartbeat_interval)
     if cfg.heartbeat_timeout < 2 * slice_s:
         raise bad(

@@ -4,35 +4,37 @@ RQ's SimpleWorker spends a no-op job's time mostly waiting on Redis: a heartbeat
 the dequeue, the job's hash, an execution transaction, a start transaction, the job's heartbeat,
 a WATCH and a read of the dependents, the finish transaction and the state again, each its
 own round trip. The fast path sends the same commands, built by RQ's own code, in one script
-call. RQ's worker methods are overridden in one place, herder.worker.rq_worker.HerderMixin;
-those the fast path changes ask the worker's `fast` attribute (a `FastPath`, this module)
-first. One job, in order:
+call. RQ's worker methods are each overridden once, in one of herder.worker.rq_worker.HerderMixin's
+parts (`Dequeue`, `JobPath`, `Presence`: worker/rq_worker.py tells one job's way through
+them); those the fast path changes ask the worker's `fast` attribute (a `FastPath`, this
+module) first. One job, in order:
 
-1. **take** (HerderMixin.dequeue_job_and_maintain_ttl -> `FastPath.flush`): the previous job's
+1. **take** (Dequeue.dequeue_job_and_maintain_ttl -> `FastPath.flush`): the previous job's
    finish, held, goes out in one script call (call.py; script.py, framed by wire.py) that also takes the
    next job exactly as RQ's dequeue does (LMOVE into the intermediate list for one queue, LPOP
    in order for several; a vanished job is skipped) and returns its hash, made into RQ's Job
    (take.py; restore.py once checked against RQ's restore). The first job, and every job after
    an idle moment, is taken by RQ's own blocking dequeue.
-2. **busy** (HerderMixin._took): the protocol's line, with the previous job's held `done`.
-3. **start** (HerderMixin.prepare_execution and prepare_job_execution -> start.py): RQ's two
+2. **busy** (Dequeue._took): the protocol's line, with the previous job's held `done`.
+3. **start** (JobPath.prepare_execution and prepare_job_execution -> start.py): RQ's two
    start transactions were written by that same script from a template RQ's code recorded for
    a stand-in job (start_template.py), and only RQ's objects are made; or, for the first job and
    one the template is not for (another timeout), they are recorded (recording.py) and sent in a
    script call of their own.
-4. **perform** (HerderMixin.perform_job): RQ's, the job's own code.
-5. **finish** (HerderMixin._finalize_success, handle_execution_ended, handle_job_success ->
+4. **perform** (JobPath.perform_job): RQ's, the job's own code.
+5. **finish** (JobPath._finalize_success, handle_execution_ended, handle_job_success ->
    finish.py): the finish transaction RQ's handle_job_success builds is recorded, not sent,
-   together with the state and heartbeat writes after it (HerderMixin.set_state and heartbeat
+   together with the state and heartbeat writes after it (Presence.set_state and heartbeat
    add them to the held finish); from the second successful job of a shape on, it is filled in
    from a template (finish_template.py), made from RQ's own finish and checked against it. RQ
    WATCHes the job's dependents set around its transaction; the script checks it is empty
    instead, atomically, and when it is not nothing is written and RQ's own path finishes the job
    (dependents are enqueued by RQ's code).
-6. **done** (HerderMixin.execute_job -> `Finish.hold_done`): held until the finish is in Redis,
+6. **done** (JobPath.execute_job -> `Finish.hold_done`): held until the finish is in Redis,
    so a job the master counts done is done in Redis too; it goes with the next `busy` (1, 2), or
    alone when the next call takes no job (a stop, a pause, the jobs limit, an empty queue; also
-   HerderMixin.check_for_suspension, run_maintenance_tasks and teardown send the held finish).
+   Presence.check_for_suspension, Dequeue.run_maintenance_tasks and teardown send the held
+   finish).
 
 Each shortcut is a `Learned` (learned.py): LEARNING, READY, or REFUSED with its reason, and
 then RQ's own code does that step. Everything else stays RQ's code path: a failed job, a Retry,
