@@ -216,13 +216,21 @@ def lifecycle_calls(path: Path) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("name", ["master.py", "scheduler.py"])
-def test_the_workers_and_the_scheduler_live_one_lifecycle(name: str) -> None:
+# The rooms that carry a worker's life out: the loop, the spawner, the reaper (the dead) and
+# murder (the unresponsive); the scheduler process's keeper on its own.
+LIFECYCLE_USERS = {
+    "workers": ["master.py", "spawner.py", "reaper.py", "murder.py"],
+    "scheduler": ["scheduler.py"],
+}
+
+
+@pytest.mark.parametrize("child", sorted(LIFECYCLE_USERS))
+def test_the_workers_and_the_scheduler_live_one_lifecycle(child: str) -> None:
     """The master's workers and RQ's scheduler process are spawned, stopped, killed and reaped
     by supervisor/lifecycle.py alone: one graceful rule, one escalation, one reap."""
-    path = REPO / "supervisor" / name
-    assert lifecycle_calls(path) == LIFECYCLE, name
-    assert not lifecycle_bypasses(path)
+    paths = [REPO / "supervisor" / name for name in LIFECYCLE_USERS[child]]
+    assert set().union(*(lifecycle_calls(p) for p in paths)) == LIFECYCLE, child
+    assert not [bypass for p in paths for bypass in lifecycle_bypasses(p)]
 
 
 def test_the_lifecycle_rule_catches_a_bypass(tmp_path: Path) -> None:
