@@ -12,27 +12,21 @@ around it and this loop's sketch.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from herder.common import rq_seam, rq_support
-from herder.common.config import DEFAULT_POOL, Config, all_queues, pool_configs, redact_url
+from herder.common.config import DEFAULT_POOL, Config, all_queues, redact_url
 from herder.common.transitions import move
 from herder.supervisor import fleet, lifecycle, pipes, reload
 from herder.supervisor.commands import Commands
 from herder.supervisor.control import ControlServer
-from herder.supervisor.counters import Counters
 from herder.supervisor.endings import Endings
 from herder.supervisor.events import Events
 from herder.supervisor.fleet import Slot, Worker
 from herder.supervisor.guard import KillGuard
-from herder.supervisor.health import HealthWatch
-from herder.supervisor.hooks import EventHooks
 from herder.supervisor.launcher import Clock
 from herder.supervisor.launchers import Launchers
 from herder.supervisor.murder import Murderer
@@ -48,7 +42,7 @@ from herder.supervisor.pool import (
     share_limit,
     slots_of,
 )
-from herder.supervisor.pressure import KernelLog, MemoryWatch, OomWatch
+from herder.supervisor.pressure import MemoryWatch
 from herder.supervisor.reaper import Reaper
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
@@ -63,16 +57,9 @@ from herder.supervisor.states import (
     WorkerState,
 )
 from herder.supervisor.uplink import Uplink
-from herder.supervisor.views.build import Snapshots
-from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
 from herder.supervisor.views.publish import Views
-from herder.supervisor.views.sources import Loop, Sources, sched_cfg
-from herder.supervisor.views.usage import SHARED
-
-if TYPE_CHECKING:  # imported with --http only (Master.__init__)
-    from herder.supervisor.http_endpoint import Publisher
-    from herder.supervisor.jobstats import JobStats
+from herder.supervisor.views.sources import Loop, sched_cfg
 
 log = logging.getLogger("herder")
 
@@ -88,7 +75,7 @@ TICK_IN_MOTION = 0.25
 class Start:
     """How this master was started (__main__ fills it in; unit tests take the defaults).
     `control`: the control socket, already answering `starting` (__main__ opens it first
-    thing); the loop takes it over (without one, the master opens its own). `http_token`:
+    thing); the loop takes it over (without one, __main__ opens one). `http_token`:
     HERDER_HTTP_TOKEN, which __main__ took out of the environment (http_auth.py)."""
 
     host_id: str = ""
@@ -99,98 +86,61 @@ class Start:
     http_token: str = ""
 
 
+@dataclass
+class Children:
+    """The children and their lives: the pools (each holds its workers and slots), where their
+    processes come from, RQ's scheduler process, and the rooms that carry a life out."""
+
+    pools: dict[str, Pool]  # one per [pools.NAME] of the file, or the one pool `default`
+    launchers: Launchers  # one fork server per set of imports; pools that agree share it
+    sched: SchedulerKeeper  # RQ's scheduler process (scheduler.py)
+    spawner: Spawner
+    reaper: Reaper  # the dead
+    murderer: Murderer  # the unresponsive
+    tickets: Iterator[int]  # cull tickets, unique across pools, a reload's new ones too (retirement.py)
+
+
+@dataclass
+class Policy:
+    """What decides beside each pool's plan, and the Redis threads it reads (None without Redis)."""
+
+    guard: KillGuard  # the kill budget
+    endings: Endings  # given-up jobs: which worker ends each
+    memory: MemoryWatch  # the cgroup near its memory limit: no scale-up
+    recovery: Recovery | None  # requeues, sweeps, answers
+    reader: LoadReader | None  # the load readings the autoscalers fold
+
+
+@dataclass
+class Surface:
+    """The control surface: wake-ups and signals, the control socket, the pipe to the watchdog."""
+
+    events: Events
+    control: ControlServer | None
+    uplink: Uplink | None
+
+
 class Master:
     def __init__(
-        self,
-        cfg: Config,
-        launchers: Launchers,
-        clock: Clock,
-        recovery: Recovery | None = None,
-        reader: LoadReader | None = None,
-        sched: SchedulerKeeper | None = None,
-        start: Start | None = None,
-    ) -> None:
-        """`launchers`: where workers come from (one fork server per set of imports);
-        `recovery` and `reader`: the threads that talk to Redis (None without Redis);
-        `sched`: RQ's scheduler process's keeper."""
-        start = start or Start()
-        control, http_token = start.control, start.http_token
+        self, cfg: Config, clock: Clock, children: Children, policy: Policy, surface: Surface, views: Views,
+        start: Start,
+    ) -> None:  # fmt: skip
+        """Its parts, grouped by room, composed by __main__ (tests compose it the same way)."""
         self.cfg = self.started_cfg = cfg  # started_cfg: the watchdog's, which it never re-reads
-        self.clock = clock
-        self.recovery, self.reader, self.uplink = recovery, reader, start.uplink
-        self.hostname = socket.gethostname()
-        self.host_id = start.host_id or cfg.host_id or f"{self.hostname}:{os.getpid()}"
-        # The fleets: one pool per [pools.NAME] of the file, or the one pool `default` (pool.py).
-        self.tickets = itertools.count(1)  # cull tickets: unique across pools (retirement.py)
-        self.pools = {
-            name: Pool.build(name, pc, self.host_id, recovery, self.tickets)
-            for name, pc in pool_configs(cfg).items()
-        }
-        self.launchers = launchers  # one fork server per set of imports; pools that agree share it
+        self.clock, self.host_id, self.restarts = clock, start.host_id, start.restarts
+        self.pools, self.launchers, self.sched = children.pools, children.launchers, children.sched
         self.workers = Workers(self.pools)  # the host's fleet: every pool's workers (each pool holds its own)
-        self.counters = Counters()
-        self.sched = sched or SchedulerKeeper(None, clock, self.host_id)  # RQ's scheduler: scheduler.py
-        self.guard = KillGuard(cfg, recovery)
-        self.endings = Endings()  # given-up jobs: which worker ends each (endings.py)
+        self.spawner, self.reaper, self.murderer = children.spawner, children.reaper, children.murderer
+        self.tickets = children.tickets
+        self.guard, self.endings, self.memory = policy.guard, policy.endings, policy.memory
+        self.recovery, self.reader = policy.recovery, policy.reader
+        self.events, self.control, self.uplink = surface.events, surface.control, surface.uplink
+        self.views, self.journal, self.hooks = views, views.journal, views.hooks
+        self.counters = views.sources.counters
         self.phase = MasterPhase.STARTING  # changed only through enter()
         self.ready_at: float | None = None  # wall time the fleet was first ready (`ready` to the watchdog)
-        self.started_at = clock.wall() if start.started_at is None else start.started_at
-        self.restarts = start.restarts  # times the watchdog restarted the master before this one
-        self.journal = Journal(clock.wall)  # what happened, as sentences (views/journal.py)
-        self.memory = MemoryWatch()  # the cgroup near its memory limit: no scale-up
-        self.hooks = EventHooks(cfg, self.host_id, counted=bool(cfg.http))  # --on-event, --on-event-url
-        said = (self.hooks, self.journal)
-        if recovery is not None:  # a job given up is an event (called from the recovery thread)
-            recovery.on_give_up = lambda job_id, queue, why: self.hooks.emit(
-                "job_given_up", job_id=job_id, queue=queue, pool=self.pool_of_queue(queue), reason=why
-            )
-        self.events = Events(clock)
-        self.commands = Commands(self, self)
-        jobstats: JobStats | None = None
-        http: Publisher | None = None
-        if cfg.http:
-            from herder.supervisor.http_auth import Controls, read_token
-            from herder.supervisor.http_endpoint import Feeds, Publisher
-            from herder.supervisor.jobstats import JobStats
-
-            try:
-                token = read_token(cfg.http_token_file, http_token)
-            except (OSError, ValueError) as exc:  # says which file, never what it holds
-                log.error("http: cannot read http_token_file (%s): the dashboard stays read-only", exc)
-                token = ""
-
-            jobstats = JobStats()  # herder_job_duration_seconds
-            http = Publisher(
-                cfg.http,
-                clock.monotonic,
-                (jobstats.histogram, self.hooks.counts),
-                Feeds(
-                    journal=self.journal,
-                    wall=clock.wall,
-                    hosts=reader.host_records if reader is not None else lambda: (0.0, []),
-                    controls=Controls(token),
-                    submit=lambda body: self.commands.submit(body, self.events.wake),
-                ),
-            )
-        # What the snapshot's builder reads: these parts, not the master (views/sources.py).
-        sources = Sources(
-            clock, self.host_id, self.started_at, self.restarts, self.pools, self.workers, self.counters,
-            self.guard, recovery, reader, self.sched, HealthWatch(), self.memory,
-        )  # fmt: skip
-        snapshots = Snapshots(self.hostname, clock.wall, SHARED, self.journal)
-        self.views = Views(sources, snapshots, said, http, jobstats)  # views/publish.py
-        self.reaper = Reaper(clock, self.hostname, self.pools, self.counters, recovery,
-                             (*said, OomWatch(kernel_log=KernelLog())))  # fmt: skip
-        fleet_size = lambda: max(self.target, len(self.live_workers()))  # noqa: E731
-        self.murderer = Murderer(clock, self.pools, self.guard, self.counters, said, fleet_size)
-        self.spawner = Spawner(clock, self.pools, launchers, self.counters, said, self.events.wake)
         self._last_alive = float("-inf")
-        answer = self.commands.answer_directly
-        if control is None and cfg.state_dir:
-            control = ControlServer(cfg.state_dir, self.events.wake, answer)
-        self.control = control
-        if control is not None:
-            control.hand_over(self.events.wake, answer)
+        self.commands = Commands(self, self)  # the requests the loop answers (commands.py)
 
     # ---- pools --------------------------------------------------------------------------
 
@@ -203,10 +153,6 @@ class Master:
 
     def pool_of(self, w: Worker) -> Pool:
         return self.pools[w.pool]
-
-    def pool_of_queue(self, queue: str) -> str:
-        """The pool that serves `queue` (a queue belongs to one pool), or "" for none."""
-        return next((p.name for p in list(self.pools.values()) if queue in p.cfg.queues), "")
 
     @property
     def slots(self) -> dict[int, Slot]:

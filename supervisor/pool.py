@@ -370,3 +370,8 @@ def fleet_ready(pools: Iterable[Pool]) -> bool:
         if any(w.life.state == WorkerState.STARTING for w in up):
             return False
     return True
+
+
+def pool_of_queue(pools: Mapping[str, Pool], queue: str) -> str:
+    """The pool that serves `queue` (a queue belongs to one pool), or "" for none."""
+    return next((p.name for p in list(pools.values()) if queue in p.cfg.queues), "")

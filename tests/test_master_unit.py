@@ -69,7 +69,7 @@ def test_a_worker_that_dies_mid_job_is_replaced_at_once_and_its_job_requeued(clo
     victim.exit(-signal.SIGKILL)
     m.step()
     assert recovery.requeues == [("job-7", "worker died (killed by SIGKILL) while running the job")]
-    assert recovery.forgotten == [f"herder.{m.hostname}.1.{victim.pid}"]
+    assert recovery.forgotten == [f"herder.{m.reaper.hostname}.1.{victim.pid}"]
     assert live(m)[1] is launcher.spawned[-1] and len(launcher.spawned) == 3
     assert m.counters.totals.exited == 1
 
