@@ -121,6 +121,9 @@ class Surface:
 
 
 class Master:
+    """The loop: `step` is one pass, each step's work done in its room; the master's own state
+    is its phase (`enter`), when the fleet was first ready, and the settings in force."""
+
     def __init__(
         self, cfg: Config, clock: Clock, children: Children, policy: Policy, surface: Surface, views: Views,
         start: Start,
