@@ -1,8 +1,10 @@
 """The master process: python -P -m herder.supervisor, started by the watchdog.
 
-Composes the master from its parts: the real launcher and clock, the Redis-facing threads
-(when there is a Redis), the uplink to the watchdog. Everything it needs comes from the
-resolved Config in the environment.
+The one composition root: `compose` builds the master's parts, grouped by room (the
+children, policy, the control surface, the views), wires them and hands them to the loop;
+`main` gives it the real launcher and clock, the Redis-facing threads (when there is a
+Redis) and the uplink to the watchdog. Everything it needs comes from the resolved Config
+in the environment.
 """
 
 from __future__ import annotations
@@ -25,9 +27,21 @@ from herder.supervisor import logs
 from herder.supervisor.forkserver import ForkServerLauncher
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from redis import Redis
 
     from herder.supervisor.control import ControlServer
+    from herder.supervisor.hooks import EventHooks
+    from herder.supervisor.http_endpoint import Publisher
+    from herder.supervisor.jobstats import JobStats
+    from herder.supervisor.launcher import Clock
+    from herder.supervisor.launchers import Launchers
+    from herder.supervisor.master import Master, Start
+    from herder.supervisor.redis_side.load_reader import LoadReader
+    from herder.supervisor.redis_side.recovery import Recovery
+    from herder.supervisor.scheduler import SchedulerKeeper
+    from herder.supervisor.views.journal import Journal
 
 SWITCH_INTERVAL = 0.001  # seconds a thread holds the GIL while another waits (Python's: 0.005)
 
@@ -94,6 +108,137 @@ def await_hand_over() -> bool:
     return True
 
 
+def compose(
+    cfg: Config,
+    launchers: Launchers,
+    clock: Clock,
+    recovery: Recovery | None = None,
+    reader: LoadReader | None = None,
+    sched: SchedulerKeeper | None = None,
+    start: Start | None = None,
+) -> Master:
+    """The master from its parts, grouped by room (the children, policy, the control surface,
+    the views): the one place they are built and wired (main below; the unit tests, with
+    fakes). `launchers`: where workers come from; `recovery` and `reader`: the threads that
+    talk to Redis (None without Redis); `sched`: RQ's scheduler process's keeper."""
+    import itertools
+
+    from herder.common.config import pool_configs
+    from herder.supervisor.control import ControlServer
+    from herder.supervisor.counters import Counters
+    from herder.supervisor.endings import Endings
+    from herder.supervisor.events import Events
+    from herder.supervisor.guard import KillGuard
+    from herder.supervisor.health import HealthWatch
+    from herder.supervisor.hooks import EventHooks
+    from herder.supervisor.master import Children, Master, Policy, Start, Surface
+    from herder.supervisor.murder import Murderer
+    from herder.supervisor.pool import Pool, Workers, host_target, live, pool_of_queue
+    from herder.supervisor.pressure import KernelLog, MemoryWatch, OomWatch
+    from herder.supervisor.reaper import Reaper
+    from herder.supervisor.scheduler import SchedulerKeeper
+    from herder.supervisor.spawner import Spawner
+    from herder.supervisor.views.build import Snapshots
+    from herder.supervisor.views.journal import Journal
+    from herder.supervisor.views.publish import Views
+    from herder.supervisor.views.sources import Sources
+    from herder.supervisor.views.usage import SHARED
+
+    start = start or Start()
+    hostname = socket.gethostname()
+    host_id = start.host_id or cfg.host_id or f"{hostname}:{os.getpid()}"
+    started_at = clock.wall() if start.started_at is None else start.started_at
+    master: Master | None = None  # the loop, built last: what it answers is its (late-bound below)
+    tickets = itertools.count(1)  # cull tickets: unique across pools (retirement.py)
+    pools = {name: Pool.build(name, pc, host_id, recovery, tickets) for name, pc in pool_configs(cfg).items()}
+    workers, counters, events = Workers(pools), Counters(), Events(clock)
+    # The views: what happened as sentences, the event hooks, the snapshot's parts (never the master).
+    journal = Journal(clock.wall)
+    hooks = EventHooks(cfg, host_id, counted=bool(cfg.http))  # --on-event, --on-event-url
+    said = (hooks, journal)
+    if recovery is not None:  # a job given up is an event (called from the recovery thread)
+        recovery.on_give_up = lambda job_id, queue, why: hooks.emit(
+            "job_given_up", job_id=job_id, queue=queue, pool=pool_of_queue(pools, queue), reason=why
+        )
+
+    def submit(body: dict) -> dict:  # the dashboard's controls, answered by the loop
+        assert master is not None
+        return master.commands.submit(body, events.wake)
+
+    def answer(body: dict) -> dict | None:  # the control socket's requests answered off the loop
+        assert master is not None
+        return master.commands.answer_directly(body)
+
+    policy = Policy(KillGuard(cfg, recovery), Endings(), MemoryWatch(), recovery, reader)
+    sched = sched or SchedulerKeeper(None, clock, host_id)
+    sources = Sources(
+        clock, host_id, started_at, start.restarts, pools, workers, counters, policy.guard, recovery, reader,
+        sched, HealthWatch(), policy.memory,
+    )  # fmt: skip
+    http, jobstats = (
+        http_side(cfg, clock, said, reader, start.http_token, submit) if cfg.http else (None, None)
+    )
+    views = Views(sources, Snapshots(hostname, clock.wall, SHARED, journal), said, http, jobstats)
+
+    def fleet_size() -> int:  # what the kill budget is a share of
+        return max(host_target(pools.values()), len(live(workers.values())))
+
+    children = Children(
+        pools, launchers, sched,
+        Spawner(clock, pools, launchers, counters, said, events.wake),
+        Reaper(clock, hostname, pools, counters, recovery, (*said, OomWatch(kernel_log=KernelLog()))),
+        Murderer(clock, pools, policy.guard, counters, said, fleet_size),
+        tickets,
+    )  # fmt: skip
+    control = start.control
+    if control is None and cfg.state_dir:
+        control = ControlServer(cfg.state_dir, events.wake, answer)
+    if control is not None:
+        control.hand_over(events.wake, answer)
+    surface = Surface(events, control, start.uplink)
+    master = Master(cfg, clock, children, policy, surface, views, replace(start, host_id=host_id))
+    return master
+
+
+def http_side(
+    cfg: Config,
+    clock: Clock,
+    said: tuple[EventHooks, Journal],
+    reader: LoadReader | None,
+    http_token: str,
+    submit: Callable[[dict], dict],
+) -> tuple[Publisher, JobStats]:
+    """/metrics and the dashboard, and the job metrics only it serves: with --http alone, only
+    then does the master import prometheus-client and http.server (a master without is 1 MB
+    smaller)."""
+    from herder.supervisor.http_auth import Controls, read_token
+    from herder.supervisor.http_endpoint import Feeds, Publisher
+    from herder.supervisor.jobstats import JobStats
+
+    try:
+        token = read_token(cfg.http_token_file, http_token)
+    except (OSError, ValueError) as exc:  # says which file, never what it holds
+        logging.getLogger("herder").error(
+            "http: cannot read http_token_file (%s): the dashboard stays read-only", exc
+        )
+        token = ""
+    hooks, journal = said
+    jobstats = JobStats()  # herder_job_duration_seconds
+    http = Publisher(
+        cfg.http,
+        clock.monotonic,
+        (jobstats.histogram, hooks.counts),
+        Feeds(
+            journal=journal,
+            wall=clock.wall,
+            hosts=reader.host_records if reader is not None else lambda: (0.0, []),
+            controls=Controls(token),
+            submit=submit,
+        ),
+    )
+    return http, jobstats
+
+
 def main() -> int:
     if ENV_GO_FD in os.environ and not await_hand_over():
         return 0
@@ -121,7 +266,7 @@ def main() -> int:
     from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
     from herder.supervisor.launcher import SystemClock
     from herder.supervisor.launchers import Launchers
-    from herder.supervisor.master import Master, Start
+    from herder.supervisor.master import Start
     from herder.supervisor.redis_side.load_reader import ClusterSettings, LoadReader
     from herder.supervisor.redis_side.recovery import RecoveryThread
     from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
@@ -152,7 +297,7 @@ def main() -> int:
     # lines: a millisecond at most, not Python's default five (a death is handled at once).
     sys.setswitchinterval(SWITCH_INTERVAL)
     clock = SystemClock()
-    master = Master(
+    master = compose(
         cfg,
         # A pool whose imports differ gets a fork server of its own.
         Launchers(launcher, cfg, new=ForkServerLauncher),

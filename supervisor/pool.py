@@ -355,3 +355,23 @@ def share_limit(wants: list[tuple[str, int, int]], limit: int) -> dict[str, int]
             if caps[name] >= targets[name]:
                 hungry.remove(name)
     return caps
+
+
+def fleet_ready(pools: Iterable[Pool]) -> bool:
+    """In every pool, every worker wanted (within the cluster's grant, after a first load
+    reading when autoscaling) is up and has said `ready`."""
+    for pool in pools:
+        if pool.draining:
+            continue
+        up, grant = pool.live(), pool.scaler.grant
+        due = pool.target if grant is None else min(pool.target, grant)  # the count to be ready
+        if (pool.cfg.autoscale and not pool.scaler.has_reading) or len(up) < due:
+            return False
+        if any(w.life.state == WorkerState.STARTING for w in up):
+            return False
+    return True
+
+
+def pool_of_queue(pools: Mapping[str, Pool], queue: str) -> str:
+    """The pool that serves `queue` (a queue belongs to one pool), or "" for none."""
+    return next((p.name for p in list(pools.values()) if queue in p.cfg.queues), "")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from herder.common.config import Config
+from herder.supervisor.__main__ import compose
 from herder.supervisor.launcher import Launcher
 from herder.supervisor.launchers import Launchers
 from herder.supervisor.master import Master, Start
@@ -198,7 +199,7 @@ def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLauncher, Fa
     recovery, for the test to drive and read."""
     launcher, recovery = FakeLauncher(clock), FakeRecovery()
     cfg = replace(SHORT_TIMEOUT_CONFIG, **settings)  # type: ignore[arg-type]
-    m = Master(cfg, Launchers(launcher, cfg), clock, recovery=recovery, start=Start(host_id="test"))
+    m = compose(cfg, Launchers(launcher, cfg), clock, recovery=recovery, start=Start(host_id="test"))
     return m, launcher, recovery
 
 

@@ -51,11 +51,11 @@ def test_spawns_wait_for_a_warming_fork_server_and_the_loop_comes_back_soon(cloc
     m, launcher, _ = make(clock, workers=3)
     launcher.warm = True
     m.step()
-    assert launcher.spawned == [] and m.spawns_pending
+    assert launcher.spawned == [] and m.spawner.pending
     assert m.next_wait() == fleet.SPAWN_AGAIN  # not a whole tick: the template is moments away
     launcher.warm = False
     m.step()
-    assert len(launcher.spawned) == 3 and not m.spawns_pending
+    assert len(launcher.spawned) == 3 and not m.spawner.pending
 
 
 def test_a_worker_that_dies_mid_job_is_replaced_at_once_and_its_job_requeued(clock: FakeClock) -> None:
@@ -69,7 +69,7 @@ def test_a_worker_that_dies_mid_job_is_replaced_at_once_and_its_job_requeued(clo
     victim.exit(-signal.SIGKILL)
     m.step()
     assert recovery.requeues == [("job-7", "worker died (killed by SIGKILL) while running the job")]
-    assert recovery.forgotten == [f"herder.{m.hostname}.1.{victim.pid}"]
+    assert recovery.forgotten == [f"herder.{m.reaper.hostname}.1.{victim.pid}"]
     assert live(m)[1] is launcher.spawned[-1] and len(launcher.spawned) == 3
     assert m.counters.totals.exited == 1
 
@@ -145,7 +145,7 @@ def test_a_worker_whose_lines_wait_unread_is_not_silent(clock: FakeClock) -> Non
     clock.advance(3.5)  # past the 3 s heartbeat timeout, as the master's reads go
     m.step()
     assert proc.signals == [] and m.workers[0].life.state != WorkerState.KILLING
-    assert m.lagging_reads == 1
+    assert m.murderer.lagging_reads == 1
     proc.pending = 0  # read, and still nothing new: now it is silent
     m.step()
     assert proc.signals == [signal.SIGTERM, signal.SIGCONT]
@@ -477,7 +477,7 @@ def test_a_pass_spends_at_most_a_slice_of_time_spawning(clock: FakeClock, window
     m.commands.rescale({"workers": 5})
     m.step()
     assert len(launcher.spawned) == 1 + 2  # 0.1 s of spawning, then the rest of the loop
-    assert m.spawns_pending
+    assert m.spawner.pending
 
 
 def test_scale_past_the_workers_limit_is_refused_and_changes_nothing(clock: FakeClock) -> None:
@@ -525,7 +525,7 @@ def test_a_stop_in_the_middle_of_a_burst_spawns_no_more(clock: FakeClock, window
     m.events.record(signal.SIGTERM)
     m.step()
     assert len(launcher.spawned) == spawned  # the stop came first
-    assert all(p.stops == 1 for p in launcher.spawned) and not m.spawns_pending
+    assert all(p.stops == 1 for p in launcher.spawned) and not m.spawner.pending
     for proc in launcher.spawned:
         proc.exit(0)
     m.step()

@@ -7,6 +7,7 @@ import signal
 from dataclasses import replace
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeLauncher, FakeProc, FakeRecovery
+from herder.supervisor.__main__ import compose
 from herder.supervisor.launchers import Launchers
 from herder.supervisor.master import Master, Start
 from herder.supervisor.redis_side.scheduler_locks import Holder, LockReading
@@ -47,7 +48,7 @@ def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLocks, list[
     locks, launcher = FakeLocks(), FakeLauncher(clock)
     keeper = SchedulerKeeper(locks, clock, "h1", spawn=spawn)  # type: ignore[arg-type]
     cfg = replace(SHORT_TIMEOUT_CONFIG, queues=["high", "default"], **settings)  # type: ignore[arg-type]
-    m = Master(
+    m = compose(
         cfg, Launchers(launcher, cfg), clock, recovery=FakeRecovery(), sched=keeper, start=Start(host_id="h1")
     )
     return m, locks, procs, launcher

@@ -102,7 +102,7 @@ def test_the_views_are_rendered_from_one_snapshot_the_loop_publishes() -> None:
     clock = FakeClock()
     m, _, _ = make(clock, workers=2)
     m.step()
-    assert m.snapshot is None  # without --http or hooks, nobody reads a published one
+    assert m.views.snapshot is None  # without --http or hooks, nobody reads a published one
     all_ready(m)
     clock.advance(1.0)
     m.step()

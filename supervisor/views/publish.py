@@ -1,0 +1,101 @@
+"""What the master shows, kept up each pass: health's bookkeeping, the job metrics, and the
+host's snapshot (built by the one builder, build.py) published now and then for the HTTP
+endpoint and the health event hooks, and for each `herder status` when it asks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from herder.supervisor.fleet import Worker
+from herder.supervisor.hooks import EventHooks, HealthChanges
+from herder.supervisor.states import WORKING
+from herder.supervisor.views.build import PUBLISH_EVERY, Snapshots
+from herder.supervisor.views.journal import Journal
+from herder.supervisor.views.model import HostSnapshot
+from herder.supervisor.views.sources import Loop, Sources, short_pools
+
+if TYPE_CHECKING:  # imported with --http only (__main__)
+    from herder.supervisor.http_endpoint import Publisher
+    from herder.supervisor.jobstats import JobStats
+
+HEALTH_EVENTS_EVERY = 1.0  # seconds between two looks at health for the event hooks
+HOST_RECORD_EVERY = 1.0  # seconds between two records of this host for the host list (hosts.py)
+
+
+class Views:
+    """The views' side of the master: `sources` are the parts the snapshot is built from;
+    `http` and `jobstats` exist with --http alone (only then does the master import
+    prometheus-client and http.server: a master without is 1 MB smaller)."""
+
+    def __init__(
+        self,
+        sources: Sources,
+        snapshots: Snapshots,
+        said: tuple[EventHooks, Journal],
+        http: Publisher | None = None,
+        jobstats: JobStats | None = None,
+    ) -> None:
+        self.sources, self.snapshots, self.http, self.jobstats = sources, snapshots, http, jobstats
+        self.hooks, self.journal = said
+        self.health, self.health_changes = sources.health, HealthChanges()
+        self.snapshot: HostSnapshot | None = None  # the newest published
+        self._published_at = self._host_told_at = self._health_read_at = float("-inf")
+
+    def publish(self, loop: Loop, floor: int) -> None:
+        """Health bookkeeping each pass; the host's snapshot every view renders, now and then."""
+        src = self.sources
+        now = src.clock.monotonic()
+        workers = src.workers.values()
+        ready = sum(w.life.state in WORKING for w in workers)
+        down = src.reader is not None and src.reader.outage_since is not None
+        self.health.observe(now, ready, floor, short_pools(list(src.pools.values())), redis_down=down)
+        for w in workers:
+            self.fold_finished(w)
+        if self.http:
+            self.http.step(now)
+        if not (self.http or self.hooks.enabled):
+            return  # nobody reads a published snapshot (`herder status` has one built for it)
+        snap = self.snapshot
+        if snap is None or now - self._published_at >= PUBLISH_EVERY:
+            snap = self.take_snapshot(loop)
+        if self.http and src.reader and now - self._host_told_at >= HOST_RECORD_EVERY:
+            from herder.supervisor.views.api import host_record
+
+            self._host_told_at = now
+            src.reader.tell_host(host_record(snap))
+        if self.hooks.enabled and now - self._health_read_at >= HEALTH_EVENTS_EVERY:
+            self._health_read_at = now
+            for event, fields in self.health_changes.observe(list(snap.health.problems)):
+                self.hooks.emit(event, **fields)
+
+    def take_snapshot(self, loop: Loop, usage: bool = False) -> HostSnapshot:
+        """The host now, built by the one builder (views/build.py) and published: the newest
+        for /healthz, /metrics and the dashboard; `herder status` renders the one it asks for.
+        Workers' RSS and CPU are sampled (at most once a second) for status and the dashboard
+        only: without --http a pass does not read every worker's /proc."""
+        controls = self.http.controls.enabled if self.http else False
+        self.count_jobs()
+        snap = self.snapshots.build(self.sources, loop, controls, usage=usage or self.http is not None)
+        self.snapshot, self._published_at = snap, snap.taken_at
+        if self.http:
+            self.http.publish(snap)
+        return snap
+
+    def count_jobs(self) -> None:
+        """Every worker's jobs finished since it was last counted, into the one count the
+        views and the autoscaler read (counters.py); done where they read it, not each pass."""
+        for w in self.sources.workers.values():
+            self.sources.counters.count_jobs(w, w.proc.snapshot())
+
+    def fold_finished(self, w: Worker) -> None:
+        """The worker's finished jobs into the job metrics (by the pool's queues)."""
+        done = w.proc.take_finished()
+        if done and self.jobstats:
+            pool = self.sources.pools.get(w.pool)
+            self.jobstats.fold(w.pool, pool.cfg.queues if pool else (), done)
+
+    def close(self) -> None:
+        if self.http:
+            self.http.close()
+        self.hooks.close()
