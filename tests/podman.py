@@ -120,30 +120,39 @@ def host_suite_and_mirror() -> tuple[str, str]:
     return suite, DEFAULT_MIRROR
 
 
+def debian_image(
+    podman: Podman, tag: str, packages: tuple[str, ...], timeout: float, changes: tuple[str, ...] = ()
+) -> str:
+    """`tag`, or a minbase root of the host's Debian suite with `packages` (mmdebstrap) imported
+    under it: built once per machine, reused while the tag exists."""
+    if podman.image_exists(tag):
+        return tag
+    suite, mirror = host_suite_and_mirror()
+    mmdebstrap = shutil.which("mmdebstrap")
+    if mmdebstrap is None:
+        raise Unusable(f"no image {tag} and no mmdebstrap to build one (apt-get install mmdebstrap)")
+    with tempfile.TemporaryDirectory(prefix="herder-image-") as tmp:
+        tar = Path(tmp) / "root.tar"
+        r = subprocess.run(
+            [mmdebstrap, "--quiet", "--variant=minbase", f"--include={','.join(packages)}",
+             suite, str(tar), mirror],
+            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if r.returncode != 0:
+            raise Unusable(f"mmdebstrap could not build {tag} from {mirror}: {r.stderr.strip()[-800:]}")
+        change_args = [arg for change in (f"ENV PATH={BASE_PATH}", *changes) for arg in ("--change", change)]
+        podman.run("import", *change_args, str(tar), tag, timeout=300)
+    return tag
+
+
 def base_image(podman: Podman) -> str:
     """A Python base from Debian's packages, built once per machine and reused by its tag.
     $HERDER_TEST_BASE_IMAGE names another one (python:3.12-slim, where a registry is reachable)."""
     given = os.environ.get("HERDER_TEST_BASE_IMAGE")
     if given:
         return given
-    suite, mirror = host_suite_and_mirror()
-    tag = f"localhost/herder-base:{suite}"
-    if podman.image_exists(tag):
-        return tag
-    mmdebstrap = shutil.which("mmdebstrap")
-    if mmdebstrap is None:
-        raise Unusable(f"no base image {tag} and no mmdebstrap to build one (apt-get install mmdebstrap)")
-    with tempfile.TemporaryDirectory(prefix="herder-base-") as tmp:
-        tar = Path(tmp) / "base.tar"
-        r = subprocess.run(
-            [mmdebstrap, "--quiet", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-             suite, str(tar), mirror],
-            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        if r.returncode != 0:
-            raise Unusable(f"mmdebstrap could not build the base from {mirror}: {r.stderr.strip()[-800:]}")
-        podman.run("import", "--change", f"ENV PATH={BASE_PATH}", str(tar), tag, timeout=300)
-    return tag
+    suite, _ = host_suite_and_mirror()
+    return debian_image(podman, f"localhost/herder-base:{suite}", BASE_PACKAGES, timeout=600)
 
 
 # PEP 508's marker environment of the base's python3, from the standard library alone.
@@ -245,25 +254,9 @@ def systemd_image(podman: Podman) -> str:
     """A Debian host with systemd as its init, built by mmdebstrap of the host's suite like the
     base, imported under its own tag and reused while it exists. Run it with `--systemd=always`
     and `/sbin/init`."""
-    suite, mirror = host_suite_and_mirror()
+    suite, _ = host_suite_and_mirror()
     tag = f"localhost/herder-systemd:{suite}"
-    if podman.image_exists(tag):
-        return tag
-    mmdebstrap = shutil.which("mmdebstrap")
-    if mmdebstrap is None:
-        raise Unusable(f"no image {tag} and no mmdebstrap to build one (apt-get install mmdebstrap)")
-    with tempfile.TemporaryDirectory(prefix="herder-systemd-") as tmp:
-        tar = Path(tmp) / "systemd.tar"
-        r = subprocess.run(
-            [mmdebstrap, "--quiet", "--variant=minbase", f"--include={','.join(SYSTEMD_PACKAGES)}",
-             suite, str(tar), mirror],
-            capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        if r.returncode != 0:
-            raise Unusable(f"mmdebstrap could not build {tag} from {mirror}: {r.stderr.strip()[-800:]}")
-        podman.run("import", "--change", f"ENV PATH={BASE_PATH}", "--change", 'CMD ["/sbin/init"]',
-                   str(tar), tag, timeout=300)  # fmt: skip
-    return tag
+    return debian_image(podman, tag, SYSTEMD_PACKAGES, timeout=900, changes=('CMD ["/sbin/init"]',))
 
 
 UNIFIED = Path("/sys/fs/cgroup/unified")
