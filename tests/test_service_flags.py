@@ -290,9 +290,9 @@ def test_environment_variables_reach_the_unit_and_are_named(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("args", "env", "named"),
     [
-        (["--redis-url", "redis://:s3cret@db:6379/0"], {}, "--redis-url"),
-        (["--redis-url", "redis://db:6379/0?password=s3cret"], {}, "--redis-url"),
-        ([], {"HERDER_REDIS_URL": "rediss://u:s3cret@db:6379/0"}, "HERDER_REDIS_URL"),
+        (["--redis-url", "redis://:s3cret@db:16390/0"], {}, "--redis-url"),
+        (["--redis-url", "redis://db:16390/0?password=s3cret"], {}, "--redis-url"),
+        ([], {"HERDER_REDIS_URL": "rediss://u:s3cret@db:16390/0"}, "HERDER_REDIS_URL"),
         (["--on-event-url", "https://hooks.slack.com/services/T0/B0/s3cret"], {}, "--on-event-url"),
     ],
 )
@@ -305,9 +305,9 @@ def test_a_secret_is_refused_with_where_it_goes(kind: str, args: list[str], env:
 
 
 def test_a_redis_url_without_a_password_goes_on_the_command_line() -> None:
-    code, out, err = install_service("systemd", "--user", ME, "--redis-url", "redis://db:6379/3")
+    code, out, err = install_service("systemd", "--user", ME, "--redis-url", "redis://db:16390/3")
     assert code == 0, err
-    assert as_run_parses(exec_start(out)[2:])[0].redis_url == "redis://db:6379/3"
+    assert as_run_parses(exec_start(out)[2:])[0].redis_url == "redis://db:16390/3"
     assert "After=network-online.target redis-server.service" in out
 
 

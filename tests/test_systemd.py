@@ -330,8 +330,11 @@ PING_GRACE = 3  # the watchdog's: 3 x heartbeat_interval (1 s) of master silence
 CONF = "/etc/herder/herder.toml"
 # Debian's redis-server runs as a unit of its own on the same host, as an operator's would:
 # the unit herder's install-service writes then orders itself after it (After=redis-server.service).
+# Moved off Debian's default port (the suite keeps the shared one out of its tests, even in a
+# container of its own).
+REDIS_PORT = 16390
 CONFIG = f"""[herder]
-redis_url = "redis://127.0.0.1:6379/0"
+redis_url = "redis://127.0.0.1:{REDIS_PORT}/0"
 path = ["/srv/app"]
 stop_timeout = 30
 master_heartbeat_timeout = {MASTER_TIMEOUT}
@@ -340,7 +343,8 @@ ENQUEUE = """
 import sys
 from redis import Redis
 from rq import Queue
-job = Queue("default", connection=Redis()).enqueue("herder_testjobs.record", sys.argv[1], float(sys.argv[2]))
+queue = Queue("default", connection=Redis(port=int(sys.argv[3])))
+job = queue.enqueue("herder_testjobs.record", sys.argv[1], float(sys.argv[2]))
 print(job.id)
 """
 
@@ -394,10 +398,11 @@ class SystemdHost:
         return self.run("journalctl", "-u", "herder", "-o", "short-monotonic", "--no-pager").stdout
 
     def enqueue(self, tag: str, seconds: float) -> str:
-        return self.run("/opt/herder/bin/python", "-c", ENQUEUE, tag, str(seconds)).stdout.strip()
+        argv = ("/opt/herder/bin/python", "-c", ENQUEUE, tag, str(seconds), str(REDIS_PORT))
+        return self.run(*argv).stdout.strip()
 
     def redis(self, *args: str) -> str:
-        return self.run("redis-cli", "--raw", *args).stdout.strip()
+        return self.run("redis-cli", "-p", str(REDIS_PORT), "--raw", *args).stdout.strip()
 
     def host_pid(self, pid: int) -> int:
         """The host's pid of a process of the container."""
@@ -440,6 +445,8 @@ def systemd_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdHo
         failed = host.run("systemctl", "--failed", "--no-legend").stdout
         assert state == "running", f"systemd is {state}: {failed}"
         print(f"systemd running {time.monotonic() - started:.1f} s after `podman run`")
+        host.run("sed", "-i", f"s/^port .*/port {REDIS_PORT}/", "/etc/redis/redis.conf")
+        host.run("systemctl", "restart", "redis-server")
         host.run("python3", "-m", "venv", "/opt/herder")
         pip = ["/opt/herder/bin/pip", "install", "-q", "--no-index", "--find-links", "/wheels"]
         host.run(*pip, f"/dist/{wheel.name}", timeout=300)
