@@ -152,6 +152,15 @@ def reap_adopted() -> None:
             pass
 
 
+def living(p: psutil.Process) -> bool:
+    """Whether a process still runs (not a zombie). It may exit, and be reaped, between any two
+    looks at it: a vanished process is simply not living."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
 def tagged(tag: str, session: int | None = None) -> list[psutil.Process]:
     """The live processes of one herder: those whose environment carries its tag, and those in
     its session (`herder run` starts one). A process that sets its title (setproctitle) blanks

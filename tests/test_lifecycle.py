@@ -7,11 +7,10 @@ import os
 import re
 import signal
 
-import psutil
 import pytest
 from rq.worker import Worker
 
-from harness import reap_adopted, wait_for
+from harness import living, reap_adopted, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +98,7 @@ def test_kill_9_master_watchdog_restarts_it_and_old_workers_finish(herder, jobs)
 
     def old_gone() -> bool:
         reap_adopted()
-        return not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in old_workers)
+        return not any(living(w) for w in old_workers)
 
     wait_for(old_gone, 10, what="old workers to exit")
     assert_exactly_once(jobs, "t", ids)

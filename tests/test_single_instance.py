@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness import reap_adopted, wait_for
+from harness import living, reap_adopted, wait_for
 from herder.common.exits import EX_TEMPFAIL
 
 
@@ -71,7 +71,7 @@ def test_after_kill_9_of_the_whole_tree_the_next_herder_starts(herder):
     for p in [*tree, master]:
         p.send_signal(signal.SIGKILL)
     a.wait_exit(10)
-    wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree), 10)
+    wait_for(lambda: not any(living(p) for p in tree), 10)
     reap_adopted()
     state = Path(a.state_dir)
     assert (state / "herder.pid").exists() and (state / "herder.sock").exists()  # both stale now
