@@ -124,6 +124,7 @@ def compose(
     import itertools
 
     from herder.common.config import pool_configs
+    from herder.supervisor.children.changes import Sweeps
     from herder.supervisor.children.counters import Counters
     from herder.supervisor.children.reaper import Reaper
     from herder.supervisor.children.scheduler import SchedulerKeeper
@@ -189,6 +190,7 @@ def compose(
         Reaper(clock, hostname, pools, counters, recovery, (*said, OomWatch(kernel_log=KernelLog()))),
         Murderer(clock, pools, policy.guard, counters, said, fleet_size),
         tickets,
+        Sweeps(start.changes),
     )  # fmt: skip
     control = start.control
     if control is None and cfg.state_dir:
@@ -264,6 +266,7 @@ def main() -> int:
     from herder.common.config import all_queues, pool_configs
     from herder.common.redis_connect import connect, retry_resets
     from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
+    from herder.supervisor.children.changes import CHANGED
     from herder.supervisor.children.launcher import SystemClock
     from herder.supervisor.children.launchers import Launchers
     from herder.supervisor.children.scheduler import SchedulerKeeper
@@ -314,6 +317,7 @@ def main() -> int:
             control=control,
             uplink=Uplink(),
             http_token=http_token,
+            changes=CHANGED,
         ),
     )
     return master.run()

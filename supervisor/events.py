@@ -30,6 +30,7 @@ class Events:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._signals: list[int] = []
+        self.child_exited = False  # a SIGCHLD since the loop last looked (requests())
         self._sigints = 0
         self._first_sigint = 0.0
         self._r, self._w = os.pipe()
@@ -85,5 +86,6 @@ class Events:
                 self._first_sigint = self._first_sigint or now
                 hurry = self._sigints > 1
                 out.append(Request("stop", "second SIGINT" if hurry else "SIGINT", hurry=hurry))
-            # SIGCHLD only wakes the loop: reap() looks at every worker each pass
+            elif sig == signal.SIGCHLD:
+                self.child_exited = True  # the loop's next look at the fleet is a whole one
         return out

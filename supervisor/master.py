@@ -21,6 +21,7 @@ from herder.common import rq_seam, rq_support
 from herder.common.config import DEFAULT_POOL, Config, all_queues, redact_url
 from herder.common.transitions import move
 from herder.supervisor.children import fleet, lifecycle, pipes
+from herder.supervisor.children.changes import Changes, Sweeps
 from herder.supervisor.children.fleet import Slot, Worker
 from herder.supervisor.children.launcher import Clock
 from herder.supervisor.children.launchers import Launchers
@@ -30,7 +31,6 @@ from herder.supervisor.children.spawner import Spawner
 from herder.supervisor.children.states import (
     LEAVING,
     PHASES,
-    WORKING,
     KillKind,
     MasterPhase,
     WorkerState,
@@ -69,6 +69,7 @@ log = logging.getLogger("herder")
 # stops, so a start, a stop's timeout and a SIGKILL's escalation keep their pace. A pass costs
 # tens of microseconds per worker: at 256 idle workers the slow tick is a quarter of the CPU.
 TICK = 1.0
+STATUS_EVERY = 1.0  # seconds between two status lines to the watchdog (systemd's STATUS=)
 TICK_IN_MOTION = 0.25
 
 
@@ -85,6 +86,9 @@ class Start:
     control: ControlServer | None = None
     uplink: Uplink | None = None  # the pipe to the watchdog
     http_token: str = ""
+    # Who changed since the last pass (children/changes.py): __main__ passes the readers'
+    # registry; without one (the unit tests' fakes) every pass looks at every worker.
+    changes: Changes | None = None
 
 
 @dataclass
@@ -99,6 +103,7 @@ class Children:
     reaper: Reaper  # the dead
     murderer: Murderer  # the unresponsive
     tickets: Iterator[int]  # cull tickets, unique across pools, a reload's new ones too (retirement.py)
+    sweeps: Sweeps  # which workers a pass looks at: those that changed, or all
 
 
 @dataclass
@@ -135,6 +140,7 @@ class Master:
         self.pools, self.launchers, self.sched = children.pools, children.launchers, children.sched
         self.workers = Workers(self.pools)  # the host's fleet: every pool's workers (each pool holds its own)
         self.spawner, self.reaper, self.murderer = children.spawner, children.reaper, children.murderer
+        self.sweeps = children.sweeps
         self.tickets = children.tickets
         self.guard, self.endings, self.memory = policy.guard, policy.endings, policy.memory
         self.recovery, self.reader = policy.recovery, policy.reader
@@ -143,7 +149,7 @@ class Master:
         self.counters = views.sources.counters
         self.phase = MasterPhase.STARTING  # changed only through enter()
         self.ready_at: float | None = None  # wall time the fleet was first ready (`ready` to the watchdog)
-        self._last_alive = float("-inf")
+        self._last_alive = self._status_at = float("-inf")
         self.commands = Commands(self, self)  # the requests the loop answers (commands.py)
 
     # ---- pools --------------------------------------------------------------------------
@@ -261,42 +267,57 @@ class Master:
         return self.stopping and not self.workers and not self.sched.running
 
     def step(self) -> None:
-        """One pass of the loop (unit tests call it directly)."""
+        """One pass of the loop (unit tests call it directly). It looks at the workers that
+        changed since the last (children/changes.py), or at a sweep at all of them."""
         self.handle_signals()
-        self.reaper.reap(self.launchers, self.stopping, self.views.fold_finished, self.events.wake)
-        self.murderer.murder()
-        self.retire()
+        if self.events.child_exited:  # a death whose EOF may have come before its exit
+            self.events.child_exited = False
+            self.sweeps.ask()
+        changed = self.sweeps.take(self.clock.monotonic())
+        self.views.note(changed)
+        self.reaper.reap(self.launchers, self.stopping, self.views.fold_finished, self.events.wake, changed)
+        self.murderer.murder(changed)
+        self.retire(changed)
         self.scale()
         self.manage()
         self.sched.step(self.sched_cfg, self.stopping, self.events.wake)
         self.end_given_up()
         self.commands.handle_requests()
-        self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
+        if changed is None:  # a worker's problems are reported every few seconds at most
+            self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
         self.heartbeat()
-        self.views.publish(Loop(self.cfg, self.phase, self.ever_ready), self.floor)
-        self.reaper.tell_recovery(self.workers.values())  # what the next sweep must not touch
+        moving = self.murderer.moving_count()
+        self.views.publish(Loop(self.cfg, self.phase, self.ever_ready), self.floor, moving)
+        self.reaper.tell_recovery(self.workers, changed)  # what the next sweep must not touch
         pipes.settle(not self.in_motion())  # a settled loop's workers' lines: read in fewer batches
 
     @property
     def sched_cfg(self) -> Config:
         return sched_cfg(self.cfg)
 
-    def retire(self) -> None:
-        """Recycling and culling, each pool by its own rules (retirement.py)."""
+    def retire(self, changed: set[int] | None) -> None:
+        """Recycling and culling, each pool by its own rules (retirement.py), for the workers
+        that changed, or every worker when time is due to move one (age, memory) or at a sweep."""
         answers = self.recovery.answers() if self.recovery else {}
         now, wall = self.clock.monotonic(), self.clock.wall()
         for pool in self.pool_list():
-            pool.retirement.review(pool.live(), pool.target, now, wall, self.murderer.kill, answers)
+            look = None
+            if changed is not None and not pool.retirement.whole_due(now, answers):
+                look = [w for pid in changed if (w := pool.by_pid.get(pid)) and w.life.state not in LEAVING]
+                if not look:
+                    continue  # none of its workers changed, and time moves none of them yet
+            pool.retirement.review(pool.live(), pool.target, now, wall, self.murderer.kill, answers, look)
 
     def next_wait(self) -> float:
-        """Until the next tick, or sooner if a slot's backoff ends first (0.1 s, not a tick)."""
+        """Until the next tick, or sooner if a slot's backoff ends first (0.1 s, not a tick) or a
+        worker's next deadline comes (murder's)."""
         now = self.clock.monotonic()
         due = [
-            s.next_spawn_at - now
+            p.slots[i].next_spawn_at - now
             for p in self.pool_list()
-            for s in p.slots.values()
-            if s.index not in p.workers
+            for i in p.slots.keys() - p.workers.keys()  # the empty slots: few, found in C
         ]
+        due.append(self.murderer.next_deadline() - now)
         soon = [fleet.SPAWN_AGAIN] if self.spawner.pending else []  # paced spawns left for the next pass
         tick = TICK_IN_MOTION if self.in_motion() else TICK
         return max(0.0, min([tick, *soon, *[d for d in due if d > 0]]))
@@ -306,7 +327,7 @@ class Master:
         has its own deadline in next_wait)."""
         if self.phase != MasterPhase.RUNNING or self.sched.in_motion():
             return True
-        return any(w.life.state not in WORKING for w in self.workers.values())
+        return self.murderer.in_motion()
 
     def take_snapshot(self, usage: bool = False) -> HostSnapshot:
         """The host now, built and published by the views (views/publish.py)."""
@@ -344,11 +365,14 @@ class Master:
         if now - self._last_alive >= self.started_cfg.heartbeat_interval:  # the watchdog's deadlines
             self._last_alive = now
             self.uplink.alive()
-        live = self.live_workers()
-        busy = sum(w.life.state == WorkerState.BUSY for w in live)
-        queued = sum(q.backlog for p in self.pool_list() for q in p.scaler.queues.values())
-        stopping = ", stopping" if self.stopping else ""
-        self.uplink.status(f"{len(live)}/{self.target} workers, {busy} busy, {queued} queued{stopping}")
+        # systemd's STATUS= line: once a second is as fresh as `systemctl status` needs.
+        if now - self._status_at >= STATUS_EVERY or self.stopping:
+            self._status_at = now
+            live = self.live_workers()
+            busy = sum(w.life.state == WorkerState.BUSY for w in live)
+            queued = sum(q.backlog for p in self.pool_list() for q in p.scaler.queues.values())
+            stopping = ", stopping" if self.stopping else ""
+            self.uplink.status(f"{len(live)}/{self.target} workers, {busy} busy, {queued} queued{stopping}")
         if not self.stopping and self.uplink.watchdog_gone():
             log.warning("the watchdog is gone (parent changed or its pipe closed): stopping")
             self.begin_stop(hurry=False, why="watchdog gone")
@@ -363,12 +387,15 @@ class Master:
         only herder's own RQ workers can (not a --worker-command program)."""
         if self.recovery is None or self.stopping:
             return
+        waiting = self.recovery.endings()
+        if self.endings.idle(waiting):
+            return  # the usual pass: nothing given up, no workers to look at
         workers = [w for w in self.live_workers() if self.pool_of(w).cfg.worker_command is None]
 
         def current(w: Worker) -> bool:
             return w.generation >= self.pool_of(w).generation
 
-        self.endings.dispatch(self.recovery.endings(), workers, current, self.clock.monotonic())
+        self.endings.dispatch(waiting, workers, current, self.clock.monotonic())
 
     # ---- scale: the load decides the target ------------------------------------------------
 
@@ -404,7 +431,7 @@ class Master:
         """Each pool's plan, carried out: the host's workers limit shared first (every pool its
         minimum, the rest in turn: pool.share_limit), each pool planned on the host as the
         plans before it left it."""
-        self.spawner.pending = False
+        self.spawner.pending, self.spawner.moved = False, []
         if self.stopping:
             return
         running = self.active_pools()
@@ -414,9 +441,11 @@ class Master:
             target = min(pool.target, shares[pool.name]) if pool.name in shares else 0  # draining: 0
             plan = pool.plan(Share(target, self.cfg.limit, len(self.workers)), wall)
             self.spawner.carry_out(pool, plan, self.cfg.limit)
+        self.murderer.moving.update(self.spawner.moved)  # starting or stopping from now on
 
     def stop_worker(self, w: Worker, why: str) -> None:
         lifecycle.ask_stop(w, why, self.clock.monotonic())
+        self.murderer.moving.add(w.pid)
 
     # ---- stop -----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from herder.common.config import Config
 from herder.supervisor.__main__ import compose
+from herder.supervisor.children.changes import Changes
 from herder.supervisor.children.launcher import Launcher
 from herder.supervisor.children.launchers import Launchers
 from herder.supervisor.children.observations import Held, Observations
@@ -37,10 +38,13 @@ class FakeClock:
 class FakeProc:
     """A worker process that does what the test says, when the test says it."""
 
-    def __init__(self, pid: int, clock: FakeClock) -> None:
+    def __init__(self, pid: int, clock: FakeClock, changes: Changes | None = None) -> None:
         self.pid = pid
         self.clock = clock
+        self.changes = changes  # told of each change, as a real worker's readers tell theirs
+        self.looks = 0  # snapshots the master took: what a pass cost this worker
         self.obs = Observations(last_seen=clock.t)
+        self.told()
         self.code: int | None = None
         self.signals: list[int] = []
         self.stops = 0
@@ -52,7 +56,13 @@ class FakeProc:
 
     # the ProcessHandle
     def snapshot(self) -> Observations:
+        self.looks += 1
         return self.obs.copy()
+
+    def told(self) -> None:
+        """What a reader does once it recorded a line that changed something (changes.py)."""
+        if self.changes is not None:
+            self.changes.add(self.pid)
 
     def take_finished(self) -> list:
         return []
@@ -89,30 +99,35 @@ class FakeProc:
     # what the worker says and does
     def ready(self) -> None:
         self.obs.ready, self.obs.last_seen = True, self.clock.t
+        self.told()
 
     def busy(self, job: str, timeout: float | None = None, thread: int = 0) -> None:
         self.obs.jobs[thread] = Held(job, self.clock.t, timeout)
         self.obs.last_seen = self.clock.t
+        self.told()
 
     def done(self, thread: int = 0) -> None:
         self.obs.jobs.pop(thread, None)
         self.obs.last_seen = self.clock.t
         self.obs.jobs_ok += 1
         self.obs.last_done_wall = self.clock.wall()
+        self.told()
 
     def beat(self) -> None:
-        self.obs.last_seen = self.clock.t
+        self.obs.last_seen = self.clock.t  # a sign of life only: no change (an `idle`)
 
     def exit(self, code: int) -> None:
         if self.code is None:
             self.code = code
+            self.told()  # its stdout's EOF
 
 
 class FakeLauncher(Launcher):
     """A Launcher whose workers are FakeProcs; it has no template to tend, renew or close."""
 
-    def __init__(self, clock: FakeClock) -> None:
+    def __init__(self, clock: FakeClock, changes: Changes | None = None) -> None:
         self.clock = clock
+        self.changes = changes
         self.spawned: list[FakeProc] = []
         self.fail = False
         self.warm = False  # a fork server still importing
@@ -123,7 +138,7 @@ class FakeLauncher(Launcher):
     def spawn(self, argv: list[str], env: dict[str, str], slot: int, wake: Callable[[], None]) -> FakeProc:
         if self.fail:
             raise OSError("no such file")
-        proc = FakeProc(100 + len(self.spawned), self.clock)
+        proc = FakeProc(100 + len(self.spawned), self.clock, self.changes)
         proc.env = env
         self.spawned.append(proc)
         return proc
@@ -194,12 +209,17 @@ SHORT_TIMEOUT_CONFIG = Config(
 )
 
 
-def make(clock: FakeClock, **settings: object) -> tuple[Master, FakeLauncher, FakeRecovery]:
+def make(
+    clock: FakeClock, changes: Changes | None = None, **settings: object
+) -> tuple[Master, FakeLauncher, FakeRecovery]:
     """A master on the fakes, SHORT_TIMEOUT_CONFIG changed by `settings`; and its launcher and
-    recovery, for the test to drive and read."""
-    launcher, recovery = FakeLauncher(clock), FakeRecovery()
+    recovery, for the test to drive and read. Its fakes say what changed and each pass looks at
+    those, as the real master's readers do (children/changes.py)."""
+    changes = changes or Changes()
+    launcher, recovery = FakeLauncher(clock, changes), FakeRecovery()
     cfg = replace(SHORT_TIMEOUT_CONFIG, **settings)  # type: ignore[arg-type]
-    m = compose(cfg, Launchers(launcher, cfg), clock, recovery=recovery, start=Start(host_id="test"))
+    start = Start(host_id="test", changes=changes)
+    m = compose(cfg, Launchers(launcher, cfg), clock, recovery=recovery, start=start)
     return m, launcher, recovery
 
 

@@ -537,6 +537,7 @@ def test_design_maps_every_folder_of_the_code_and_names_each_module_in_its_own_r
             if not modules:
                 continue
             key = str(folder.relative_to(REPO)) + "/"
-            row = rows.get(key) or rows.get(key.rsplit("/", 2)[0] + "/", "")  # a subfolder may sit in its parent's row
+            # A subfolder may sit in its parent's row.
+            row = rows.get(key) or rows.get(key.rsplit("/", 2)[0] + "/", "")
             missing += [f"{key}{m}" for m in modules if f"`{m}`" not in row]
     assert not missing, f"modules docs/design.md's map does not name in their folder's row: {missing}"

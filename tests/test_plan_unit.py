@@ -46,7 +46,7 @@ def place(
         limits=Limits(retire=retire, retire_reason=retire_reason),
         culling=Culling(cull=Cull.CULLED if retire == Retire.CULLED else Cull.NONE),
     )
-    pool.workers[slot] = w
+    pool.admit(w)
     return w
 
 

@@ -20,6 +20,7 @@ def run_jobs(proc, n: int, failed: bool = False) -> None:  # noqa: ANN001
         proc.obs.jobs_failed += n
     else:
         proc.obs.jobs_ok += n
+    proc.told()  # its `done` lines, as its reader tells the loop
 
 
 def settle(m, launcher, clock: FakeClock, passes: int = 6) -> int:  # noqa: ANN001
@@ -188,6 +189,7 @@ def test_a_worker_is_replaced_ahead_of_its_jobs_limit_and_stopped_only_at_it(clo
     run_jobs(fast, 5)  # at its limit the worker stops taking jobs, and says so
     fast.obs.jobs.clear()
     fast.obs.paused = wp.RETIRING
+    fast.told()
     m.step()
     assert fast.stops == 1 and slow.stops == 0
     assert lowest == 2 and ready_count(m) >= 2
@@ -225,6 +227,7 @@ def test_workers_at_their_limit_are_all_replaced_whatever_the_recycle_share(cloc
     for proc in at_limit:
         run_jobs(proc, 50)
         proc.obs.paused = wp.RETIRING
+        proc.told()
     m.step()
     assert sum(w.retiring for w in m.workers.values()) == 3
     assert len(launcher.spawned) == 4 + 1  # one beyond the target at a time (a quarter of 4)
@@ -262,6 +265,7 @@ def test_a_worker_says_when_it_takes_no_more_jobs_and_status_shows_it(clock: Fak
     (proc,) = live(m).values()
     run_jobs(proc, 10)
     proc.obs.paused = wp.RETIRING
+    proc.told()
     m.step()
     (row,) = [r for r in m.take_snapshot().workers if r.pid == proc.pid]
     assert (row.paused, row.jobs_limit) == ("retiring", 10)

@@ -15,7 +15,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import IO, Any, Protocol
 
 from herder.common.worker_protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
@@ -29,6 +28,16 @@ STDOUT_LINES_PER_SECOND = 20_000
 STDERR_LINES_PER_SECOND = 1000  # RQ logs ~4 lines a job; fast no-op jobs reach ~250 jobs/s
 
 
+class Change(Protocol):
+    """`with proc.changing() as obs`: `quiet` set inside says the change moved nothing the loop
+    acts on (an `idle` that only says the worker is alive), so it is not told (changes.py)."""
+
+    quiet: bool
+
+    def __enter__(self) -> Observations: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
 class Piped(Protocol):
     """What the readers use of a watched worker process (herder.supervisor.children.workerproc)."""
 
@@ -37,7 +46,7 @@ class Piped(Protocol):
     finished: deque[FinishedJob]
     stdout_done: threading.Event
 
-    def changing(self) -> AbstractContextManager[Observations]:
+    def changing(self) -> Change:
         """Its Observations to change, under `lock` (the loop's next snapshot sees the change)."""
         ...
 
@@ -88,7 +97,11 @@ class StdoutReader:
                 obs.malformed += 1
                 obs.last_error = str(exc)
             return False
-        with proc.changing() as obs:
+        change = proc.changing()
+        with change as obs:
+            # An `idle` that changes no pause and ends no wait only says the worker is alive:
+            # its silence deadline is murder's own to look at (changes.py), not a change.
+            change.quiet = msg.verb == "idle" and obs.waiting is None and obs.paused == msg.paused
             important = record(obs, proc.finished, msg, time.monotonic())
             news = wait_to_log(obs) if msg.verb == "wait" else None
         if news is not None:

@@ -20,7 +20,7 @@ from herder.supervisor.children.launcher import Clock
 from herder.supervisor.children.launchers import Launchers
 from herder.supervisor.children.observations import Observations
 from herder.supervisor.children.states import KillKind
-from herder.supervisor.policy.pool import Pool
+from herder.supervisor.policy.pool import Pool, Workers
 from herder.supervisor.policy.pressure import OomWatch
 from herder.supervisor.views.hooks import EventHooks
 from herder.supervisor.views.journal import Journal
@@ -49,12 +49,27 @@ class Reaper:
             clock, hostname, pools, counters, recovery
         )  # fmt: skip
         self.hooks, self.journal, self.oom = said
+        self._holding: dict[str, str | None] = {}  # RQ name -> the job it holds, every live worker's
+        self._told_left = False  # a worker left since the recovery thread was last told
 
-    def reap(self, launchers: Launchers, stopping: bool, finished: Fold, wake: Callable[[], None]) -> None:
+    def reap(
+        self,
+        launchers: Launchers,
+        stopping: bool,
+        finished: Fold,
+        wake: Callable[[], None],
+        changed: set[int] | None = None,
+    ) -> None:
+        """The workers that exited, among those that changed (their stdout's EOF is a change;
+        every worker at a sweep, which a SIGCHLD asks for)."""
         for pool in list(self.pools.values()):
-            for slot_index, w in list(pool.workers.items()):
+            if changed is None:
+                look = list(pool.workers.values())
+            else:
+                look = [w for pid in changed if (w := pool.by_pid.get(pid)) is not None]
+            for w in look:
                 if w.proc.has_exited():
-                    del pool.workers[slot_index]  # it leaves its pool
+                    pool.leave(w)  # it leaves its pool
                     self.reap_one(w, pool, stopping, finished)
         for launcher in launchers.all():
             launcher.tend(wake)  # the fork server's life; strays a subreaper inherits
@@ -62,6 +77,9 @@ class Reaper:
 
     def reap_one(self, w: Worker, pool: Pool, stopping: bool, finished: Fold) -> None:
         now = self.clock.monotonic()
+        for name in self.rq_names(w):  # no longer one the sweep must leave alone
+            self._holding.pop(name, None)
+        self._told_left = True
         ex = lifecycle.reap(w, now)
         code, obs, lived, how, graceful = ex.code, ex.obs, ex.lived, ex.how, ex.graceful
         oom = code == -signal.SIGKILL and not w.killed and self.oom.killed(w.proc.pid)
@@ -155,13 +173,23 @@ class Reaper:
             w.rq_names = tuple(rq_worker_name(self.hostname, w.slot, w.pid, t) for t in range(w.threads))
         return w.rq_names
 
-    def tell_recovery(self, workers: Iterable[Worker]) -> None:
-        """What the next sweep must not touch: each RQ name of a live worker and the job it holds."""
+    def tell_recovery(self, workers: Workers, changed: set[int] | None) -> None:
+        """What the next sweep must not touch: each RQ name of a live worker and the job it
+        holds. Kept up for the workers that changed (all at a sweep), told when it moved."""
         if self.recovery is None:
             return
-        holding: dict[str, str | None] = {}
-        for w in workers:
+        if changed is None:
+            self._holding, look = {}, workers.values()
+        else:
+            look = [w for pid in changed if (w := workers.by_pid(pid)) is not None]
+        before = len(self._holding)
+        moved = False
+        for w in look:
             jobs = w.proc.snapshot().jobs
             for thread, name in enumerate(self.rq_names(w)):
-                holding[name] = jobs[thread].job_id if thread in jobs else None
-        self.recovery.tell(holding)
+                job = jobs[thread].job_id if thread in jobs else None
+                if self._holding.get(name, False) != job:
+                    self._holding[name], moved = job, True
+        if moved or self._told_left or changed is None or len(self._holding) != before:
+            self._told_left = False
+            self.recovery.tell(dict(self._holding))  # a copy: the recovery thread reads it

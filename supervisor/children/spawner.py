@@ -39,6 +39,7 @@ class Spawner:
         self.counters, self.wake = counters, wake
         self.hooks, self.journal = said
         self.pending = False
+        self.moved: list[int] = []  # pids this pass stopped or spawned: in motion now
 
     def carry_out(self, pool: Pool, plan: Plan, limit: int) -> None:
         """A pool's plan, through the lifecycle: `retire`, the stops (each told as the plan
@@ -54,6 +55,7 @@ class Spawner:
             if stop.said is not None:
                 self.journal.record(stop.said[0], pool.name, stop.said[1], w.slot, w.pid)
             lifecycle.ask_stop(w, stop.why, self.clock.monotonic())
+            self.moved.append(w.pid)
         self.spawn_into_free_slots(pool, plan.spawn, limit)
 
     def spawn_into_free_slots(self, pool: Pool, room: int, limit: int) -> None:
@@ -90,7 +92,8 @@ class Spawner:
         )
         if pool.paused:
             proc.send_pause(True)
-        pool.workers[slot.index] = w
+        pool.admit(w)
+        self.moved.append(w.pid)
         self.counters.totals.spawned += 1
         where = "" if pool.name == DEFAULT_POOL else f" (pool {pool.name})"
         log.info("slot %d pid %d: spawned -> %s%s", slot.index, w.pid, w.life.state, where)

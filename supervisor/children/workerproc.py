@@ -24,6 +24,7 @@ from typing import IO, Any, Protocol
 from herder.common import handover
 from herder.common.worker_protocol import ENV_POOL, PAUSE, RESUME, RETIRE, STOP, end_request
 from herder.supervisor.children import logs, pipes
+from herder.supervisor.children.changes import CHANGED
 from herder.supervisor.children.dispatchers import StderrReader, StdoutReader
 from herder.supervisor.children.observations import FINISHED_KEPT, FinishedJob, Observations
 
@@ -150,6 +151,7 @@ class WorkerProcess:
             hub.after_pass.append(logs.flush_held)
         hub.add(popen.stdout.fileno(), StdoutReader(proc, wake))
         hub.add(popen.stderr.fileno(), StderrReader(proc))
+        CHANGED.add(proc.pid)  # born: the loop looks at it next pass
         return proc
 
     @property
@@ -263,10 +265,11 @@ class _Changing:
     """`with proc.changing() as obs`: a plain class, not a generator context manager, which
     costs several times as much, and the readers take one for every line."""
 
-    __slots__ = ("proc",)
+    __slots__ = ("proc", "quiet")
 
     def __init__(self, proc: WorkerProcess) -> None:
         self.proc = proc
+        self.quiet = False  # set by a reader whose line only said the worker is alive
 
     def __enter__(self) -> Observations:
         proc = self.proc
@@ -275,4 +278,7 @@ class _Changing:
         return proc.obs
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.lock.release()
+        proc = self.proc
+        proc.lock.release()
+        if not self.quiet:
+            CHANGED.add(proc.popen.pid)  # the loop looks at it next pass (changes.py)

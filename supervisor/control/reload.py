@@ -115,7 +115,8 @@ def apply(m: Reloadable, new: Config) -> list[str]:
         if pool is None or pool.draining:
             m.pools[name] = added = m.new_pool(name, pc)
             if pool is not None:  # back while its workers drain: they are still its own, leaving
-                added.workers.update(pool.workers)
+                for w in pool.workers.values():
+                    added.admit(w)
                 added.slots.update(pool.slots)
             if new.pools:
                 done.append(f"pool {name} added")

@@ -39,6 +39,10 @@ class Endings:
         self.offered: dict[str, Offer] = {}  # job id -> the offer in flight
         self.finished: dict[str, tuple[int, float]] = {}  # job id -> (give-up, when) its worker said done
 
+    def idle(self, waiting: dict[str, int]) -> bool:
+        """Nothing given up, offered or just finished: nothing to do this pass."""
+        return not waiting and not self.offered and not self.finished
+
     def dispatch(
         self,
         waiting: dict[str, int],
@@ -48,7 +52,7 @@ class Endings:
     ) -> None:
         """Offer each waiting ending (job id -> its give-up number) to an idle worker that has
         none; never the same give-up twice within OFFER_TTL."""
-        if not waiting and not self.offered and not self.finished:
+        if self.idle(waiting):
             return  # the usual pass: nothing given up
         workers = list(workers)
         by_pid = {w.pid: w for w in workers}

@@ -73,6 +73,31 @@ def judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | No
     return Verdict(f"{verdict.reason}; it was {obs.waiting.reason(now)}", verdict.judged_hung, verdict.kind)
 
 
+def next_verdict_at(w: Worker, obs: Observations, cfg: Config) -> float:
+    """The earliest moment `judge` could find a verdict if neither the worker's lines nor the
+    master's actions change what it sees: murder judges the worker again then, not each pass.
+    Never later than the truth (tests/test_liveness_deadlines.py checks it against `judge`)."""
+    if obs.stdout_eof:
+        return obs.eof_at + (cfg.kill_timeout if obs.said_stop else EOF_GRACE)
+    life = w.life
+    stop_at = float("inf")
+    if life.state == WorkerState.STOPPING and life.stop_sent_at is not None:
+        stop_at = life.stop_sent_at + cfg.stop_timeout
+    if not obs.ready:
+        if obs.last_seen > w.spawned_at:
+            return min(stop_at, obs.last_seen + cfg.heartbeat_timeout)
+        return min(stop_at, w.spawned_at + cfg.start_timeout)
+    at = min(stop_at, obs.last_seen + cfg.heartbeat_timeout)
+    stuck = stuck_since(obs)
+    if stuck is not None:
+        at = min(at, stuck + cfg.progress_timeout)
+    for held in obs.jobs.values():
+        timeout = held.timeout if held.timeout is not None else cfg.job_timeout
+        if timeout >= 0:
+            at = min(at, held.started + timeout + cfg.job_timeout_grace)
+    return at
+
+
 def _judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | None:
     late = past_job_timeout(obs, now, cfg)
     # A stop timeout is part of a stop, and a job past its own timeout is killed as RQ itself

@@ -101,6 +101,17 @@ class Pool:
     # pool's at a time (free_slots).
     workers: dict[int, Worker] = field(default_factory=dict)
     slots: dict[int, Slot] = field(default_factory=dict)
+    by_pid: dict[int, Worker] = field(default_factory=dict)  # the same workers, by pid
+
+    def admit(self, w: Worker) -> None:
+        """A worker joins at its spawn (spawner.py)."""
+        self.workers[w.slot] = w
+        self.by_pid[w.pid] = w
+
+    def leave(self, w: Worker) -> None:
+        """A worker leaves at its reap (reaper.py)."""
+        del self.workers[w.slot]
+        self.by_pid.pop(w.pid, None)
 
     @property
     def paused(self) -> bool:
@@ -305,6 +316,13 @@ class Workers:
 
     def values(self) -> list[Worker]:
         return [w for p in list(self._pools.values()) for w in p.workers.values()]
+
+    def by_pid(self, pid: int) -> Worker | None:
+        """A worker by its pid, in the pool that holds it (O(pools), not O(workers))."""
+        for p in list(self._pools.values()):
+            if (w := p.by_pid.get(pid)) is not None:
+                return w
+        return None
 
     def items(self) -> list[tuple[int, Worker]]:
         return [(i, w) for p in list(self._pools.values()) for i, w in p.workers.items()]

@@ -87,6 +87,9 @@ class Retirement:
         self.recycled: Counter[str] = Counter()  # planned recycles and culls (Retire), hard kills
         self.start_seconds = START_GUESS  # how long this pool's workers take to be ready, lately
         self._asking = 0  # cull tokens asked for and not yet answered
+        # When the next review of every worker is due (time moves age and memory, not lines).
+        self._whole_at = float("-inf")
+        self._deferred = False  # a worker waited for room: every pass reviews all until none does
 
     def configure(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -103,6 +106,11 @@ class Retirement:
 
     # ---- each pass of the loop -----------------------------------------------------------
 
+    def whole_due(self, now: float, answers: dict[int, bool]) -> bool:
+        """Whether this pass reviews every worker, not only those that changed: an answer to a
+        cull ticket came, an RSS reading or a worker's age limit is due, or the budget is spent."""
+        return bool(answers) or now >= self._whole_at or bool(self.degraded) or self._deferred
+
     def review(
         self,
         live: list[Worker],
@@ -111,15 +119,25 @@ class Retirement:
         wall: float,
         kill: Killer,
         answers: dict[int, bool] | None = None,
+        look: list[Worker] | None = None,
     ) -> None:
-        """Decide retirements for the live (not yet leaving) workers. `answers`: the cull
-        tickets the recovery thread answered (the master takes them once for every pool)."""
+        """Decide retirements for the live (not yet leaving) workers: those in `look` (the ones
+        that changed), or all of them. `answers`: the cull tickets the recovery thread answered
+        (the master takes them once for every pool)."""
         if answers is None:
             answers = self.recovery.answers() if self.recovery else {}
+        if look is None:
+            look = live
+            self._whole_at = self._next_whole(live, now)
+        elif not look:
+            return
+        else:
+            self._whole_at = min(self._whole_at, self._next_whole(look, now))
         self._asking = sum(1 for w in live if w.culling.cull == Cull.ASKED)
         planned = sum(1 for w in live if w.recycling)
         room = max(1, math.floor(self.cfg.recycle_share * target)) - planned
-        for w in live:
+        self._deferred = False
+        for w in look:
             obs, culling = w.proc.snapshot(), w.culling
             if w.limits.ready_at is None and obs.ready:
                 self._timed_start(w, now)
@@ -136,7 +154,10 @@ class Retirement:
             if culling.failures or culling.cull == Cull.DENIED:  # else no failure to cull for, none denied
                 self._consider_cull(w, now, wall)
             # Room is for replacements started ahead: one that takes no more jobs is due, room or not.
-            if w.retiring or (room <= 0 and obs.paused != RETIRING):
+            if w.retiring:
+                continue
+            if room <= 0 and obs.paused != RETIRING:
+                self._deferred = True  # looked at again when room frees, though it may not change
                 continue
             planned = self.planned(w, obs, now)
             if planned is not None:
@@ -147,10 +168,15 @@ class Retirement:
                 log.info(
                     "slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, limits.retire_reason
                 )
-        denied = [w for w in live if w.culling.cull == Cull.DENIED]
-        if self.degraded and not denied:
+        if self.degraded and not any(w.culling.cull == Cull.DENIED for w in live):
             log.warning("health ok again: no worker is waiting on the cull budget")
             self.degraded = ""
+
+    def _next_whole(self, workers: list[Worker], now: float) -> float:
+        """When time alone next moves a retirement: an RSS reading due, the first age limit."""
+        at = now + RSS_EVERY if self.cfg.max_memory is not None else float("inf")
+        ages = [w.spawned_at + w.limits.age for w in workers if w.limits.age is not None]
+        return min([at, *ages])
 
     def planned(self, w: Worker, obs: Observations, now: float) -> tuple[Retire, str] | None:
         """A planned recycle due now, and its sentence; None if none is."""

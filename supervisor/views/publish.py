@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from herder.supervisor.children.fleet import Worker
-from herder.supervisor.children.states import WORKING
 from herder.supervisor.views.build import PUBLISH_EVERY, Snapshots
 from herder.supervisor.views.hooks import EventHooks, HealthChanges
 from herder.supervisor.views.journal import Journal
@@ -55,16 +54,36 @@ class Views:
         self.health, self.health_changes = sources.health, HealthChanges()
         self.snapshot: HostSnapshot | None = None  # the newest published
         self._published_at = self._host_told_at = self._health_read_at = float("-inf")
+        self._uncounted: set[int] | None = None  # pids whose jobs are not counted yet (None: all)
+        self._unfolded: set[int] | None = None  # pids whose finished jobs are not folded yet
 
-    def publish(self, loop: Loop, floor: int) -> None:
-        """Health bookkeeping each pass; the host's snapshot every view renders, now and then."""
+    def note(self, changed: set[int] | None) -> None:
+        """The workers that changed this pass (None: look at all): only theirs are counted and
+        folded (a `done` is a change), so a pass costs what changed (children/changes.py)."""
+        if changed is None:
+            self._uncounted = self._unfolded = None
+            return
+        if self._uncounted is not None:
+            self._uncounted |= changed
+        if self._unfolded is not None:
+            self._unfolded |= changed
+
+    def _take(self, pids: set[int] | None) -> list[Worker]:
+        workers = self.sources.workers
+        if pids is None:
+            return workers.values()
+        return [w for pid in pids if (w := workers.by_pid(pid)) is not None]
+
+    def publish(self, loop: Loop, floor: int, moving: int) -> None:
+        """Health bookkeeping each pass; the host's snapshot every view renders, now and then.
+        `moving`: the workers starting, stopping or being killed (the others are ready)."""
         src = self.sources
         now = src.clock.monotonic()
-        workers = src.workers.values()
-        ready = sum(w.life.state in WORKING for w in workers)
+        ready = len(src.workers) - moving
         down = src.reader is not None and src.reader.outage_since is not None
         self.health.observe(now, ready, floor, short_pools(list(src.pools.values())), redis_down=down)
-        for w in workers:
+        unfolded, self._unfolded = self._unfolded, set()
+        for w in self._take(unfolded):
             self.fold_finished(w)
         if self.http:
             self.http.step(now)
@@ -99,7 +118,8 @@ class Views:
     def count_jobs(self) -> None:
         """Every worker's jobs finished since it was last counted, into the one count the
         views and the autoscaler read (counters.py); done where they read it, not each pass."""
-        for w in self.sources.workers.values():
+        uncounted, self._uncounted = self._uncounted, set()
+        for w in self._take(uncounted):
             self.sources.counters.count_jobs(w, w.proc.snapshot())
 
     def fold_finished(self, w: Worker) -> None:

@@ -1,0 +1,99 @@
+"""A pass of the master's loop costs what changed, not the fleet (children/changes.py): it looks
+at the workers whose lines changed, those in motion and those whose deadline has come; the
+whole fleet only at a sweep. And nothing is judged later for it: a silent worker, a stop past
+its timeout, a death whose line never came are all still found, on time.
+
+Unit tests on the fakes, told what changed as the real readers tell the real registry; the
+figures of a real fleet are the benchmark's (docs/benchmarks.md, "Scaling")."""
+
+from __future__ import annotations
+
+import signal
+
+from fakes import FakeClock, FakeProc, all_ready, live, make
+from herder.supervisor.children.changes import SWEEP_EVERY, Changes
+from herder.supervisor.children.states import WorkerState
+from herder.supervisor.master import Master
+
+FLEET = 256
+
+
+def settled(clock: FakeClock, n: int = FLEET, **settings: object) -> Master:
+    """A master with n ready workers and a sweep just behind it."""
+    m, _, _ = make(clock, changes=Changes(), workers=n, workers_limit=n, **settings)
+    while len(m.workers) < n or any(w.life.state != WorkerState.IDLE for w in m.workers.values()):
+        clock.t += 0.1  # spawns are paced
+        all_ready(m)
+    m.sweeps.ask()
+    m.step()
+    for proc in live(m).values():
+        proc.looks = 0
+    return m
+
+
+def looks(m: Master) -> dict[int, int]:
+    return {slot: proc.looks for slot, proc in live(m).items() if proc.looks}  # type: ignore[attr-defined]
+
+
+def test_a_quiet_pass_looks_at_no_worker_and_a_busy_one_at_those_that_changed(clock: FakeClock) -> None:
+    m = settled(clock)
+    clock.t += 0.1
+    m.step()
+    assert looks(m) == {}, "a pass with nothing changed looked at workers"
+    procs = live(m)
+    for slot in (3, 200):
+        procs[slot].busy(f"job-{slot}")  # type: ignore[attr-defined]
+    clock.t += 0.1
+    m.step()
+    assert set(looks(m)) == {3, 200}
+    assert m.workers[3].life.state == WorkerState.BUSY and m.workers[200].life.state == WorkerState.BUSY
+    # A sweep still looks at every worker, now and then.
+    clock.t += SWEEP_EVERY
+    m.step()
+    assert len(looks(m)) == FLEET
+
+
+def test_a_silent_worker_is_killed_at_its_heartbeat_timeout_though_nothing_changed(clock: FakeClock) -> None:
+    m = settled(clock, n=8)
+    procs = live(m)
+    silent = procs[5]
+    killed_at = None
+    start = clock.t
+    while killed_at is None and clock.t - start < 3 * m.cfg.heartbeat_timeout:
+        clock.t += 0.25
+        for slot, proc in procs.items():
+            if slot != 5:
+                proc.beat()  # a sign of life, no change (an `idle` line)
+        m.step()
+        if signal.SIGTERM in silent.signals:  # type: ignore[attr-defined]
+            killed_at = clock.t
+    assert killed_at is not None, "the silent worker was never judged"
+    assert killed_at - start <= m.cfg.heartbeat_timeout + 0.25 + 1e-9, killed_at - start
+    assert all(not p.signals for s, p in procs.items() if s != 5)  # type: ignore[attr-defined]
+
+
+def test_a_stop_past_its_timeout_is_killed_on_time(clock: FakeClock) -> None:
+    # Its other deadlines far off: only the stop the master sent can bring murder back in time.
+    m = settled(clock, n=8, heartbeat_timeout=60.0, job_timeout=600.0, stop_timeout=2.0)
+    w = m.workers[2]
+    proc: FakeProc = w.proc  # type: ignore[assignment]
+    proc.busy("long")
+    m.step()
+    m.stop_worker(w, "test")
+    sent = clock.t
+    while signal.SIGTERM not in proc.signals and clock.t - sent < 3 * m.cfg.stop_timeout:
+        clock.t += 0.25
+        for p in live(m).values():
+            p.beat()
+        m.step()
+    assert signal.SIGTERM in proc.signals
+    assert clock.t - sent <= m.cfg.stop_timeout + 0.25 + 1e-9
+
+
+def test_a_death_whose_line_never_came_is_reaped_at_its_sigchld(clock: FakeClock) -> None:
+    m = settled(clock, n=8)
+    proc: FakeProc = m.workers[4].proc  # type: ignore[assignment]
+    proc.code = -signal.SIGKILL  # dead, and no EOF told (a change the registry never heard of)
+    m.events.child_exited = True  # what the SIGCHLD handler records
+    m.step()
+    assert all(w.proc is not proc for w in m.workers.values()), "the dead worker was not reaped"
