@@ -38,7 +38,9 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # `wait <ts> <seconds> <what>`: a worker that cannot reach what it needs (Redis) says what it
 # waits for and for how long, each heartbeat interval, even while its main thread is blocked in
 # a call (a side thread writes it). An older worker never sends either.
-VERSION = 9
+# Version 10: `done` may say the CPU seconds the job took (`done <job-id> <ts> <outcome> <cpu>`),
+# for the advice on threads or processes (CPU time against busy time).
+VERSION = 10
 SUPPORTED_VERSIONS = tuple(str(v) for v in range(1, VERSION + 1))  # `ready` accepts each of them
 MAX_THREADS = 256  # a tag past this is malformed
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop", "wait")
@@ -89,6 +91,7 @@ class Message:
     thread: int = 0  # version 8: the thread of a threaded worker the line is about
     waited: float = 0.0  # `wait` (version 9): seconds it has waited
     what: str | None = None  # `wait` (version 9): what it waits for, a short sentence
+    cpu: float | None = None  # `done` (version 10): the job's CPU seconds; None: not said
 
 
 # ---- worker side: building lines -------------------------------------------------------
@@ -133,10 +136,11 @@ def beat_line(job_id: str, ts: float, stuck: float = 0.0) -> bytes:
     return f"beat {job_id} {ts:.6f}{f' {stuck:.1f}' if stuck > 0 else ''}\n".encode()
 
 
-def done_line(job_id: str, ts: float, ok: bool | None) -> bytes:
-    """ok True/False: the job's outcome; None: an ending the master asked for (`end`)."""
+def done_line(job_id: str, ts: float, ok: bool | None, cpu: float | None = None) -> bytes:
+    """ok True/False: the job's outcome; None: an ending the master asked for (`end`). `cpu`:
+    the CPU seconds the job took (version 10), left out when unknown."""
     outcome = "ended" if ok is None else "ok" if ok else "failed"
-    return f"done {job_id} {ts:.6f} {outcome}\n".encode()
+    return f"done {job_id} {ts:.6f} {outcome}{'' if cpu is None else f' {max(0.0, cpu):.4f}'}\n".encode()
 
 
 def wait_line(ts: float, waited: float, what: str) -> bytes:
@@ -232,13 +236,14 @@ def _beat(args: list[str]) -> Message:
 
 
 def _done(args: list[str]) -> Message:
-    # done <job-id> <ts> ok|failed|ended
-    if len(args) != 3:
+    # done <job-id> <ts> ok|failed|ended [<cpu-seconds>]
+    if len(args) not in (3, 4):
         raise ProtocolError("wrong number of fields for 'done'")
     if args[2] not in OUTCOMES:
         raise ProtocolError(f"bad outcome {args[2][:20]!r}")
     ok = None if args[2] == "ended" else args[2] == "ok"
-    return Message("done", _ts(args[1]), job_id=_job_id(args[0]), ok=ok)
+    cpu = _ts(args[3]) if len(args) == 4 else None
+    return Message("done", _ts(args[1]), job_id=_job_id(args[0]), ok=ok, cpu=cpu)
 
 
 def _idle(args: list[str]) -> Message:

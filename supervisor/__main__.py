@@ -139,6 +139,7 @@ def compose(
     from herder.supervisor.scheduler import SchedulerKeeper
     from herder.supervisor.spawner import Spawner
     from herder.supervisor.views.build import Snapshots
+    from herder.supervisor.views.evidence import EvidenceKeeper
     from herder.supervisor.views.journal import Journal
     from herder.supervisor.views.publish import Views
     from herder.supervisor.views.sources import Sources
@@ -178,7 +179,8 @@ def compose(
     http, jobstats = (
         http_side(cfg, clock, said, reader, start.http_token, submit) if cfg.http else (None, None)
     )
-    views = Views(sources, Snapshots(hostname, clock.wall, SHARED, journal), said, http, jobstats)
+    snapshots = Snapshots(hostname, clock.wall, SHARED, journal, EvidenceKeeper(SHARED))
+    views = Views(sources, snapshots, said, http, jobstats)
 
     def fleet_size() -> int:  # what the kill budget is a share of
         return max(host_target(pools.values()), len(live(workers.values())))

@@ -93,12 +93,14 @@ class Observations:
 
 @dataclass(frozen=True, slots=True)
 class FinishedJob:
-    """One job done, for the per-function job metrics (herder.supervisor.jobstats)."""
+    """One job done, for the per-function job metrics (herder.supervisor.jobstats) and the
+    advice (herder.supervisor.views.advice)."""
 
     queue: str
     func: str
     ok: bool
     seconds: float  # busy -> done, on the worker's own clock
+    cpu: float | None = None  # the CPU seconds it took, as its `done` said (version 10)
 
 
 # Finished jobs a worker's reader keeps until the loop takes them (a flood drops the oldest).
@@ -147,7 +149,7 @@ def record(o: Observations, finished: deque[FinishedJob], msg: Message, now: flo
                 o.busy_seconds += now - held.started
                 if held.queue is not None:
                     seconds = max(0.0, msg.ts - held.started_wall)
-                    finished.append(FinishedJob(held.queue, held.func or "?", msg.ok, seconds))
+                    finished.append(FinishedJob(held.queue, held.func or "?", msg.ok, seconds, msg.cpu))
                 del o.jobs[msg.thread]
             o.last_done_wall = msg.ts
         case "stop":

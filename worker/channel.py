@@ -51,6 +51,17 @@ class Progress:
         """Seconds the loop has made no progress outside the job's own code."""
         return 0.0 if self.in_job else time.monotonic() - self._progress_at
 
+    # The CPU a job takes, `busy` to `done` (protocol version 10): the process's, where one job
+    # runs at a time (a job's own threads count too); a thread's own, in a threaded worker.
+    cpu_clock: Callable[[], float] = staticmethod(time.process_time)
+    _cpu_at: float | None = None
+
+    def cpu_taken(self, start: bool) -> float | None:
+        """At `busy` (start): mark the clock; at `done`: the CPU seconds since the mark."""
+        now = self.cpu_clock()
+        then, self._cpu_at = self._cpu_at, now if start else None
+        return None if start or then is None else now - then
+
 
 class JobsLimit:
     """The jobs a worker process may still take: its own limit (ENV_JOBS_LIMIT, drawn by the
@@ -219,12 +230,14 @@ class Channel(Progress):
     def busy(
         self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
     ) -> None:
+        self.cpu_taken(start=True)
         self.job_line(self, job_id, wp.busy_line(job_id, time.time(), timeout, queue, func))
 
     def done(self, job_id: str, ok: bool | None, hold: bool = False) -> None:
         """ok: the job's outcome; None: an ending (`end`) is over. `hold`: the line goes with the
         next one (a `busy` that follows at once), or at send_held()."""
-        self.job_line(self, None, wp.done_line(job_id, time.time(), ok), hold)
+        cpu = self.cpu_taken(start=False)
+        self.job_line(self, None, wp.done_line(job_id, time.time(), ok, cpu), hold)
 
     def job_line(
         self, owner: Channel | ThreadChannel, job_id: str | None, line: bytes, hold: bool = False
@@ -367,6 +380,8 @@ class ThreadChannel(Progress):
         self._job_id: str | None = None
         self._progress_at = time.monotonic()
         self.in_job = False
+        self.cpu_clock = time.thread_time  # its jobs' CPU: this thread's, not its neighbours'
+
         self.on_beat: Callable[[], None] | None = None  # this thread's lease (see Channel.on_beat)
         process.threads.append(self)
         process.on_beat = process.beat_threads
@@ -408,10 +423,12 @@ class ThreadChannel(Progress):
     def busy(
         self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
     ) -> None:
+        self.cpu_taken(start=True)
         self.process.job_line(self, job_id, wp.busy_line(job_id, time.time(), timeout, queue, func))
 
     def done(self, job_id: str, ok: bool | None, hold: bool = False) -> None:
-        self.process.job_line(self, None, wp.done_line(job_id, time.time(), ok), hold)
+        cpu = self.cpu_taken(start=False)
+        self.process.job_line(self, None, wp.done_line(job_id, time.time(), ok, cpu), hold)
 
     def send_held(self) -> None:
         self.process.send_held()
