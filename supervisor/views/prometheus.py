@@ -151,6 +151,15 @@ class SnapshotCollector:
         )
         if v.job_rate is not None:
             yield _gauge("herder_job_rate", "Learned jobs per second of one busy worker.", v.job_rate)
+        g = GaugeMetricFamily(
+            "herder_advice",
+            "1 for each piece of advice that asks for a change in a pool (herder advise says which).",
+            labels=["pool", "kind", "reason"],
+        )
+        for a in v.advice:
+            if a.change:
+                g.add_metric([a.pool, a.kind, a.reason], 1)
+        yield g
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
