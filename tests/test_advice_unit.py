@@ -96,13 +96,20 @@ def test_jobs_off_the_cpu_get_threads_at_a_share_of_the_memory() -> None:
     )
     (a,) = actionable(advise(ev))
     assert (a.kind, a.reason) == ("threads", "off_cpu")
-    assert a.change == {"threads": 16, "max_workers": 1, "min_workers": 1}
-    assert a.figures["memory_pct"] < 30  # one process of 16 threads for eight of one
+    # As many threads as its 8 job slots: one process for eight.
+    assert a.change == {"threads": 8, "max_workers": 1, "min_workers": 1}
+    assert a.figures["memory_pct"] < 30
     assert a.confidence == Confidence(100, 1.6)
     assert "1% of their busy time on the CPU" in a.text and "% of the memory" in a.text
     # Half on the CPU: processes are right.
     half = Evidence("cpu", ev.settings, jobs=jobs(100, 1.0, 0.5), samples=ev.samples)
     assert reasons(half) == []
+    # A fifth on the CPU, but most of the rest waiting for a CPU on a crowded host: CPU-bound.
+    crowded = [JobSample(j.at, 1.0, 0.2, runq=0.7) for j in jobs(100, 1.0, 0.2)]
+    assert reasons(Evidence("cpu", ev.settings, jobs=crowded, samples=ev.samples)) == []
+    # One job slot: nothing for threads to share.
+    one = Evidence("io", Settings(threads=1, floor=1, ceiling=1), jobs=ev.jobs, samples=ev.samples)
+    assert reasons(one) == []
 
 
 def test_cpu_bound_jobs_in_threads_get_processes() -> None:
@@ -218,4 +225,4 @@ def test_advice_as_json_names_its_confidence() -> None:
     out = advise(ev)[0].to_json()
     assert out["pool"] == "io" and out["kind"] == "threads" and out["reason"] == "off_cpu"
     assert out["confidence"] == {"jobs": 40, "minutes": 0.7}
-    assert out["change"]["threads"] == 16
+    assert out["change"] == {"threads": 2, "max_workers": 1, "min_workers": 1}

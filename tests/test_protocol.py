@@ -37,6 +37,7 @@ from herder.common.worker_protocol import LineSplitter, Message, ProtocolError, 
         (b"done abc-1 12.0 failed", Message("done", 12.0, job_id="abc-1", ok=False)),
         # version 10: the job's CPU seconds
         (b"done abc-1 12.0 ok 0.0125", Message("done", 12.0, job_id="abc-1", ok=True, cpu=0.0125)),
+        (b"done j 1 ok 0.5 0.25", Message("done", 1.0, job_id="j", ok=True, cpu=0.5, runq=0.25)),
         (b"idle 13.25", Message("idle", 13.25)),
         (b"stop 14", Message("stop", 14.0)),
         (b"idle 13.25\r", Message("idle", 13.25)),

@@ -34,6 +34,7 @@ IO_SHARE = 0.25  # jobs on the CPU for at most this share of their busy time: of
 GIL_BUDGET = 0.6  # threads of one process may use this much of a core between them
 MAX_THREADS = 16  # the most threads advised
 CPU_SHARE = 0.6  # a threaded process on the CPU this share of its busy time: CPU-bound
+MEMORY_WORTH = 80  # percent: threads advised only where they would need at most this much memory
 THREAD_COST = 2 * MIB  # what one more thread adds to a worker's RSS (its stack, its Redis connection)
 
 # Recycling.
@@ -55,6 +56,7 @@ class JobSample:
     at: float  # monotonic, when the master took it
     busy: float  # seconds, busy -> done
     cpu: float | None  # CPU seconds, as its `done` said; None: the worker did not say
+    runq: float = 0.0  # seconds of `busy` it waited for a CPU (a busy host's, not the job's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,15 +173,19 @@ def threads_or_processes(ev: Evidence) -> Advice | None:
     timed = [j for j in ev.jobs if j.cpu is not None]
     if len(timed) < MIN_JOBS or timed[-1].at - timed[0].at < MIN_SECONDS:
         return None
-    busy = sum(j.busy for j in timed)
+    # Of a job's busy time, the share on the CPU; the time it waited for one is left out: a
+    # crowded host makes every job look off the CPU.
+    busy = sum(max(j.busy - j.runq, j.cpu or 0.0) for j in timed)
     if busy <= 0:
         return None
-    share = sum(j.cpu or 0.0 for j in timed) / busy  # of a job's busy time, on the CPU
+    share = sum(j.cpu or 0.0 for j in timed) / busy
     s, minutes, n = ev.settings, _minutes(timed[0].at, timed[-1].at), len(timed)
     rss = _mean_rss(ev)
     running = [p.running for p in ev.samples if p.running]
-    if s.threads == 1 and share <= IO_SHARE:
-        threads = max(2, min(MAX_THREADS, math.floor(GIL_BUDGET / max(share, GIL_BUDGET / MAX_THREADS))))
+    if s.threads == 1 and share <= IO_SHARE and s.ceiling >= 2:  # one job slot: nothing to share
+        # As many as keep the GIL's one core from filling, and no more than the pool's job slots.
+        fit = math.floor(GIL_BUDGET / max(share, GIL_BUDGET / MAX_THREADS))
+        threads = max(2, min(MAX_THREADS, fit, s.ceiling))
         ceiling = max(1, math.ceil(s.ceiling / threads))
         change: dict[str, Any] = {"threads": threads}
         if s.autoscale:
@@ -193,6 +199,8 @@ def threads_or_processes(ev: Evidence) -> Advice | None:
             then = max(1, math.ceil(now / threads))
             before, after = now * rss, then * (rss + (threads - 1) * THREAD_COST)
             pct = round(100 * after / before) if before else 100
+            if pct > MEMORY_WORTH:
+                return None  # threads would save next to nothing: not worth the change
             figures.update(memory_now=round(before), memory_advised=round(after), memory_pct=pct)
             memory = f" at about {pct}% of the memory ({_mib(after)} instead of {_mib(before)})"
         text = (

@@ -60,7 +60,7 @@ class EvidenceKeeper:
 
     def jobs(self, pool: str, done: Iterable[FinishedJob], now: float) -> None:
         ring = self._of(pool).jobs
-        ring.extend(JobSample(now, j.seconds, j.cpu) for j in done)
+        ring.extend(JobSample(now, j.seconds, j.cpu, j.runq or 0.0) for j in done)
 
     def observe(self, pools: Iterable[Pool], now: float) -> None:
         """The pools' figures, once a second; their workers' RSS, every RSS_EVERY."""

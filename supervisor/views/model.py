@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from herder.supervisor.states import MasterPhase  # the snapshot's `state`: renderers read it here
-from herder.supervisor.views.advice import Advice
+from herder.supervisor.views.advice import REASONS, Advice
+
+ADVICE_KINDS = tuple(REASONS)  # threads, recycling, bounds: what a piece of advice is about
 
 STALE_AFTER = 5.0  # seconds without a new snapshot: the loop is stalled (it passes every 0.25 s)
 VIEW_ONLY = {"json": False}  # a field's metadata: kept out of the dashboard's JSON
