@@ -166,6 +166,11 @@ def _mib(n: float) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
+def _count(n: float, word: str) -> str:
+    """ "1 worker", "2 workers"."""
+    return f"{n:g} {word}{'' if n == 1 else 's'}"
+
+
 # ---- threads or processes ----------------------------------------------------------------
 
 
@@ -205,8 +210,8 @@ def threads_or_processes(ev: Evidence) -> Advice | None:
             memory = f" at about {pct}% of the memory ({_mib(after)} instead of {_mib(before)})"
         text = (
             f"jobs spend {100 * share:.0f}% of their busy time on the CPU: {threads} threads per "
-            f"worker would serve the same {s.ceiling * s.threads} jobs at once with "
-            f"{ceiling} worker{'s' if ceiling > 1 else ''}{memory}"
+            f"worker would serve the same {_count(s.ceiling * s.threads, 'job')} at once with "
+            f"{_count(ceiling, 'worker')}{memory}"
         )
         return _said(ev.pool, "threads", "off_cpu", text, change, figures, n, minutes)
     if s.threads > 1:
@@ -291,14 +296,15 @@ def recycling(ev: Evidence) -> Advice | None:
     }
     leaking = slope.per_job >= MIN_LEAK and slope.per_job > LEAK_T * slope.error
     if not leaking:
-        text = f"no leak seen over {slope.jobs} jobs on {slope.workers} workers (RSS {_mib(slope.baseline)})"
+        on = f"{_count(slope.jobs, 'job')} on {_count(slope.workers, 'worker')}"
+        text = f"no leak seen over {on} (RSS {_mib(slope.baseline)})"
         return _said(ev.pool, "recycling", "no_leak", text, {}, figures, slope.jobs, minutes)
     bound = s.max_memory * MIB if s.max_memory else slope.baseline + max(GROWTH_ALLOWED, slope.baseline / 2)
     jobs = max(1, math.floor((bound - slope.baseline) / slope.per_job))
     figures.update(bound=round(bound), max_jobs=jobs)
     grows = (
-        f"RSS grows {slope.per_job / MIB:.2f} MiB a job (±{slope.error / MIB:.2f}, over {slope.jobs} "
-        f"jobs on {slope.workers} workers, from {_mib(slope.baseline)})"
+        f"RSS grows {slope.per_job / MIB:.2f} MiB a job (±{slope.error / MIB:.2f}, over "
+        f"{_count(slope.jobs, 'job')} on {_count(slope.workers, 'worker')}, from {_mib(slope.baseline)})"
     )
     if s.max_jobs is not None and s.max_jobs <= jobs:
         return None  # its recycling already keeps it under the bound
@@ -307,7 +313,7 @@ def recycling(ev: Evidence) -> Advice | None:
         text = f"{grows}: max_memory = {s.max_memory:g} bounds it; max_jobs = {jobs} would recycle before it"
     else:
         mib = math.ceil(bound / MIB)
-        text = f"{grows}: max_jobs = {jobs} keeps workers under {_mib(bound)} (or max_memory = {mib})"
+        text = f"{grows}: max_jobs = {jobs} keeps workers under {mib} MiB (or max_memory = {mib})"
     return _said(ev.pool, "recycling", "rss_growth", text, {"max_jobs": jobs}, figures, slope.jobs, minutes)
 
 
