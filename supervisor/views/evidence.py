@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from herder.supervisor.fleet import Worker
-from herder.supervisor.observations import FinishedJob
-from herder.supervisor.pool import Pool
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.observations import FinishedJob
+from herder.supervisor.policy.pool import Pool
 from herder.supervisor.views.advice import (
     Advice,
     Evidence,

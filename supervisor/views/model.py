@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
-from herder.supervisor.states import MasterPhase  # the snapshot's `state`: renderers read it here
+from herder.supervisor.children.states import MasterPhase  # the snapshot's `state`: renderers read it here
 from herder.supervisor.views.advice import REASONS, Advice
 
 ADVICE_KINDS = tuple(REASONS)  # threads, recycling, bounds: what a piece of advice is about
@@ -202,7 +202,7 @@ class SchedulerStatus:
 class Health:
     ok: bool
     reasons: tuple[str, ...]
-    problems: tuple[tuple[str, str], ...] = view_only(())  # (kind, reason): herder.supervisor.health
+    problems: tuple[tuple[str, str], ...] = view_only(())  # (kind, reason): herder.supervisor.views.health
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,7 +93,7 @@ class Observations:
 
 @dataclass(frozen=True, slots=True)
 class FinishedJob:
-    """One job done, for the per-function job metrics (herder.supervisor.jobstats) and the
+    """One job done, for the per-function job metrics (herder.supervisor.views.jobstats) and the
     advice (herder.supervisor.views.advice)."""
 
     queue: str
