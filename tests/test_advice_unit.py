@@ -100,7 +100,7 @@ def test_jobs_off_the_cpu_get_threads_at_a_share_of_the_memory() -> None:
     assert a.change == {"threads": 8, "max_workers": 1, "min_workers": 1}
     assert a.figures["memory_pct"] < 30
     assert a.confidence == Confidence(100, 1.6)
-    assert "1% of their busy time on the CPU" in a.text and "% of the memory" in a.text
+    assert "1% of their busy time on the CPU" in a.text and "% of their RSS" in a.text
     # Half on the CPU: processes are right.
     half = Evidence("cpu", ev.settings, jobs=jobs(100, 1.0, 0.5), samples=ev.samples)
     assert reasons(half) == []

@@ -207,7 +207,7 @@ def threads_or_processes(ev: Evidence) -> Advice | None:
             if pct > MEMORY_WORTH:
                 return None  # threads would save next to nothing: not worth the change
             figures.update(memory_now=round(before), memory_advised=round(after), memory_pct=pct)
-            memory = f" at about {pct}% of the memory ({_mib(after)} instead of {_mib(before)})"
+            memory = f" at about {pct}% of their RSS ({_mib(after)} instead of {_mib(before)})"
         text = (
             f"jobs spend {100 * share:.0f}% of their busy time on the CPU: {threads} threads per "
             f"worker would serve the same {_count(s.ceiling * s.threads, 'job')} at once with "
