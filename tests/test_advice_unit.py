@@ -226,3 +226,64 @@ def test_advice_as_json_names_its_confidence() -> None:
     assert out["pool"] == "io" and out["kind"] == "threads" and out["reason"] == "off_cpu"
     assert out["confidence"] == {"jobs": 40, "minutes": 0.7}
     assert out["change"] == {"threads": 2, "max_workers": 1, "min_workers": 1}
+
+
+# ---- the master's side: what its workers say, recorded, advised, shown -------------------
+
+
+class FixedUsage:
+    """Each worker's RSS: 40 MiB and `grows` bytes more per job it finished."""
+
+    def __init__(self, jobs_of: dict[int, int], grows: int = 0) -> None:
+        self.jobs_of, self.grows = jobs_of, grows
+
+    def of(self, pids) -> dict[int, tuple[int | None, float | None]]:  # noqa: ANN001
+        return {pid: (40 * MIB + self.grows * self.jobs_of.get(pid, 0), 1.0) for pid in pids}
+
+
+def test_the_master_records_its_workers_jobs_and_status_shows_the_advice() -> None:
+    """Two workers say `busy` and `done` with their CPU seconds (protocol version 10), as the
+    stdout reader records them; after a minute of jobs mostly off the CPU, growing 1 MiB each,
+    the snapshot `herder status` renders advises threads and a max_jobs."""
+    from collections import deque
+
+    from fakes import FakeClock, all_ready, live, make
+    from herder.common.worker_protocol import busy_line, done_line, parse_line
+    from herder.supervisor.children.observations import record
+    from herder.supervisor.views.status import build_status
+
+    clock = FakeClock()
+    m, _, _ = make(clock, workers=2)
+    m.step()
+    all_ready(m)
+    procs = live(m)
+    finished: dict[int, deque] = {}
+    for proc in procs.values():
+        finished[proc.pid] = deque()
+        proc.take_finished = lambda q=finished[proc.pid]: [q.popleft() for _ in range(len(q))]
+    jobs_of: dict[int, int] = {}
+    m.views.snapshots.evidence.usage = FixedUsage(jobs_of, grows=MIB)
+
+    def say(proc, line: bytes) -> None:  # noqa: ANN001
+        record(proc.obs, finished[proc.pid], parse_line(line[:-1]), clock.t)
+
+    assert build_status(m.take_snapshot())["advice"] == []
+    for n in range(60):  # a job a second each: 0.9 s busy, 0.01 s of it on the CPU
+        for proc in procs.values():
+            say(proc, busy_line(f"j{proc.pid}-{n}", clock.wall(), 30, "default", "app.fetch"))
+        clock.advance(0.9)
+        m.step()
+        for proc in procs.values():
+            say(proc, done_line(f"j{proc.pid}-{n}", clock.wall(), True, 0.01, 0.0))
+            jobs_of[proc.pid] = n + 1
+        clock.advance(0.1)
+        m.step()
+    clock.advance(5)  # the advice is worked out anew every 5 s
+    advice = build_status(m.take_snapshot())["advice"]
+    got = {(a["kind"], a["reason"]): a for a in advice}
+    assert set(got) == {("threads", "off_cpu"), ("recycling", "rss_growth")}, advice
+    threads = got[("threads", "off_cpu")]
+    assert threads["change"] == {"threads": 2, "workers": 1} and threads["figures"]["cpu_share"] == 0.011
+    assert threads["confidence"]["jobs"] == 120
+    leak = got[("recycling", "rss_growth")]
+    assert leak["figures"]["per_job"] == MIB and leak["change"] == {"max_jobs": 64}, leak
