@@ -195,4 +195,5 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "job_rate": None,
         "pools": {},
         "memory_pressure": None,
+        "advice": [],
     }
