@@ -255,32 +255,40 @@ class Slope:
 
 def rss_slope(samples: Sequence[RssSample]) -> Slope | None:
     """RSS against jobs, within each worker (each its own intercept: workers differ in size),
-    from each one's warm-up on; None with too few jobs."""
-    by_worker: dict[int, list[tuple[int, int]]] = {}
+    from each one's warm-up on; None with too few jobs. One pass: sums per worker, each taken
+    from its first reading (the loop asks every 5 s, over up to MAX readings a pool)."""
+    sums: dict[int, list[float]] = {}  # worker -> [n, x0, y0, sx, sy, sxx, sxy, syy, x_max]
     for r in samples:
-        if r.jobs >= WARM_JOBS:
-            by_worker.setdefault(r.worker, []).append((r.jobs, r.rss))
-    points = {w: p for w, p in by_worker.items() if len(p) >= 2}
-    span = sum(max(j for j, _ in p) - min(j for j, _ in p) for p in points.values())
+        if r.jobs < WARM_JOBS:
+            continue
+        acc = sums.get(r.worker)
+        if acc is None:
+            acc = sums[r.worker] = [0, r.jobs, r.rss, 0.0, 0.0, 0.0, 0.0, 0.0, r.jobs]
+        x, y = r.jobs - acc[1], r.rss - acc[2]
+        acc[0] += 1
+        acc[3] += x
+        acc[4] += y
+        acc[5] += x * x
+        acc[6] += x * y
+        acc[7] += y * y
+        acc[8] = max(acc[8], r.jobs)
+    kept = [a for a in sums.values() if a[0] >= 2]
+    span = sum(int(a[8] - a[1]) for a in kept)
     if span < MIN_JOBS:
         return None
-    sxx = sxy = 0.0
-    means = {}
-    for w, p in points.items():
-        mx, my = sum(j for j, _ in p) / len(p), sum(r for _, r in p) / len(p)
-        means[w] = (mx, my)
-        sxx += sum((j - mx) ** 2 for j, _ in p)
-        sxy += sum((j - mx) * (r - my) for j, r in p)
+    sxx = sum(a[5] - a[3] * a[3] / a[0] for a in kept)
+    sxy = sum(a[6] - a[3] * a[4] / a[0] for a in kept)
+    syy = sum(a[7] - a[4] * a[4] / a[0] for a in kept)
     if sxx <= 0:
         return None
     slope = sxy / sxx
-    residuals = sum(
-        (r - means[w][1] - slope * (j - means[w][0])) ** 2 for w, p in points.items() for j, r in p
-    )
-    dof = sum(len(p) for p in points.values()) - len(points) - 1
-    error = math.sqrt(residuals / dof / sxx) if dof > 0 else math.inf
-    baseline = sum(my - slope * (mx - WARM_JOBS) for mx, my in means.values()) / len(means)
-    return Slope(slope, error, baseline, span, len(points))
+    dof = sum(a[0] for a in kept) - len(kept) - 1
+    error = math.sqrt(max(0.0, syy - slope * sxy) / dof / sxx) if dof > 0 else math.inf
+    # Each worker's line at its warm start: its mean RSS less the slope times its mean jobs past it.
+    baseline = sum(
+        a[2] + a[4] / a[0] - slope * (a[1] + a[3] / a[0] - WARM_JOBS) for a in kept
+    ) / len(kept)  # fmt: skip
+    return Slope(slope, error, baseline, span, len(kept))
 
 
 def recycling(ev: Evidence) -> Advice | None:

@@ -29,8 +29,8 @@ WINDOW = 15 * 60.0  # seconds of evidence kept, as the dashboard's history
 SAMPLE_EVERY = 1.0
 RSS_EVERY = 2.0
 ADVISE_EVERY = 5.0  # seconds an answer is reused (the snapshot asks every 0.5 s)
-MAX_JOBS = 5000
-MAX_RSS = 5000
+MAX_JOBS = 2000  # enough for any advice; what the loop reads every 5 s stays a few ms
+MAX_RSS = 2000
 
 
 class _PoolEvidence:
