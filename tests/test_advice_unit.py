@@ -287,3 +287,9 @@ def test_the_master_records_its_workers_jobs_and_status_shows_the_advice() -> No
     assert threads["confidence"]["jobs"] == 120
     leak = got[("recycling", "rss_growth")]
     assert leak["figures"]["per_job"] == MIB and leak["change"] == {"max_jobs": 64}, leak
+    # A change of the pool's settings (here `herder scale`): what was seen before says nothing
+    # of the new ones, and the advice starts afresh.
+    m.pools["default"].scale({"workers": 3})
+    clock.advance(5)
+    m.step()
+    assert build_status(m.take_snapshot())["advice"] == []

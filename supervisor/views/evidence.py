@@ -2,9 +2,11 @@
 seconds as they finish, each worker's RSS after its jobs, and the pool's figures once a second,
 over the last WINDOW seconds. Bounded: a pool keeps at most MAX_JOBS jobs and MAX_RSS readings.
 
-The loop hands each finished job over as it folds it (`jobs`) and calls `observe` each pass;
-a pass costs nothing between two samplings, O(workers) at one (once a second), and a psutil read
-of each worker that finished a job since its last reading (once every RSS_EVERY)."""
+The loop hands each finished job over as it folds it (`jobs`) and calls `observe` each pass: a
+pass costs nothing between two samplings, O(workers) at one (once a second), and a psutil read
+of each worker that finished a job since its last reading (once every RSS_EVERY). A pool whose
+settings change (a reload, `herder scale`) starts its evidence afresh: advice rests only on what
+was seen under the settings in force."""
 
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ MAX_RSS = 2000
 
 
 class _PoolEvidence:
-    def __init__(self) -> None:
+    def __init__(self, under: Settings | None = None) -> None:
+        self.under = under  # the settings it was gathered under
         self.jobs: deque[JobSample] = deque(maxlen=MAX_JOBS)
         self.rss: deque[RssSample] = deque(maxlen=MAX_RSS)
         self.samples: deque[PoolSample] = deque(maxlen=int(WINDOW / SAMPLE_EVERY) + 1)
@@ -75,6 +78,11 @@ class EvidenceKeeper:
             del self._pools[gone]
         for pool in pools:
             ev = self._of(pool.name)
+            under = settings(pool, None)
+            if ev.under is None:
+                ev.under = under
+            elif ev.under != under:  # new threads, bounds, limits: what was seen says nothing of them
+                ev = self._pools[pool.name] = _PoolEvidence(under)
             ev.samples.append(_sample(pool, now))
             if read_rss:
                 self._read_rss(ev, list(pool.workers.values()), now)
