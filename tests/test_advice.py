@@ -4,6 +4,7 @@ within 60 s of its load, and the steady pool gets none (docs/advice.md)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -132,4 +133,10 @@ def test_each_workload_gets_its_advice_within_60_s_and_a_steady_pool_none(
     ).stdout
     assert "pool leak: recycling: RSS grows" in out and "set max_jobs = " in out, out
     assert "pool io: threads:" in out, out
+    listed = subprocess.run(
+        [HERDER, "advise", "--json", "--pool", "leak", "--state-dir", h.state_dir],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    leak = json.loads(listed)
+    assert {a["pool"] for a in leak} == {"leak"} and any(a["reason"] == "rss_growth" for a in leak), leak
     h.stop_and_check()
