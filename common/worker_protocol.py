@@ -38,7 +38,10 @@ __all__ = ["MAX_LINE_BYTES", "LineSplitter"]  # re-exported: the cap is part of 
 # `wait <ts> <seconds> <what>`: a worker that cannot reach what it needs (Redis) says what it
 # waits for and for how long, each heartbeat interval, even while its main thread is blocked in
 # a call (a side thread writes it). An older worker never sends either.
-VERSION = 9
+# Version 10: `done` may say the CPU seconds the job took, and the seconds its thread waited for
+# a CPU (`done <job-id> <ts> <outcome> <cpu> [<runq>]`), for the advice on threads or processes
+# (CPU time against busy time, a busy host's wait for a CPU left out).
+VERSION = 10
 SUPPORTED_VERSIONS = tuple(str(v) for v in range(1, VERSION + 1))  # `ready` accepts each of them
 MAX_THREADS = 256  # a tag past this is malformed
 VERBS = ("ready", "busy", "beat", "done", "idle", "stop", "wait")
@@ -89,6 +92,8 @@ class Message:
     thread: int = 0  # version 8: the thread of a threaded worker the line is about
     waited: float = 0.0  # `wait` (version 9): seconds it has waited
     what: str | None = None  # `wait` (version 9): what it waits for, a short sentence
+    cpu: float | None = None  # `done` (version 10): the job's CPU seconds; None: not said
+    runq: float | None = None  # `done` (version 10): seconds it waited for a CPU; None: not said
 
 
 # ---- worker side: building lines -------------------------------------------------------
@@ -133,10 +138,17 @@ def beat_line(job_id: str, ts: float, stuck: float = 0.0) -> bytes:
     return f"beat {job_id} {ts:.6f}{f' {stuck:.1f}' if stuck > 0 else ''}\n".encode()
 
 
-def done_line(job_id: str, ts: float, ok: bool | None) -> bytes:
-    """ok True/False: the job's outcome; None: an ending the master asked for (`end`)."""
+def done_line(
+    job_id: str, ts: float, ok: bool | None, cpu: float | None = None, runq: float | None = None
+) -> bytes:
+    """ok True/False: the job's outcome; None: an ending the master asked for (`end`). `cpu`:
+    the CPU seconds the job took, `runq` the seconds it waited for a CPU (version 10), each left
+    out when unknown (`runq` needs `cpu`)."""
     outcome = "ended" if ok is None else "ok" if ok else "failed"
-    return f"done {job_id} {ts:.6f} {outcome}\n".encode()
+    extra = "" if cpu is None else f" {max(0.0, cpu):.4f}"
+    if cpu is not None and runq is not None:
+        extra += f" {max(0.0, runq):.4f}"
+    return f"done {job_id} {ts:.6f} {outcome}{extra}\n".encode()
 
 
 def wait_line(ts: float, waited: float, what: str) -> bytes:
@@ -232,13 +244,15 @@ def _beat(args: list[str]) -> Message:
 
 
 def _done(args: list[str]) -> Message:
-    # done <job-id> <ts> ok|failed|ended
-    if len(args) != 3:
+    # done <job-id> <ts> ok|failed|ended [<cpu-seconds> [<runq-seconds>]]
+    if len(args) not in (3, 4, 5):
         raise ProtocolError("wrong number of fields for 'done'")
     if args[2] not in OUTCOMES:
         raise ProtocolError(f"bad outcome {args[2][:20]!r}")
     ok = None if args[2] == "ended" else args[2] == "ok"
-    return Message("done", _ts(args[1]), job_id=_job_id(args[0]), ok=ok)
+    cpu = _ts(args[3]) if len(args) >= 4 else None
+    runq = _ts(args[4]) if len(args) == 5 else None
+    return Message("done", _ts(args[1]), job_id=_job_id(args[0]), ok=ok, cpu=cpu, runq=runq)
 
 
 def _idle(args: list[str]) -> Message:

@@ -138,6 +138,7 @@ def compose(
     from herder.supervisor.policy.pool import Pool, Workers, host_target, live, pool_of_queue
     from herder.supervisor.policy.pressure import KernelLog, MemoryWatch, OomWatch
     from herder.supervisor.views.build import Snapshots
+    from herder.supervisor.views.evidence import EvidenceKeeper
     from herder.supervisor.views.health import HealthWatch
     from herder.supervisor.views.hooks import EventHooks
     from herder.supervisor.views.journal import Journal
@@ -179,7 +180,8 @@ def compose(
     http, jobstats = (
         http_side(cfg, clock, said, reader, start.http_token, submit) if cfg.http else (None, None)
     )
-    views = Views(sources, Snapshots(hostname, clock.wall, SHARED, journal), said, http, jobstats)
+    snapshots = Snapshots(hostname, clock.wall, SHARED, journal, EvidenceKeeper(SHARED))
+    views = Views(sources, snapshots, said, http, jobstats)
 
     def fleet_size() -> int:  # what the kill budget is a share of
         return max(host_target(pools.values()), len(live(workers.values())))

@@ -339,3 +339,38 @@ def test_the_page_rides_out_a_master_restart(herder, browser) -> None:
         "the page live again, with the new master's worker",
     )
     h.stop_and_check()
+
+
+READ_ADVICE = """
+const rows = document.querySelectorAll('#advice tbody tr');
+return {none: !document.getElementById('no-advice').hidden,
+        rows: [...rows].map((r) => [...r.cells].map((c) => c.textContent)),
+        markup: [...rows].some((r) => r.querySelector('td *') !== null)};
+"""
+
+
+def test_the_advice_panel_shows_a_leaks_max_jobs(herder, jobs, browser, tmp_path: Path) -> None:
+    """A worker that keeps 1 MiB a job: the panel says nothing at first, then the recycling
+    advice as text, with the change and what it rests on."""
+    h, base = start_with_http(herder, 1)
+    open_page(browser, base)
+    assert browser.execute_script(READ_ADVICE) == {"none": True, "rows": [], "markup": False}
+    for n in range(150):
+        jobs.enqueue("leak", f"panel{n}", 1, 0.3)
+
+    def recycling(d: Any) -> list[str] | None:
+        shown = d.execute_script(READ_ADVICE)
+        return next((r for r in shown["rows"] if r[1] == "recycling" and "max_jobs" in r[3]), None)
+
+    row = until(browser, 60, recycling, "the recycling advice on the panel")
+    served = [a for a in get_json(base + "/api/snapshot")["advice"] if a["kind"] == "recycling"]
+    assert row[0] == "default" and "RSS grows" in row[2] and row[3].startswith("max_jobs = "), row
+    assert served and served[0]["change"]["max_jobs"] > 0, served
+    assert " jobs, " in row[4] and row[4].endswith(" min"), row
+    shown = browser.execute_script(READ_ADVICE)
+    assert not shown["none"] and not shown["markup"], shown
+    shot = tmp_path / "advice.png"
+    assert browser.find_element("id", "advice-section").screenshot(str(shot))
+    print(f"advice panel: {shown['rows']}; screenshot {shot}")
+    assert browser_errors(browser) == []
+    h.stop_and_check()

@@ -93,12 +93,14 @@ def state_of(obs: Observations) -> dict[str, Any]:
 
 job_ids = st.text(alphabet=string.ascii_letters + string.digits + "-_:", min_size=1, max_size=40)
 stamps = st.floats(min_value=0, max_value=2e9, allow_nan=False)
+seconds = st.floats(min_value=0, max_value=1e6, allow_nan=False)  # a job's CPU and run-queue wait
 names = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=60)
 valid_lines = st.one_of(
     st.builds(ready_line, st.integers(1, 2**22), stamps),
     st.builds(idle_line, stamps, st.sampled_from([None, "paused", "suspended"])),
     st.builds(busy_line, job_ids, stamps, st.one_of(st.none(), st.integers(1, 3600)), names, names),
     st.builds(done_line, job_ids, stamps, st.sampled_from([True, False, None])),
+    st.builds(done_line, job_ids, stamps, st.booleans(), seconds, st.one_of(st.none(), seconds)),  # v10
     st.builds(stop_line, stamps),
 ).map(lambda line: line.rstrip(b"\n"))
 threaded_lines = st.builds(

@@ -123,7 +123,7 @@ def test_the_views_are_rendered_from_one_snapshot_the_loop_publishes() -> None:
 
 # The dashboard's JSON, field by field as supervisor/views/API.md gives it.
 API_FIELDS = {
-    "": "host_id hostname time state health controls pools workers scheduler events",
+    "": "host_id hostname time state health controls pools workers scheduler events advice",
     "health": "ok reasons",
     "pool": "name state autoscale min max wanted running busy queue_length growth oldest_age jobs_per_s "
     "failed_per_s jobs_ok jobs_failed queues",

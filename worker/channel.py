@@ -51,6 +51,32 @@ class Progress:
         """Seconds the loop has made no progress outside the job's own code."""
         return 0.0 if self.in_job else time.monotonic() - self._progress_at
 
+    # The CPU a job takes, `busy` to `done` (protocol version 10): the process's, where one job
+    # runs at a time (a job's own threads count too); a thread's own, in a threaded worker. And
+    # how long its thread waited for a CPU meanwhile (a busy host's time, not the job's I/O).
+    cpu_clock: Callable[[], float] = staticmethod(time.process_time)
+    _cpu_at: tuple[float, float | None] | None = None
+
+    def cpu_taken(self, start: bool) -> tuple[float | None, float | None]:
+        """At `busy` (start): mark the clocks; at `done`: the CPU seconds since the mark, and the
+        seconds the thread waited for a CPU (None where the kernel does not say)."""
+        now = (self.cpu_clock(), _runqueue_wait())
+        then, self._cpu_at = self._cpu_at, now if start else None
+        if start or then is None:
+            return None, None
+        waited = None if now[1] is None or then[1] is None else max(0.0, now[1] - then[1])
+        return max(0.0, now[0] - then[0]), waited
+
+
+def _runqueue_wait() -> float | None:
+    """Seconds this thread has waited on a run queue, by the kernel's count (Linux's schedstat,
+    about 4 us a read); None elsewhere."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
 
 class JobsLimit:
     """The jobs a worker process may still take: its own limit (ENV_JOBS_LIMIT, drawn by the
@@ -219,12 +245,14 @@ class Channel(Progress):
     def busy(
         self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
     ) -> None:
+        self.cpu_taken(start=True)
         self.job_line(self, job_id, wp.busy_line(job_id, time.time(), timeout, queue, func))
 
     def done(self, job_id: str, ok: bool | None, hold: bool = False) -> None:
         """ok: the job's outcome; None: an ending (`end`) is over. `hold`: the line goes with the
         next one (a `busy` that follows at once), or at send_held()."""
-        self.job_line(self, None, wp.done_line(job_id, time.time(), ok), hold)
+        cpu, waited = self.cpu_taken(start=False)
+        self.job_line(self, None, wp.done_line(job_id, time.time(), ok, cpu, waited), hold)
 
     def job_line(
         self, owner: Channel | ThreadChannel, job_id: str | None, line: bytes, hold: bool = False
@@ -367,6 +395,8 @@ class ThreadChannel(Progress):
         self._job_id: str | None = None
         self._progress_at = time.monotonic()
         self.in_job = False
+        self.cpu_clock = time.thread_time  # its jobs' CPU: this thread's, not its neighbours'
+
         self.on_beat: Callable[[], None] | None = None  # this thread's lease (see Channel.on_beat)
         process.threads.append(self)
         process.on_beat = process.beat_threads
@@ -408,10 +438,12 @@ class ThreadChannel(Progress):
     def busy(
         self, job_id: str, timeout: float | None, queue: str | None = None, func: str | None = None
     ) -> None:
+        self.cpu_taken(start=True)
         self.process.job_line(self, job_id, wp.busy_line(job_id, time.time(), timeout, queue, func))
 
     def done(self, job_id: str, ok: bool | None, hold: bool = False) -> None:
-        self.process.job_line(self, None, wp.done_line(job_id, time.time(), ok), hold)
+        cpu, waited = self.cpu_taken(start=False)
+        self.process.job_line(self, None, wp.done_line(job_id, time.time(), ok, cpu, waited), hold)
 
     def send_held(self) -> None:
         self.process.send_held()

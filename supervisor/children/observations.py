@@ -93,12 +93,15 @@ class Observations:
 
 @dataclass(frozen=True, slots=True)
 class FinishedJob:
-    """One job done, for the per-function job metrics (herder.supervisor.views.jobstats)."""
+    """One job done, for the per-function job metrics (herder.supervisor.views.jobstats) and the
+    advice (herder.supervisor.views.advice)."""
 
     queue: str
     func: str
     ok: bool
     seconds: float  # busy -> done, on the worker's own clock
+    cpu: float | None = None  # the CPU seconds it took, as its `done` said (version 10)
+    runq: float | None = None  # the seconds it waited for a CPU meanwhile (version 10)
 
 
 # Finished jobs a worker's reader keeps until the loop takes them (a flood drops the oldest).
@@ -147,7 +150,8 @@ def record(o: Observations, finished: deque[FinishedJob], msg: Message, now: flo
                 o.busy_seconds += now - held.started
                 if held.queue is not None:
                     seconds = max(0.0, msg.ts - held.started_wall)
-                    finished.append(FinishedJob(held.queue, held.func or "?", msg.ok, seconds))
+                    func = held.func or "?"
+                    finished.append(FinishedJob(held.queue, func, msg.ok, seconds, msg.cpu, msg.runq))
                 del o.jobs[msg.thread]
             o.last_done_wall = msg.ts
         case "stop":

@@ -411,6 +411,20 @@ def status_loop(state_dir: str | None, as_json: bool, watch: bool) -> None:
 
 @cli.command()
 @state_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the advice as a JSON list.")
+@click.option("--pool", help="Only this pool's advice.")
+def advise(state_dir: str | None, as_json: bool, pool: str | None) -> None:
+    """What herder would change in each pool, from what it saw: threads or processes, recycling,
+    bounds; each with its figures and the jobs and minutes it rests on (docs/advice.md). It
+    changes nothing. Exit 0; 4: herder not reachable."""
+    advice = ask(state_dir, {"cmd": "status"}).get("advice", [])
+    if pool is not None:
+        advice = [a for a in advice if a["pool"] == pool]
+    click.echo(json.dumps(advice, indent=2) if as_json else render.render_advice(advice))
+
+
+@cli.command()
+@state_dir_option
 @click.argument("workers", type=click.IntRange(min=1), required=False)
 @click.option("--min", "min_workers", type=click.IntRange(min=0), help="Autoscaling: new minimum.")
 @click.option("--max", "max_workers", type=click.IntRange(min=1), help="Autoscaling: new maximum.")

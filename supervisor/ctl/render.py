@@ -130,5 +130,19 @@ def render_scheduler(s: dict[str, Any]) -> str:
     return f"scheduler: {here}" + (f"; {'; '.join(parts)}" if parts else "")
 
 
+def render_advice(advice: list[dict[str, Any]]) -> str:
+    """`herder advise`: each piece under its pool, the change it asks for and what it rests on."""
+    if not advice:
+        return "no advice yet: nothing seen calls for a change (or too little seen so far)"
+    lines = []
+    for a in advice:
+        lines.append(f"pool {a['pool']}: {a['kind']}: {a['text']}")
+        sure = a["confidence"]
+        rests = f"(over {sure['jobs']} jobs, {sure['minutes']:g} min)"
+        change = ", ".join(f"{k} = {v}" for k, v in a["change"].items())
+        lines.append(f"  set {change}   {rests}" if change else f"  {rests}")
+    return "\n".join(lines)
+
+
 def exit_code(status: dict[str, Any]) -> int:
     return EXIT_RUNNING if status.get("running") else EXIT_NOT_RUNNING

@@ -16,6 +16,7 @@ from herder.supervisor.children.states import WORKING, WorkerState
 from herder.supervisor.policy.liveness import derived_state
 from herder.supervisor.policy.pool import Pool, host_target, live
 from herder.supervisor.redis_side.recovery import Counts
+from herder.supervisor.views.evidence import EvidenceKeeper
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import (
     Health,
@@ -39,8 +40,16 @@ STATES = tuple(str(s) for s in WorkerState if s != WorkerState.EXITED)  # a pool
 class Snapshots:
     """Builds each snapshot; remembers each pool's job counts for its rates."""
 
-    def __init__(self, hostname: str, wall: Callable[[], float], usage: Usage, journal: Journal) -> None:
+    def __init__(
+        self,
+        hostname: str,
+        wall: Callable[[], float],
+        usage: Usage,
+        journal: Journal,
+        evidence: EvidenceKeeper | None = None,
+    ) -> None:
         self.hostname, self.wall, self.usage, self.journal = hostname, wall, usage, journal
+        self.evidence = evidence or EvidenceKeeper(usage)  # what the advice rests on (views/advice.py)
         self._counts: dict[str, deque[tuple[float, int, int]]] = {}  # pool -> (monotonic, ok, failed)
 
     def build(self, m: Sources, loop: Loop, controls: bool, usage: bool = True) -> HostSnapshot:
@@ -130,6 +139,7 @@ class Snapshots:
             loop_lag=m.health.last_lag,
             job_rate=rates[0] if len(rates) == 1 else (sum(rates) / len(rates) if rates else None),
             memory_pressure=m.memory.reason,
+            advice=self.evidence.advice(pools, m_cfg.limit, now),
         )
 
     def _pool_row(

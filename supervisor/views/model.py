@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from herder.supervisor.children.states import MasterPhase  # the snapshot's `state`: renderers read it here
+from herder.supervisor.views.advice import REASONS, Advice
+
+ADVICE_KINDS = tuple(REASONS)  # threads, recycling, bounds: what a piece of advice is about
 
 STALE_AFTER = 5.0  # seconds without a new snapshot: the loop is stalled (it passes every 0.25 s)
 VIEW_ONLY = {"json": False}  # a field's metadata: kept out of the dashboard's JSON
@@ -244,6 +247,7 @@ class HostSnapshot:
     loop_lag: float = view_only(0.0)  # seconds the loop's last pass came late
     job_rate: float | None = view_only()  # learned jobs/s of one busy worker
     memory_pressure: str = view_only("")  # why scale-up is held, or ""; said, never degrading
+    advice: tuple[Advice, ...] = ()  # what herder advises changing, per pool (views/advice.py)
 
     def problems(self, now: float) -> list[tuple[str, str]]:
         """Health as of `now` (monotonic): the loop's reasons, and the loop itself if it stopped

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from herder.supervisor.views.model import HostSnapshot, PoolRow
+from herder.supervisor.views.model import ADVICE_KINDS, HostSnapshot, PoolRow
 
 # Every label value a counter can take, shown from the start at 0 (so rate() works at once).
 KILL_REASONS = ("silent", "no_ready", "no_progress", "stdout_closed", "stop_timeout", "job_timeout",
@@ -151,6 +151,18 @@ class SnapshotCollector:
         )
         if v.job_rate is not None:
             yield _gauge("herder_job_rate", "Learned jobs per second of one busy worker.", v.job_rate)
+        g = GaugeMetricFamily(
+            "herder_advice",
+            "1 for each piece of advice that asks for a change in a pool (herder advise says which); "
+            "0 with reason none for a kind that asks for none.",
+            labels=["pool", "kind", "reason"],
+        )
+        for p in pools:
+            for kind in ADVICE_KINDS:  # a steady set of series: each pool's kinds, advised or not
+                said = [a.reason for a in v.advice if a.pool == p.name and a.kind == kind and a.change]
+                for reason in said or ["none"]:
+                    g.add_metric([p.name, kind, reason], 1 if said else 0)
+        yield g
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -84,7 +84,8 @@ class Views:
         self.health.observe(now, ready, floor, short_pools(list(src.pools.values())), redis_down=down)
         unfolded, self._unfolded = self._unfolded, set()
         for w in self._take(unfolded):
-            self.fold_finished(w)
+            self.fold_finished(w, now)
+        self.snapshots.evidence.observe(src.pools.values(), now)
         if self.http:
             self.http.step(now)
         if not (self.http or self.hooks.enabled):
@@ -122,10 +123,14 @@ class Views:
         for w in self._take(uncounted):
             self.sources.counters.count_jobs(w, w.proc.snapshot())
 
-    def fold_finished(self, w: Worker) -> None:
-        """The worker's finished jobs into the job metrics (by the pool's queues)."""
+    def fold_finished(self, w: Worker, now: float | None = None) -> None:
+        """The worker's finished jobs into the job metrics (by the pool's queues) and into what
+        the advice rests on."""
         done = w.proc.take_finished()
-        if done and self.jobstats:
+        if not done:
+            return
+        self.snapshots.evidence.jobs(w.pool, done, self.sources.clock.monotonic() if now is None else now)
+        if self.jobstats:
             pool = self.sources.pools.get(w.pool)
             self.jobstats.fold(w.pool, pool.cfg.queues if pool else (), done)
 

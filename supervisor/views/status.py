@@ -74,6 +74,8 @@ def build_status(snap: HostSnapshot) -> dict[str, Any]:
         "job_rate": None if snap.job_rate is None else round(snap.job_rate, 3),
         "pools": {p.name: _pool(p) for p in snap.pools},
         "memory_pressure": snap.memory_pressure or None,
+        # What herder advises changing, per pool, with its figures (docs/advice.md).
+        "advice": [a.to_json() for a in snap.advice],
     }
 
 
@@ -193,4 +195,5 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "job_rate": None,
         "pools": {},
         "memory_pressure": None,
+        "advice": [],
     }

@@ -166,3 +166,13 @@ def what_job_code_sees(tag: str) -> dict:
         proc_environ = f.read().decode(errors="replace")
     _mark("finished", tag)
     return {"environ": dict(os.environ), "proc_environ": proc_environ, "fds": fds}
+
+
+def burn(cpu_seconds: float) -> float:
+    """Keeps its thread on the CPU for `cpu_seconds` of its own CPU time (a CPU-bound job: in a
+    threaded worker it waits for the GIL too, and takes longer by the clock)."""
+    end = time.thread_time() + cpu_seconds
+    n = 0
+    while time.thread_time() < end:
+        n += sum(range(1000))
+    return cpu_seconds

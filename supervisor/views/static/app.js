@@ -632,6 +632,30 @@
     $("kinds").replaceChildren(...KINDS.map((k) => el("li", { class: `kind-${k}` }, el("i", { class: "swatch" }), k)));
   }
 
+  // ---- advice --------------------------------------------------------------------------
+
+  function renderAdvice(s) {
+    const advice = s.advice || [];
+    $("no-advice").hidden = advice.length > 0;
+    syncRows($("advice").tBodies[0], advice, (a) => `${a.pool}\u0000${a.kind}\u0000${a.reason}`,
+      () => {
+        const row = el("tr");
+        cells(row, 5);
+        return row;
+      },
+      (row, a) => {
+        const c = row.cellsList;
+        const change = Object.entries(a.change || {});
+        row.className = change.length ? "advice-change" : "advice-finding muted";
+        setText(c[0], a.pool);
+        setText(c[1], a.kind);
+        setText(c[2], a.text);
+        setText(c[3], change.length ? change.map(([k, v]) => `${k} = ${v}`).join(", ") : dash);
+        const sure = a.confidence || {};
+        setText(c[4], `${sure.jobs} jobs, ${num(sure.minutes, 1)} min`);
+      });
+  }
+
   // ---- hosts ---------------------------------------------------------------------------
 
   function renderHosts(h) {
@@ -669,6 +693,7 @@
     renderHeader(s);
     renderAccess(s);
     renderPools(s);
+    renderAdvice(s);
     renderWorkers(s);
     addEvents(s.events);
     renderEvents();
