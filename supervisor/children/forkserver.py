@@ -29,9 +29,9 @@ from collections.abc import Callable
 from herder.common.config import Config
 from herder.common.prctl import become_subreaper
 from herder.common.worker_protocol import ENV_POOL
-from herder.supervisor.fleet import ProcessHandle
-from herder.supervisor.launcher import SubprocessLauncher, worker_env
-from herder.supervisor.workerproc import WATCHED, ForkedChild, WorkerProcess
+from herder.supervisor.children.fleet import ProcessHandle
+from herder.supervisor.children.launcher import SubprocessLauncher, worker_env
+from herder.supervisor.children.workerproc import WATCHED, ForkedChild, WorkerProcess
 
 log = logging.getLogger("herder")
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from herder.common.config import Config
-from herder.supervisor.fleet import Worker
-from herder.supervisor.observations import Held, Observations
-from herder.supervisor.states import KillKind, WorkerState
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.observations import Held, Observations
+from herder.supervisor.children.states import KillKind, WorkerState
 
 EOF_GRACE = 1.0  # seconds a worker may live on after closing its stdout
 

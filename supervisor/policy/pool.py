@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 
 from herder.common.config import Config
 from herder.common.transitions import move
-from herder.supervisor.autoscaler import Autoscaler
-from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.children.fleet import Slot, Worker
+from herder.supervisor.children.states import LEAVING, Retire, WorkerState
+from herder.supervisor.policy.autoscaler import Autoscaler
+from herder.supervisor.policy.retirement import Retirement, working_to_its_limit
+from herder.supervisor.policy.scaling import pick_idle_to_stop
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.retirement import Retirement, working_to_its_limit
-from herder.supervisor.scaling import pick_idle_to_stop
-from herder.supervisor.states import LEAVING, Retire, WorkerState
 
 if TYPE_CHECKING:
-    from herder.supervisor.launcher import Launcher
+    from herder.supervisor.children.launcher import Launcher
 
 log = logging.getLogger("herder")
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from herder.common.config import Config
 from herder.common.exits import describe
-from herder.supervisor.fleet import ProcessHandle, Slot, Worker, died_young
-from herder.supervisor.liveness import derived_state
-from herder.supervisor.observations import Observations
-from herder.supervisor.states import KillKind, KillStage, WorkerState, change_kill, change_state
+from herder.supervisor.children.fleet import ProcessHandle, Slot, Worker, died_young
+from herder.supervisor.children.observations import Observations
+from herder.supervisor.children.states import KillKind, KillStage, WorkerState, change_kill, change_state
+from herder.supervisor.policy.liveness import derived_state
 
 log = logging.getLogger("herder")
 

@@ -13,7 +13,7 @@ until it gives up, and a healthy new fleet with it. Only a socket nobody answers
 dead master's) is unlinked.
 
 This thread only accepts and parses. Whatever reads or changes the fleet is handed to
-the reconcile loop (`Commands.handle_requests`, supervisor/commands.py) and answered from
+the reconcile loop (`Commands.handle_requests`, supervisor/control/commands.py) and answered from
 there, so replies are consistent with what the loop decides, and a hung loop shows up as a
 timeout instead of a stale answer.
 """
@@ -39,7 +39,7 @@ from herder.common.control_protocol import (
     recv_line,
     socket_path,
 )
-from herder.supervisor.peercred import peer_uid
+from herder.supervisor.control.peercred import peer_uid
 
 log = logging.getLogger("herder")
 

@@ -4,7 +4,7 @@ line, exit 3), /healthz (200 or 503) and /metrics (herder_healthy).
 Degraded, each with a reason a person can act on:
 - starting: the fleet has not yet been ready once (a readiness probe waits for it);
 - stopping: herder is draining (a load balancer should stop sending work here);
-- a kill or cull budget is spent (herder.supervisor.guard, herder.supervisor.retirement);
+- a kill or cull budget is spent (herder.supervisor.policy.guard, herder.supervisor.policy.retirement);
 - fewer ready workers than the minimum for longer than `health_grace` (a replacement
   takes a moment: a single crash must not flap a load balancer), counted only while Redis
   answers: workers that cannot start for want of Redis are its symptom, not a second cause;

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from herder.common.config import Config, host_cpus
-from herder.supervisor.observations import FinishedJob, Observations
-from herder.supervisor.states import Cull, KillKind, KillStage, Retire, WorkerState
+from herder.supervisor.children.observations import FinishedJob, Observations
+from herder.supervisor.children.states import Cull, KillKind, KillStage, Retire, WorkerState
 
 # Spawn pacing (figures: docs/operations.md, "Workers limit"). A spawn costs the master little
 # CPU but can take long in wall time once the host is busy starting other workers (Popen waits
@@ -29,7 +29,7 @@ START_WINDOW = 4 * host_cpus()
 
 
 class ProcessHandle(Protocol):
-    """What the master needs of a worker process (herder.supervisor.workerproc has the real
+    """What the master needs of a worker process (herder.supervisor.children.workerproc has the real
     one; unit tests use a fake)."""
 
     @property
@@ -106,7 +106,7 @@ class Worker:
     proc: ProcessHandle
     spawned_at: float  # monotonic
     generation: int = 0  # a rolling restart replaces every worker of its pool's older generations
-    pool: str = "default"  # the name of the pool that holds it (herder.supervisor.pool)
+    pool: str = "default"  # the name of the pool that holds it (herder.supervisor.policy.pool)
     title: str = ""  # what its log lines call it when it is no fleet worker ("scheduler")
     threads: int = 1  # jobs it runs at once, one per thread (its pool's `threads` at its spawn)
     rq_names: tuple[str, ...] = ()  # as it registers with RQ, one per thread (worked out once)
@@ -125,7 +125,7 @@ class Worker:
 
     @property
     def killed(self) -> bool:
-        """herder killed it (SIGTERM sent; herder.supervisor.lifecycle.kill)."""
+        """herder killed it (SIGTERM sent; herder.supervisor.children.lifecycle.kill)."""
         return self.life.kill_stage in (KillStage.TERM, KillStage.SIGKILLED)
 
     @property

@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from herder.supervisor.children.states import WorkerState
 from herder.supervisor.redis_side.load import Load  # the load reader's reading, the policy's input
-from herder.supervisor.states import WorkerState
 
 # A scale-down sheds at least this share of the fleet and at least 2 workers, unless the
 # need was perfectly flat for the whole delay (the load is gone, or truly constant): a
@@ -58,7 +58,7 @@ class ScaleConfig:
     """The policy's settings. It counts JOB SLOTS (a worker runs `threads` jobs at once): its
     floor and ceiling are the pool's (Config's floor and ceiling, in workers) times threads,
     and with a cluster cap the ceiling is the whole cluster's; the autoscaler turns its target
-    back into this host's workers (herder.supervisor.autoscaler)."""
+    back into this host's workers (herder.supervisor.policy.autoscaler)."""
 
     floor: int  # job slots
     ceiling: int  # job slots

@@ -93,7 +93,7 @@ class Observations:
 
 @dataclass(frozen=True, slots=True)
 class FinishedJob:
-    """One job done, for the per-function job metrics (herder.supervisor.jobstats)."""
+    """One job done, for the per-function job metrics (herder.supervisor.views.jobstats)."""
 
     queue: str
     func: str

@@ -18,8 +18,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from herder.supervisor.fleet import Worker
-from herder.supervisor.states import WorkerState
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.states import WorkerState
 
 log = logging.getLogger("herder")
 

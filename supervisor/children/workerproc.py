@@ -1,4 +1,4 @@
-"""One worker subprocess: the real ProcessHandle (herder.supervisor.fleet) that the process
+"""One worker subprocess: the real ProcessHandle (herder.supervisor.children.fleet) that the process
 launcher hands the master. It starts (or adopts) the process, hands its pipes to their readers
 (dispatchers.py, on the one pipes thread), tells it `stop`, `pause`, `resume` and `end` on its
 stdin, signals its process group and reaps it. The readers only record what they saw
@@ -23,9 +23,9 @@ from typing import IO, Any, Protocol
 
 from herder.common import handover
 from herder.common.worker_protocol import ENV_POOL, PAUSE, RESUME, RETIRE, STOP, end_request
-from herder.supervisor import logs, pipes
-from herder.supervisor.dispatchers import StderrReader, StdoutReader
-from herder.supervisor.observations import FINISHED_KEPT, FinishedJob, Observations
+from herder.supervisor.children import logs, pipes
+from herder.supervisor.children.dispatchers import StderrReader, StdoutReader
+from herder.supervisor.children.observations import FINISHED_KEPT, FinishedJob, Observations
 
 log = logging.getLogger("herder")
 
@@ -36,7 +36,7 @@ WATCHED: set[int] = set()
 
 class Child(Protocol):
     """What WorkerProcess needs of the process it watches: a subprocess.Popen (started
-    directly) or a ForkedChild (forked by the fork server, herder.supervisor.forkserver)."""
+    directly) or a ForkedChild (forked by the fork server, herder.supervisor.children.forkserver)."""
 
     pid: int
     returncode: int | None

@@ -8,15 +8,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from herder.supervisor import lifecycle
-from herder.supervisor.counters import Counters
-from herder.supervisor.fleet import Worker
-from herder.supervisor.guard import KillGuard
-from herder.supervisor.hooks import EventHooks
-from herder.supervisor.launcher import Clock
-from herder.supervisor.liveness import derived_state, judge, read_late
-from herder.supervisor.pool import Pool, Workers
-from herder.supervisor.states import KillKind, WorkerState, change_state
+from herder.supervisor.children import lifecycle
+from herder.supervisor.children.counters import Counters
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.launcher import Clock
+from herder.supervisor.children.states import KillKind, WorkerState, change_state
+from herder.supervisor.policy.guard import KillGuard
+from herder.supervisor.policy.liveness import derived_state, judge, read_late
+from herder.supervisor.policy.pool import Pool, Workers
+from herder.supervisor.views.hooks import EventHooks
 from herder.supervisor.views.journal import Journal
 
 log = logging.getLogger("herder")

@@ -5,7 +5,7 @@ workers fought for the GIL and the cores; docs/benchmarks.md): the hub's cost pe
 flat in the fleet size, and one thread stays one thread at 4 workers or 256.
 
 Readers still only record what they saw; the master's loop decides. Each pipe has a
-PipeReader (herder.supervisor.dispatchers has the two kinds) that the hub feeds chunk by
+PipeReader (herder.supervisor.children.dispatchers has the two kinds) that the hub feeds chunk by
 chunk. After a pass that read anything the hub pauses COALESCE (longer when many pipes had
 something): lines pile up in the pipes, so a busy fleet costs fewer wake-ups and reads. The
 pause waits on the hub's poke pipe, so `hurry()` (the master reaping a worker, whose last

@@ -37,11 +37,11 @@ import psutil
 
 from herder.common.config import Config
 from herder.common.worker_protocol import RETIRING
-from herder.supervisor.fleet import Worker
-from herder.supervisor.observations import Observations
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.observations import Observations
+from herder.supervisor.children.states import Cull, KillKind, Retire, change_cull
 from herder.supervisor.redis_side.budget import SlidingWindow
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.states import Cull, KillKind, Retire, change_cull
 
 log = logging.getLogger("herder")
 

@@ -16,8 +16,8 @@ from typing import Protocol
 
 from herder.common import worker_protocol as wp
 from herder.common.config import ENV_RESOLVED, Config
-from herder.supervisor.fleet import ProcessHandle
-from herder.supervisor.workerproc import WorkerProcess
+from herder.supervisor.children.fleet import ProcessHandle
+from herder.supervisor.children.workerproc import WorkerProcess
 
 
 class Clock(Protocol):
@@ -65,7 +65,7 @@ class Launcher(Protocol):
 
 
 class SubprocessLauncher(Launcher):
-    """Every worker a new interpreter (--no-fork-server; herder.supervisor.forkserver has
+    """Every worker a new interpreter (--no-fork-server; herder.supervisor.children.forkserver has
     the default, warm one)."""
 
     def spawn(

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from herder.common.config import Config
-from herder.supervisor.launcher import Launcher
-from herder.supervisor.pool import Pool
+from herder.supervisor.children.launcher import Launcher
+from herder.supervisor.policy.pool import Pool
 
 
 class Launchers:

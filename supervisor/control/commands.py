@@ -19,11 +19,11 @@ from typing import Any, Protocol
 
 from herder.common.config import DEFAULT_POOL
 from herder.common.control_protocol import LOOP_TIMEOUT
-from herder.supervisor import reload
-from herder.supervisor.control import ControlServer, Request
-from herder.supervisor.fleet import Worker
-from herder.supervisor.pool import Pool
-from herder.supervisor.reload import Reloadable
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.control import reload
+from herder.supervisor.control.reload import Reloadable
+from herder.supervisor.control.server import ControlServer, Request
+from herder.supervisor.policy.pool import Pool
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
 from herder.supervisor.views.status import build_status

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Histogram
 
-from herder.supervisor.observations import FinishedJob
+from herder.supervisor.children.observations import FinishedJob
 
 log = logging.getLogger("herder")
 

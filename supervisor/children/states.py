@@ -25,7 +25,7 @@ illegal transition is a bug in the loop, and says so loudly.
 - KILLING: SIGTERM sent to the worker's process group; SIGKILL after kill_timeout.
 - EXITED: reaped. Final.
 
-Backoff is not a worker state: it belongs to the slot (herder.supervisor.fleet.Slot), which
+Backoff is not a worker state: it belongs to the slot (herder.supervisor.children.fleet.Slot), which
 waits before it spawns again when its workers keep dying young.
 """
 
@@ -82,7 +82,7 @@ PHASES: dict[MasterPhase, frozenset[MasterPhase]] = {
 
 
 class Cull(StrEnum):
-    """Where culling stands for a worker whose jobs keep failing (herder.supervisor.retirement):
+    """Where culling stands for a worker whose jobs keep failing (herder.supervisor.policy.retirement):
 
     NONE --failing, a token asked--> ASKED --granted--> CULLED (stopped as its replacement starts)
       |                                |
@@ -152,7 +152,7 @@ KILL_TRANSITIONS: dict[KillStage, frozenset[KillStage]] = {
 
 
 class Retire(StrEnum):
-    """Why a worker retires (herder.supervisor.retirement): a planned recycle, or a cull. The
+    """Why a worker retires (herder.supervisor.policy.retirement): a planned recycle, or a cull. The
     values are label values (herder_recycled_total's reason): never rename one."""
 
     MAX_JOBS = "recycled after max jobs"
@@ -162,20 +162,20 @@ class Retire(StrEnum):
 
 
 class LifeState(Protocol):
-    """The states of a worker's life record (herder.supervisor.fleet.Life)."""
+    """The states of a worker's life record (herder.supervisor.children.fleet.Life)."""
 
     state: WorkerState
     kill_stage: KillStage
 
 
 class CullState(Protocol):
-    """The state of a worker's culling record (herder.supervisor.fleet.Culling)."""
+    """The state of a worker's culling record (herder.supervisor.children.fleet.Culling)."""
 
     cull: Cull
 
 
 class HasState(Protocol):
-    """What the funnels read and change of a worker (herder.supervisor.fleet.Worker)."""
+    """What the funnels read and change of a worker (herder.supervisor.children.fleet.Worker)."""
 
     @property
     def life(self) -> LifeState: ...
@@ -185,7 +185,7 @@ class HasState(Protocol):
 
 
 class HasCull(Protocol):
-    """What change_cull reads and changes of a worker (herder.supervisor.fleet.Worker)."""
+    """What change_cull reads and changes of a worker (herder.supervisor.children.fleet.Worker)."""
 
     @property
     def culling(self) -> CullState: ...

@@ -10,10 +10,10 @@ import math
 from collections.abc import Iterable
 
 from herder.common.config import Config
-from herder.supervisor.fleet import Worker
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.states import KillStage, change_kill
 from herder.supervisor.redis_side.budget import ClusterView, KillBudget, cluster_keys
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.states import KillStage, change_kill
 
 log = logging.getLogger("herder")
 

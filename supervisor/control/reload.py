@@ -24,7 +24,7 @@ from herder.common.config import (
     reload_policy,
     reread,
 )
-from herder.supervisor.pool import Pool, PoolState
+from herder.supervisor.policy.pool import Pool, PoolState
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.uplink import Uplink
 

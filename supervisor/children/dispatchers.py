@@ -2,7 +2,7 @@
 channel, each line recorded in the worker's Observations; stderr is whatever the worker and its
 jobs print, relayed into herder's log.
 
-One thread feeds every worker's readers (herder.supervisor.pipes), so the master's cost per
+One thread feeds every worker's readers (herder.supervisor.children.pipes), so the master's cost per
 line does not grow with the fleet. Whatever a worker writes, the master's memory stays bounded:
 lines are length-capped, stderr is rate-limited, a stdout flood is slowed by back-pressure (its
 pipe is left unread for the rest of the second, the worker blocks on it).
@@ -19,8 +19,8 @@ from contextlib import AbstractContextManager
 from typing import IO, Any, Protocol
 
 from herder.common.worker_protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
-from herder.supervisor import logs
-from herder.supervisor.observations import FinishedJob, Observations, record, wait_to_log
+from herder.supervisor.children import logs
+from herder.supervisor.children.observations import FinishedJob, Observations, record, wait_to_log
 
 log = logging.getLogger("herder")
 
@@ -30,7 +30,7 @@ STDERR_LINES_PER_SECOND = 1000  # RQ logs ~4 lines a job; fast no-op jobs reach 
 
 
 class Piped(Protocol):
-    """What the readers use of a watched worker process (herder.supervisor.workerproc)."""
+    """What the readers use of a watched worker process (herder.supervisor.children.workerproc)."""
 
     label: str  # the prefix of its relayed stderr
     lock: threading.Lock  # the readers write obs and finished under it; the loop reads under it

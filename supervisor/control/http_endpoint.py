@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from herder.common.config import http_address
-from herder.supervisor.http_auth import Controls, cookie, is_loopback
+from herder.supervisor.control.http_auth import Controls, cookie, is_loopback
 from herder.supervisor.views import api, static
 from herder.supervisor.views.healthz import healthz
 from herder.supervisor.views.history import History

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 
 from herder.common.exits import describe
 from herder.common.rq_names import rq_worker_name
-from herder.supervisor import lifecycle
-from herder.supervisor.counters import Counters
-from herder.supervisor.fleet import Worker
-from herder.supervisor.hooks import EventHooks
-from herder.supervisor.launcher import Clock
-from herder.supervisor.launchers import Launchers
-from herder.supervisor.observations import Observations
-from herder.supervisor.pool import Pool
-from herder.supervisor.pressure import OomWatch
-from herder.supervisor.states import KillKind
+from herder.supervisor.children import lifecycle
+from herder.supervisor.children.counters import Counters
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.launcher import Clock
+from herder.supervisor.children.launchers import Launchers
+from herder.supervisor.children.observations import Observations
+from herder.supervisor.children.states import KillKind
+from herder.supervisor.policy.pool import Pool
+from herder.supervisor.policy.pressure import OomWatch
+from herder.supervisor.views.hooks import EventHooks
 from herder.supervisor.views.journal import Journal
 
 if TYPE_CHECKING:

@@ -9,13 +9,14 @@ import logging
 from collections.abc import Callable
 
 from herder.common.config import DEFAULT_POOL
-from herder.supervisor import fleet, lifecycle, retirement
-from herder.supervisor.counters import Counters
-from herder.supervisor.fleet import Limits, Slot, Worker
-from herder.supervisor.hooks import EventHooks
-from herder.supervisor.launcher import Clock, Launcher, worker_argv, worker_env
-from herder.supervisor.launchers import Launchers
-from herder.supervisor.pool import Plan, Pool, Workers
+from herder.supervisor.children import fleet, lifecycle
+from herder.supervisor.children.counters import Counters
+from herder.supervisor.children.fleet import Limits, Slot, Worker
+from herder.supervisor.children.launcher import Clock, Launcher, worker_argv, worker_env
+from herder.supervisor.children.launchers import Launchers
+from herder.supervisor.policy import retirement
+from herder.supervisor.policy.pool import Plan, Pool, Workers
+from herder.supervisor.views.hooks import EventHooks
 from herder.supervisor.views.journal import Journal
 
 log = logging.getLogger("herder")

@@ -1,4 +1,4 @@
-"""Autoscaling glue: folds each load reading into the pure policy (herder.supervisor.scaling)
+"""Autoscaling glue: folds each load reading into the pure policy (herder.supervisor.policy.scaling)
 and turns its decision into this host's target, taking the cluster's grant into account.
 
 The policy decides for the whole cluster when there is a cluster cap (each host then runs
@@ -11,9 +11,7 @@ from __future__ import annotations
 import logging
 
 from herder.common.config import Config
-from herder.supervisor.redis_side.cluster import share_of
-from herder.supervisor.redis_side.load_reader import Reading
-from herder.supervisor.scaling import (
+from herder.supervisor.policy.scaling import (
     Load,
     ScaleConfig,
     ScaleState,
@@ -22,7 +20,9 @@ from herder.supervisor.scaling import (
     learn_rate,
     smoothed_growth,
 )
-from herder.supervisor.snapshot import QueueStats
+from herder.supervisor.redis_side.cluster import share_of
+from herder.supervisor.redis_side.load_reader import Reading
+from herder.supervisor.views.snapshot import QueueStats
 
 log = logging.getLogger("herder")
 

@@ -14,9 +14,9 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from herder.supervisor.dispatchers import STDERR_LINES_PER_SECOND
-from herder.supervisor.fleet import Worker
-from herder.supervisor.observations import Observations
+from herder.supervisor.children.dispatchers import STDERR_LINES_PER_SECOND
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.observations import Observations
 
 log = logging.getLogger("herder")
 

@@ -22,14 +22,14 @@ from dataclasses import replace
 from herder.common import worker_protocol as wp
 from herder.common.config import Config
 from herder.common.rq_names import ENV_SCHEDULER_NAME, rq_scheduler_name
-from herder.supervisor import lifecycle
-from herder.supervisor.fleet import ProcessHandle, Slot, Worker
-from herder.supervisor.launcher import Clock, worker_env
-from herder.supervisor.liveness import judge, read_late
+from herder.supervisor.children import lifecycle
+from herder.supervisor.children.fleet import ProcessHandle, Slot, Worker
+from herder.supervisor.children.launcher import Clock, worker_env
+from herder.supervisor.children.states import LEAVING, WORKING, KillKind, WorkerState, change_state
+from herder.supervisor.children.workerproc import WorkerProcess
+from herder.supervisor.policy.liveness import judge, read_late
 from herder.supervisor.redis_side.scheduler_locks import Holder, SchedulerLocks
-from herder.supervisor.states import LEAVING, WORKING, KillKind, WorkerState, change_state
 from herder.supervisor.views.model import CronStatus, LockHolder, QueueLock, SchedulerStatus
-from herder.supervisor.workerproc import WorkerProcess
 
 log = logging.getLogger("herder")
 
