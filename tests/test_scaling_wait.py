@@ -1,5 +1,5 @@
 """The autoscaling policy with a wait target (`max_wait`): sized for the target, not for an
-empty queue (supervisor/scaling.py, docs/scaling.md). Pure: no Redis, no processes.
+empty queue (supervisor/policy/scaling.py, docs/scaling.md). Pure: no Redis, no processes.
 
 tests/test_scaling_policy.py holds every general property with and without a target; here are
 the ways a target changes the count, and tests/test_scaling_traces.py holds it to the traces.
@@ -12,7 +12,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herder.supervisor.scaling import Load, ScaleConfig, ScaleState, decide, learn_rate, pooled_rate
+from herder.supervisor.policy.scaling import Load, ScaleConfig, ScaleState, decide, learn_rate, pooled_rate
 
 
 def warm(cfg: ScaleConfig, samples: list[tuple[int, float]]) -> ScaleState:
@@ -39,7 +39,7 @@ def test_a_backlog_the_fleet_serves_within_the_target_waits_for_it():
     assert steady(20, ScaleConfig(floor=1, ceiling=20)) == 5
 
 
-def test_with_a_target_a_fleet_is_shed_one_target_after_its_queue_empties():
+def test_with_a_target_a_fleet_is_shed_half_a_target_after_its_queue_empties():
     cfg = ScaleConfig(floor=1, ceiling=30, max_wait=5.0, scale_down_delay=30.0)
     state = warm(cfg, [(20, 10.0)] * 3)
     state = decide(state, Load(0.0, 100, 0), 1, 0.0, cfg)[1]
@@ -49,8 +49,8 @@ def test_with_a_target_a_fleet_is_shed_one_target_after_its_queue_empties():
     for second in range(2, 12):  # drained: nothing waits, nothing runs
         decision, state = decide(state, Load(float(second), 0, 0), 20, 0.0, cfg)
         targets.append(decision.target)
-    # Held for the 5 s target (not the 30 s scale-down delay), then the minimum.
-    assert targets == [20] * 5 + [1] * 5, targets
+    # Held for half the 5 s target (not the 30 s scale-down delay), then the minimum.
+    assert targets == [20] * 3 + [1] * 7, targets
 
 
 @settings(max_examples=200, deadline=None)

@@ -19,10 +19,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-try:  # the policy, pure: wherever the supervisor's folders put it
-    from herder.supervisor.policy.scaling import Load, ScaleConfig, ScaleState, decide, learn_rate
-except ImportError:  # pragma: no cover - before the supervisor/ folder move
-    from herder.supervisor.scaling import Load, ScaleConfig, ScaleState, decide, learn_rate  # type: ignore
+# herder's policy, pure; the bench otherwise reaches herder only through its command line
+from herder.supervisor.policy.scaling import Load, ScaleConfig, ScaleState, decide, learn_rate
 
 # ---------------------------------------------------------------- traces
 
@@ -40,7 +38,17 @@ class Trace:
     jobs: tuple[Job, ...]
     length: float  # seconds the arrivals last
     compress: float  # real seconds each trace second stands for (the peers' scaled constants)
-    stands_for: str  # what the trace's length stands for, in words
+
+    @property
+    def stands_for(self) -> str:
+        """What the trace's length stands for, in words."""
+        real = self.length * self.compress
+        if real >= 86400 * 0.99:
+            return f"{real / 86400:.3g} day" + ("s" if real > 86400 * 1.01 else "")
+        if real >= 3600:
+            hours = real / 3600
+            return f"{hours:.3g} hour" + ("s" if round(hours, 2) != 1 else "")
+        return f"{real / 60:.3g} minutes"
 
 
 def lognormal(rng: random.Random, median: float, sigma: float) -> float:
@@ -85,7 +93,6 @@ def make_traces(seed: int = 54, length: float = LENGTH) -> list[Trace]:
             tuple(step),
             L,
             12.0,
-            "30 minutes",
         )
     )
 
@@ -99,7 +106,6 @@ def make_traces(seed: int = 54, length: float = LENGTH) -> list[Trace]:
             tuple(sorted(quiet + burst, key=lambda j: j.at)),
             L,
             12.0,
-            "30 minutes",
         )
     )
 
@@ -112,7 +118,6 @@ def make_traces(seed: int = 54, length: float = LENGTH) -> list[Trace]:
             tuple(daily),
             L,
             86400 / L,
-            "a day",
         )
     )
 
@@ -130,13 +135,12 @@ def make_traces(seed: int = 54, length: float = LENGTH) -> list[Trace]:
             tuple(bursts),
             L,
             20.0,
-            "50 minutes",
         )
     )
 
     rng = random.Random(seed + 4)
     ramp = jobs_of(poisson(rng, lambda t: 0.5 + 9.5 * t / L, 0, L, 10.0), rng)
-    out.append(Trace("ramp", "a slow ramp: 0.5 to 10 jobs/s over the trace", tuple(ramp), L, 24.0, "an hour"))
+    out.append(Trace("ramp", "a slow ramp: 0.5 to 10 jobs/s over the trace", tuple(ramp), L, 24.0))
 
     rng = random.Random(seed + 5)
     fast = jobs_of(poisson(rng, lambda t: 20.0, 0, L, 20.0), rng, 0.02, 0.3)
@@ -148,7 +152,6 @@ def make_traces(seed: int = 54, length: float = LENGTH) -> list[Trace]:
             tuple(sorted(fast + slow, key=lambda j: j.at)),
             L,
             12.0,
-            "30 minutes",
         )
     )
     return out
@@ -166,6 +169,11 @@ class Seen:
     workers: int  # the fleet's size now (alive, starting included)
     done: int  # jobs finished so far
     busy: float  # their busy seconds, so far
+
+
+# No rule looks more often than herder reads the load (its scale interval, 1 s): a scaled
+# polling interval below it is raised to it, so every policy sees the queue as often.
+POLL_FLOOR = 1.0
 
 
 class Rule:
@@ -234,7 +242,7 @@ class Judoscale(Rule):
         self.b, self.scale = b, scale
         self.name = "judoscale" if scale == 1 else "judoscale-scaled"
         self.label = "Judoscale-like" + ("" if scale == 1 else " (scaled)")
-        self.interval = 10.0 / scale
+        self.interval = max(POLL_FLOOR, 10.0 / scale)
         self.up_every, self.down_delay = 180.0 / scale, 600.0 / scale
         self.last_up: float | None = None
         self.low_since: float | None = None
@@ -266,7 +274,7 @@ class HireFire(Rule):
         self.b = b
         self.name = "hirefire" if scale == 1 else "hirefire-scaled"
         self.label = "HireFire-like" + ("" if scale == 1 else " (scaled)")
-        self.interval = 60.0 / scale
+        self.interval = max(POLL_FLOOR, 60.0 / scale)
         self.down_after = 60.0 / scale
         self.low_since: float | None = None
         self.n: int | None = None
@@ -297,7 +305,7 @@ class Keda(Rule):
         self.b = b
         self.name = "keda" if scale == 1 else "keda-scaled"
         self.label = "KEDA-like" + ("" if scale == 1 else " (scaled)")
-        self.interval = 30.0 / scale
+        self.interval = max(POLL_FLOOR, 30.0 / scale)
         self.window = 300.0 / scale
         self.period = 15.0 / scale
         self.recent: deque[tuple[float, int]] = deque()
@@ -643,31 +651,37 @@ def svg_chart(title: str, series: list[tuple[str, str, list[tuple[float, int, in
     width, panel, left, top, gap = 900, 190, 60, 40, 40
     legend_h = 20 * ((len(series) + 2) // 3)
     height = top + 2 * panel + gap + 40 + legend_h
-    t_max = max([length] + [s[-1][0] for _, _, s in series if s])
+    t_max = length + 30  # the trace and the drain after it
+    series = [(n, lab, [p for p in s if p[0] <= t_max]) for n, lab, s in series]
     w_max = max([1] + [p[1] for _, _, s in series for p in s])
-    q_max = max([1] + [p[2] for _, _, s in series for p in s])
+    # The fleet held at the minimum queues up far more than any other: off the scale, clipped.
+    q_max = max([1] + [p[2] for n, _, s in series if n != "fixed-min" for p in s])
     plot_w = width - left - 20
 
     def x(t: float) -> float:
         return left + plot_w * t / t_max
 
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        ' font-family="sans-serif" font-size="11">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{left}" y="20" font-size="13">{_esc(title)}</text>',
     ]
-    for p, (key, y_max, what) in enumerate(((1, w_max, "workers"), (2, q_max, "jobs waiting"))):
+    for p, (key, y_max, what) in enumerate(
+        ((1, w_max, "workers"), (2, q_max, "jobs waiting (fixed at min clipped)"))
+    ):
         y0 = top + p * (panel + gap)
 
         def y(v: float, y0: int = y0, y_max: float = y_max) -> float:
-            return y0 + panel - panel * v / y_max
+            return y0 + panel - panel * min(v, y_max) / y_max
 
         out.append(f'<rect x="{left}" y="{y0}" width="{plot_w}" height="{panel}" fill="none" stroke="#999"/>')
         for frac in (0, 0.5, 1):
             v = y_max * frac
             out.append(f'<text x="{left - 5}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0f}</text>')
         out.append(
-            f'<text x="12" y="{y0 + panel / 2}" transform="rotate(-90 12 {y0 + panel / 2})" text-anchor="middle">{what}</text>'
+            f'<text x="12" y="{y0 + panel / 2}" transform="rotate(-90 12 {y0 + panel / 2})"'
+            f' text-anchor="middle">{what}</text>'
         )
         for name, _, samples in series:
             if not samples:
@@ -680,7 +694,8 @@ def svg_chart(title: str, series: list[tuple[str, str, list[tuple[float, int, in
             width_ = 2.2 if name in ("herder", "herder-wait", "oracle") else 1.2
             pts = " ".join(f"{x(s[0]):.1f},{y(s[key]):.1f}" for s in samples)
             out.append(
-                f'<polyline fill="none" stroke="{COLOURS.get(name, "#333")}" stroke-width="{width_}"{dash} points="{pts}"/>'
+                f'<polyline fill="none" stroke="{COLOURS.get(name, "#333")}" stroke-width="{width_}"'
+                f'{dash} points="{pts}"/>'
             )
     axis_y = top + 2 * panel + gap
     for t in range(0, int(t_max) + 1, 30):
@@ -694,7 +709,8 @@ def svg_chart(title: str, series: list[tuple[str, str, list[tuple[float, int, in
             else ""
         )
         out.append(
-            f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 24}" y2="{ly - 4}" stroke="{COLOURS.get(name, "#333")}" stroke-width="2"{dash}/>'
+            f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 24}" y2="{ly - 4}"'
+            f' stroke="{COLOURS.get(name, "#333")}" stroke-width="2"{dash}/>'
         )
         out.append(f'<text x="{lx + 30}" y="{ly}">{_esc(label)}</text>')
     out.append("</svg>")

@@ -25,7 +25,7 @@ a share of the target (FIFO: only the jobs ahead of it delay it), whichever is m
 is the buffer: a fraction of a worker's load waits in it instead of costing a whole worker.
 The arrival rate is smoothed over the target and the job rate pooled (jobs over busy seconds,
 each smoothed) so that a mix of fast and slow jobs is not misjudged by whichever finished last;
-a scale-down comes after at most WAIT_DOWN targets of lower need, to the highest need seen
+a scale-down comes after at most half the target (WAIT_DOWN) of lower need, to the highest need seen
 then; and a job older than the target still adds a worker at every reading.
 """
 
@@ -45,10 +45,11 @@ DOWN_STEP = 0.1
 # With a wait target: the newest waiting job should start within this share of it (the rest is
 # margin for a worker's start and for the estimates' error).
 WAIT_SHARE = 0.5
-# With a wait target: a scale-down waits at most this many targets (or the scale-down delay,
-# if shorter): the queue buffers the load's noise and a late job adds a worker at once, so a
-# fleet sized for a burst need not idle for the whole delay after it.
-WAIT_DOWN = 1.0
+# With a wait target: a scale-down waits at most this share of it (or the scale-down delay, if
+# shorter): the queue buffers the load's noise and a late job adds a worker at once, so a fleet
+# sized for a burst need not idle for the whole delay after it; a worker stopped too soon costs
+# a start from the warm template, well within the other half of the target.
+WAIT_DOWN = 0.5
 # Weight of the newest interval in the pooled job rate (jobs and busy seconds each smoothed).
 POOL_WEIGHT = 0.2
 
