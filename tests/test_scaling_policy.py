@@ -310,6 +310,7 @@ def burst(sim: Sim, extra: int) -> None:
     """A backlog the fleet must grow (or stay) for, so the count is settled when it drops."""
     rate, cfg = sim.state.per_worker, sim.cfg
     backlog = (math.ceil(sim.current * rate * cfg.drain_target) if rate else sim.current) + extra
+    backlog = max(backlog, sim.current)  # a worker's worth each, at least (slow jobs need no more)
     before = sim.current
     step = sim.step(backlog, 0, 0.0)
     assert step.decision.need >= before and sim.current >= before

@@ -81,3 +81,13 @@ def test_the_pooled_rate_is_jobs_over_busy_seconds():
     assert math.isclose(pooled_rate(state), 80.2 / 1.2)
     assert pooled_rate(ScaleState()) is None
     assert pooled_rate(ScaleState(per_worker=3.0)) == 3.0  # a memory without the pooled figures
+
+
+def test_jobs_slower_than_the_target_get_a_worker_each_not_more():
+    # 30 s jobs under a 5 s target: draining 2 waiting jobs within 2.5 s would take 24 workers,
+    # but a job starts as soon as it has a worker: 3 busy + 2 waiting is all there is to do.
+    cfg = ScaleConfig(floor=1, ceiling=50, max_wait=5.0)
+    state = warm(cfg, [(1, 30.0)] * 3)
+    state = decide(state, Load(0.0, 2, 3), 3, 0.1, cfg)[1]
+    decision, _ = decide(state, Load(1.0, 2, 3), 3, 0.1, cfg)
+    assert decision.target == 5, decision

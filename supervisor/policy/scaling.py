@@ -18,7 +18,7 @@ flap: a load that is truly gone varies by nothing and goes all the way down.
 
 With a wait target (`max_wait`) the policy sizes for the target instead of an empty queue:
 
-    need = max( floor(arrival / rate), backlog / (rate * WAIT_SHARE * T) )
+    need = max( floor(arrival / rate), min(backlog / (rate * WAIT_SHARE * T), running + backlog) )
 
 the whole workers the arrivals keep busy, or enough that the newest waiting job starts within
 a share of the target (FIFO: only the jobs ahead of it delay it), whichever is more. The queue
@@ -189,7 +189,10 @@ def waiting_need(load: Load, arrival: float | None, rate: float | None, cfg: Sca
         return 0.0  # an empty queue and an idle fleet: nothing to keep (the delay still holds it)
     t = WAIT_SHARE * min(cfg.drain_target, cfg.max_wait)
     busy = math.floor(max(0.0, arrival or 0.0) / rate + 1e-9)
-    return max(float(busy), load.backlog / (rate * t))
+    # A waiting job starts as soon as it has a worker: jobs slower than the target need one
+    # each, never the many that would finish them all within it.
+    drain = min(load.backlog / (rate * t), load.running + load.backlog)
+    return max(float(busy), drain)
 
 
 def down_delay(cfg: ScaleConfig) -> float:
