@@ -68,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--svg-dir", help="write a chart per trace here (traces-NAME.svg)")
     p.add_argument("--markdown", help="also write the report here")
     p.add_argument("--json", help="write every figure and timeline here")
+    p.add_argument("--report-from", metavar="JSON", help="no runs: the report (and charts) of a saved --json")
 
 
 @dataclass
@@ -97,6 +98,23 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, list[Run]] = {}
     started = time.monotonic()
     loads: list[float] = []
+    if args.report_from:
+        saved = json.loads(Path(args.report_from).read_text())
+        meta = saved.pop("", {})
+        results = {
+            k: [
+                Run(r["name"], r["label"], sim.Figures(**r["figures"]), [tuple(p) for p in r["timeline"]])
+                for r in v
+            ]
+            for k, v in saved.items()
+        }
+        traces = [t for t in traces if t.name in results]
+        for trace in traces:
+            chart(trace, results[trace.name], args)
+        publish(
+            report(traces, results, b, args, meta.get("minutes", 0.0), meta.get("loads", [])), args.markdown
+        )
+        return 0
     if not args.simulate:
         take_charge()
     for trace in traces:
@@ -133,18 +151,21 @@ def run(args: argparse.Namespace) -> int:
                 f"  {r.label:32s} over {f.over:8.1f} s  p95 {f.p95:5.1f}  p99 {f.p99:5.1f}  "
                 f"worker-s {f.worker_seconds:6.0f}  events {f.events}"
             )
-        if args.svg_dir:
-            path = Path(args.svg_dir) / f"traces-{trace.name}.svg"
-            series = [(r.name, r.label, r.timeline) for r in results[trace.name]]
-            path.write_text(sim.svg_chart(f"{trace.name}: {trace.title}", series, trace.length))
-            say(f"  drew {path}")
+        chart(trace, results[trace.name], args)
     minutes = (time.monotonic() - started) / 60
     publish(report(traces, results, b, args, minutes, loads), args.markdown)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({k: [asdict(r) for r in v] for k, v in results.items()}, indent=1)
-        )
+        saved = {k: [asdict(r) for r in v] for k, v in results.items()}
+        Path(args.json).write_text(json.dumps({"": {"minutes": minutes, "loads": loads}, **saved}, indent=1))
     return 0
+
+
+def chart(trace: sim.Trace, runs: list[Run], args: argparse.Namespace) -> None:
+    if args.svg_dir:
+        path = Path(args.svg_dir) / f"traces-{trace.name}.svg"
+        series = [(r.name, r.label, r.timeline) for r in runs]
+        path.write_text(sim.svg_chart(f"{trace.name}: {trace.title}", series, trace.length))
+        say(f"  drew {path}")
 
 
 # ---------------------------------------------------------------- the real runs
@@ -360,12 +381,18 @@ def verdict(herder: sim.Figures, peer: sim.Figures, slack: float) -> str:
     """How herder (with the target) stands against a peer rule: it `beats` it (less waiting over
     the target at no more worker-seconds, or fewer worker-seconds at no more waiting, with
     `slack` seconds of waiting as noise), or the peer spent fewer worker-seconds by leaving
-    jobs waiting past the target (`cheaper, late`), or herder loses."""
+    jobs waiting past the target (`cheaper, late`), or they tie (as much waiting, and herder's
+    worker-seconds within TIE of the peer's), or herder loses."""
     if sim.beats(herder, peer, slack):
         return "beats"
     if peer.over > herder.over + slack and peer.worker_seconds < herder.worker_seconds:
         return "cheaper, late"
+    if abs(herder.over - peer.over) <= slack and herder.worker_seconds <= TIE * peer.worker_seconds:
+        return "ties"
     return "loses"
+
+
+TIE = 1.02  # worker-seconds within 2 %: a tie (two runs of one policy differ by about as much)
 
 
 def report(
@@ -441,9 +468,9 @@ def verdict_table(traces: list[sim.Trace], results: dict[str, list[Run]], b: sim
         f"### herder --max-wait {b.target:g} against each rule",
         "",
         "beats: less waiting over the target at no more worker-seconds, or fewer worker-seconds at",
-        "no more waiting (10 ms a job of waiting counted as noise); cheaper, late: the rule spent",
-        "fewer worker-seconds by leaving jobs waiting past the target; last column: herder's",
-        "worker-seconds over the oracle's.",
+        "no more waiting (10 ms a job of waiting counted as noise); ties: as much waiting, and",
+        "worker-seconds within 2 %; cheaper, late: the rule spent fewer worker-seconds by leaving",
+        "jobs waiting past the target; last column: herder's worker-seconds over the oracle's.",
         "",
         f"| trace | {head} | / oracle |",
         "|---|" + "---|" * len(peers) + "---:|",
