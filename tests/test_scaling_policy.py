@@ -250,8 +250,10 @@ def test_big_backlog_step_reaches_max_at_once(cfg, data):
     state = data.draw(any_states(now), label="state")
     current = data.draw(st.integers(0, cfg.ceiling + 3), label="current")
     rate = state.per_worker
-    # Enough to need max_workers: max * rate * drain_target jobs, or max jobs at cold start.
+    # Enough to need max_workers: max * rate * drain_target jobs, or max jobs at cold start;
+    # and at least a job per worker (a wait target gives a waiting job one worker, not more).
     enough = math.ceil(cfg.ceiling * rate * cfg.drain_target) if rate is not None else cfg.ceiling
+    enough = max(enough, cfg.ceiling)
     sim = Sim(cfg, state, current, at=now)
     desired = []
     for _ in range(2):  # the backlog stays at least that large for two intervals
