@@ -1,7 +1,7 @@
 """The trace scenario: herder's autoscaling on real-shaped traffic, beside the rules of the
 autoscalers people run or pay for, all driving the same herder workers.
 
-    scripts/bench/run traces --svg-dir docs --markdown /tmp/traces.md     (about 25 minutes)
+    scripts/bench/run traces --svg-dir docs --markdown /tmp/traces.md     (about 20 minutes)
     scripts/bench/run traces --simulate                                   (the simulator, ~1 minute)
 
 Six seeded arrival traces of 150 s each (bench_tracesim.py: a step, a spike on a quiet queue, a
