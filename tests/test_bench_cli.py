@@ -18,7 +18,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 RUN = BENCH / "run"
 COMMANDS = "bench_commands.py"  # the one module that builds the contenders' command lines
-SCENARIOS = ("spike", "recycle", "network", "threads", "dashboard", "soak", "launch", "rolling")
+SCENARIOS = ("spike", "traces", "recycle", "network", "threads", "dashboard", "soak", "launch", "rolling")
 
 
 def bench(*argv: str) -> subprocess.CompletedProcess[str]:

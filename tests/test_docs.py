@@ -219,6 +219,7 @@ IDLE_POOLS = "Start-up, memory and graceful stop"
 SCALING = "Scaling: pool sizes"
 DASHBOARD = "The dashboard's cost to the master"
 SPIKE = "Autoscaling: a spike"
+BURSTS = "Trace bursts"  # of "Autoscaling on traces"
 CPU_PER_1000 = "supervisor CPU per 1,000 jobs"
 
 # Each figure a page quotes from docs/benchmarks.md: (page, pattern whose one group is the figure
@@ -301,6 +302,20 @@ QUOTED_FIGURES += [
     ("docs/scaling.md", r"queue drained at ([\d.]+ s)", SPIKE, "spike to queue drained", "herder (measured)"),
     (
         "docs/scaling.md",
+        r"it spent (\d+) worker-seconds where KEDA",
+        BURSTS,
+        "herder --max-wait 5",
+        "worker-s",
+    ),
+    (
+        "docs/scaling.md",
+        r"where KEDA's rule scaled to the trace spent (\d+)",
+        BURSTS,
+        "KEDA-like (scaled)",
+        "worker-s",
+    ),
+    (
+        "docs/scaling.md",
         r"back to 1 worker ([\d.]+ s) after that",
         SPIKE,
         "drained to min workers",
@@ -331,9 +346,9 @@ def tables(text: str) -> dict[str, list[dict[str, str]]]:
 
 def results_cell(where: str, row: str, column: str) -> str:
     """A cell of docs/benchmarks.md: of a table of its "Results" (the report of its latest full
-    run), or of a scenario's section (the dashboard's, the spike's)."""
+    run), or of a scenario's section (the dashboard's, the spike's, the traces')."""
     text = BENCHMARKS.read_text()
-    if where not in (DASHBOARD, SPIKE):
+    if where not in (DASHBOARD, SPIKE, BURSTS):
         text = text.split("\n## Results\n", 1)[1].split("\n## Reading the results", 1)[0]
     matches = [rows for heading, rows in tables(text).items() if heading.startswith(where)]
     assert len(matches) == 1, f"benchmarks.md: {len(matches)} tables under a heading starting {where!r}"

@@ -23,6 +23,7 @@ from herder.supervisor.policy.scaling import (
     ScaleConfig,
     ScaleState,
     decide,
+    down_delay,
     learn_rate,
     pick_idle_to_stop,
     unrounded_need,
@@ -67,6 +68,8 @@ def configs(draw: st.DrawFn) -> SimConfig:
         scale_down_delay=interval * draw(st.one_of(st.floats(0.0, 60.0), st.just(30.0))),
         drain_target=draw(st.floats(1.0, 300.0)),
         alpha=draw(st.floats(0.05, 1.0)),
+        # Every property holds with a wait target too (sized for it instead of an empty queue).
+        max_wait=draw(st.one_of(st.none(), st.floats(0.5, 120.0))),
     )
 
 
@@ -187,7 +190,7 @@ def test_desired_is_always_within_min_and_max(cfg, rate, data, steps):
                 low_since = step.at
             if d.target < hold:  # a scale-down ...
                 # ... only after need stayed below the count for the whole delay (4: down slowly)
-                assert low_since is not None and step.at - low_since >= cfg.scale_down_delay
+                assert low_since is not None and step.at - low_since >= down_delay(cfg)
                 assert d.target >= d.need
         if learned is not None:
             sim.state = learn_rate(sim.state, *learned, cfg)
@@ -247,8 +250,10 @@ def test_big_backlog_step_reaches_max_at_once(cfg, data):
     state = data.draw(any_states(now), label="state")
     current = data.draw(st.integers(0, cfg.ceiling + 3), label="current")
     rate = state.per_worker
-    # Enough to need max_workers: max * rate * drain_target jobs, or max jobs at cold start.
+    # Enough to need max_workers: max * rate * drain_target jobs, or max jobs at cold start;
+    # and at least a job per worker (a wait target gives a waiting job one worker, not more).
     enough = math.ceil(cfg.ceiling * rate * cfg.drain_target) if rate is not None else cfg.ceiling
+    enough = max(enough, cfg.ceiling)
     sim = Sim(cfg, state, current, at=now)
     desired = []
     for _ in range(2):  # the backlog stays at least that large for two intervals
@@ -280,10 +285,11 @@ def test_a_latency_target_grows_a_fleet_the_length_rule_keeps():
     plain = ScaleConfig(floor=1, ceiling=8, drain_target=30.0)
     decision, _ = decide(state, load, 1, 1.0, plain)
     assert decision.target == 1
-    # A 2 s latency target drains the backlog within 2 s: 1 running + 4 waiting / (1/s * 2 s).
+    # A 2 s latency target: the newest of the 4 waiting jobs starts within half of it,
+    # 4 waiting / (1/s * 1 s); the arrivals (1 done, backlog -1) keep no further worker busy.
     target = ScaleConfig(floor=1, ceiling=8, drain_target=30.0, max_wait=2.0)
     decision, _ = decide(state, load, 1, 1.0, target)
-    assert decision.target == 3 and "oldest job waited 6.0 s (max wait 2 s)" in decision.reason
+    assert decision.target == 4 and "oldest job waited 6.0 s (max wait 2 s)" in decision.reason
     # A job older than the target adds a worker even where the backlog formula would not.
     decision, _ = decide(state, Load(1.0, 1, 3, oldest_age=9.0), 3, 3.0, target)
     assert decision.target == 4
@@ -306,6 +312,7 @@ def burst(sim: Sim, extra: int) -> None:
     """A backlog the fleet must grow (or stay) for, so the count is settled when it drops."""
     rate, cfg = sim.state.per_worker, sim.cfg
     backlog = (math.ceil(sim.current * rate * cfg.drain_target) if rate else sim.current) + extra
+    backlog = max(backlog, sim.current)  # a worker's worth each, at least (slow jobs need no more)
     before = sim.current
     step = sim.step(backlog, 0, 0.0)
     assert step.decision.need >= before and sim.current >= before
@@ -324,13 +331,13 @@ def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, pre
     sim = warmed_up(cfg, rate, prefix, start)
     burst(sim, extra)
     held = sim.current
-    # The code goes to min at the first observation >= scale_down_delay after the drop;
-    # one interval more for float rounding of `at`.
-    reach = math.ceil(cfg.scale_down_delay / cfg.interval) + 1
+    # The code goes to min at the first observation >= the scale-down delay after the drop
+    # (with a wait target at most WAIT_DOWN targets); one interval more for float rounding of `at`.
+    reach = math.ceil(down_delay(cfg) / cfg.interval) + 1
     desired = [sim.step(0, 0, 0.0).decision.target for _ in range(reach + 5)]
     for i, d in enumerate(desired):
         elapsed = i * cfg.interval
-        if elapsed < cfg.scale_down_delay - 1e-6:
+        if elapsed < down_delay(cfg) - 1e-6:
             assert d == held, (i, desired)  # not a worker less before the delay has elapsed
     assert desired[reach:] == [cfg.floor] * 5, (reach, desired)
 
@@ -351,10 +358,10 @@ def test_a_load_fading_to_zero_reaches_min_a_delay_after_it_is_gone(cfg, rate, p
     held = sim.current
     top = sim.state.last.backlog
     desired = [sim.step(top * (fade - j) // fade, 0, 0.0).decision.target for j in range(1, fade + 1)]
-    reach = math.ceil(cfg.scale_down_delay / cfg.interval) + 1
+    reach = math.ceil(down_delay(cfg) / cfg.interval) + 1
     desired += [sim.step(0, 0, 0.0).decision.target for _ in range(reach + 5)]
     for i, d in enumerate(desired):
-        if i * cfg.interval < cfg.scale_down_delay - 1e-6:
+        if i * cfg.interval < down_delay(cfg) - 1e-6:
             assert d == held, (i, desired)
     assert all(a >= b for a, b in pairwise(desired))  # straight down, no bounce
     # Min within the delay after the queue is empty (+1 interval of float slack), which is

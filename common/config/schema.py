@@ -112,7 +112,7 @@ class Config:
     )
     scale_down_delay: float = setting(
         30.0,
-        "Seconds the need must stay low before workers stop.",
+        "Seconds the need must stay low before workers stop (with max_wait: at most max_wait / 2).",
         reload=APPLY,
         pool=True,
     )

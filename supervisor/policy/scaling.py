@@ -15,6 +15,18 @@ Up at once; down only after `need` has stayed below the current count for the wh
 scale-down delay, and then only to the highest need of that delay plus as much headroom
 as the need varied within it, and by a real step (DOWN_STEP), so a noisy load does not
 flap: a load that is truly gone varies by nothing and goes all the way down.
+
+With a wait target (`max_wait`) the policy sizes for the target instead of an empty queue:
+
+    need = max( floor(arrival / rate), min(backlog / (rate * WAIT_SHARE * T), running + backlog) )
+
+the whole workers the arrivals keep busy, or enough that the newest waiting job starts within
+a share of the target (FIFO: only the jobs ahead of it delay it), whichever is more. The queue
+is the buffer: a fraction of a worker's load waits in it instead of costing a whole worker.
+The arrival rate is smoothed over the target and the job rate pooled (jobs over busy seconds,
+each smoothed) so that a mix of fast and slow jobs is not misjudged by whichever finished last;
+a scale-down comes after at most half the target (WAIT_DOWN) of lower need, to the highest need seen
+then; and a job older than the target still adds a worker at every reading.
 """
 
 from __future__ import annotations
@@ -29,6 +41,17 @@ from herder.supervisor.redis_side.load import Load  # the load reader's reading,
 # need was perfectly flat for the whole delay (the load is gone, or truly constant): a
 # smaller step down is most likely the noise missing its peak for a while, and comes back.
 DOWN_STEP = 0.1
+
+# With a wait target: the newest waiting job should start within this share of it (the rest is
+# margin for a worker's start and for the estimates' error).
+WAIT_SHARE = 0.5
+# With a wait target: a scale-down waits at most this share of it (or the scale-down delay, if
+# shorter): the queue buffers the load's noise and a late job adds a worker at once, so a fleet
+# sized for a burst need not idle for the whole delay after it; a worker stopped too soon costs
+# a start from the warm template, well within the other half of the target.
+WAIT_DOWN = 0.5
+# Weight of the newest interval in the pooled job rate (jobs and busy seconds each smoothed).
+POOL_WEIGHT = 0.2
 
 
 @dataclass(frozen=True)
@@ -57,6 +80,11 @@ class ScaleState:
     growth: float = 0.0  # EWMA of d(backlog)/dt, jobs per second
     per_worker: float | None = None  # EWMA of completions per busy worker per second
     low_since: float | None = None  # when need first fell below the current count
+    # With a wait target: the arrival rate (jobs/s) smoothed over the target, and the jobs done
+    # and busy seconds per interval, each smoothed: their ratio is the pooled job rate.
+    arrival: float | None = None
+    jobs_avg: float = 0.0
+    busy_avg: float = 0.0
     # (at, unrounded need) of the observations of the last scale_down_delay seconds
     recent: tuple[tuple[float, float], ...] = ()
 
@@ -84,7 +112,21 @@ def learn_rate(state: ScaleState, completed: int, busy_seconds: float, cfg: Scal
     if not math.isfinite(sample):  # a vanishing busy time: no information, and inf * 0 is NaN
         return state
     rate = sample if state.per_worker is None else cfg.alpha * sample + (1 - cfg.alpha) * state.per_worker
-    return replace(state, per_worker=rate)
+    if state.per_worker is None:
+        jobs, busy = float(completed), busy_seconds
+    else:
+        jobs = POOL_WEIGHT * completed + (1 - POOL_WEIGHT) * state.jobs_avg
+        busy = POOL_WEIGHT * busy_seconds + (1 - POOL_WEIGHT) * state.busy_avg
+    return replace(state, per_worker=rate, jobs_avg=jobs, busy_avg=busy)
+
+
+def pooled_rate(state: ScaleState) -> float | None:
+    """Jobs per busy worker-second over the recent intervals, pooled: the mean job's rate. Unlike
+    an average of each interval's rate it is not swayed by a burst of fast jobs finishing while
+    slow ones still run."""
+    if not state.busy_avg > 0 or not state.jobs_avg > 0:
+        return state.per_worker  # (a memory from before the pooled figures: the plain rate)
+    return state.jobs_avg / state.busy_avg
 
 
 def unrounded_need(
@@ -121,6 +163,45 @@ def smoothed_growth(previous: float, last: Load | None, load: Load, drain_target
     return weight * sample + (1 - weight) * previous
 
 
+def smoothed_arrival(
+    previous: float | None, last: Load | None, load: Load, completions: float, tau: float
+) -> float | None:
+    """Jobs arriving per second (the backlog's change plus the jobs being done), smoothed over
+    `tau` seconds; None until two readings are known."""
+    if last is None or not load.at > last.at:
+        return previous
+    dt = load.at - last.at
+    # Not clamped at 0: a backlog that lands and then drains adds and takes back as much, so
+    # a spike leaves no arrival rate behind once it is gone (the reader clamps the estimate).
+    sample = (load.backlog - last.backlog) / dt + completions
+    if previous is None:
+        return sample
+    weight = dt / (dt + tau)
+    return weight * sample + (1 - weight) * previous
+
+
+def waiting_need(load: Load, arrival: float | None, rate: float | None, cfg: ScaleConfig) -> float:
+    """Workers (unrounded) to hold the wait target: the formula in the module doc."""
+    if rate is None or rate <= 0:
+        return unrounded_need(load, 0.0, None, 0.0, cfg)  # cold start: one worker per waiting job
+    assert cfg.max_wait is not None
+    if load.backlog <= 0 and load.running <= 0:
+        return 0.0  # an empty queue and an idle fleet: nothing to keep (the delay still holds it)
+    t = WAIT_SHARE * min(cfg.drain_target, cfg.max_wait)
+    busy = math.floor(max(0.0, arrival or 0.0) / rate + 1e-9)
+    # A waiting job starts as soon as it has a worker: jobs slower than the target need one
+    # each, never the many that would finish them all within it.
+    drain = min(load.backlog / (rate * t), load.running + load.backlog)
+    return max(float(busy), drain)
+
+
+def down_delay(cfg: ScaleConfig) -> float:
+    """How long the need must stay below the count before a scale-down."""
+    if cfg.max_wait is None:
+        return cfg.scale_down_delay
+    return min(cfg.scale_down_delay, WAIT_DOWN * cfg.max_wait)
+
+
 def decide(
     state: ScaleState,
     load: Load | None,
@@ -136,12 +217,20 @@ def decide(
     if load is None:
         return Decision(clamp(current, cfg), current, "no load reading: holding"), state
     growth = smoothed_growth(state.growth, state.last, load, cfg.drain_target)
-    raw = unrounded_need(load, growth, state.per_worker, completions_per_s, cfg)
+    arrival = state.arrival
+    if cfg.max_wait is None:
+        raw = unrounded_need(load, growth, state.per_worker, completions_per_s, cfg)
+    else:  # sized for the wait target, with the pooled rate (also for the jobs being done)
+        rate = pooled_rate(state)
+        completions = completions_per_s if rate is None else load.running * rate
+        arrival = smoothed_arrival(state.arrival, state.last, load, completions, cfg.max_wait)
+        raw = waiting_need(load, arrival, rate, cfg)
     demand = math.ceil(raw - 1e-9)
     need = clamp(demand, cfg)
-    since = load.at - cfg.scale_down_delay
+    delay = down_delay(cfg)
+    since = load.at - delay
     recent = (*((at, n) for at, n in state.recent if at >= since), (load.at, raw))
-    state = replace(state, last=load, growth=growth, recent=recent)
+    state = replace(state, last=load, growth=growth, recent=recent, arrival=arrival)
 
     late = cfg.max_wait is not None and load.backlog > 0 and load.oldest_age > cfg.max_wait
     if late:  # a job already waits past the target, whatever the formula says: one more worker
@@ -167,18 +256,19 @@ def decide(
     state = replace(state, low_since=low_since)
     waited = load.at - low_since
     hold = clamp(current, cfg)
-    if waited < cfg.scale_down_delay:
+    if waited < delay:
         return Decision(
             hold,
             need,
-            f"need {need}: holding {hold} for {cfg.scale_down_delay - waited:.0f} s more before scaling down",
+            f"need {need}: holding {hold} for {delay - waited:.0f} s more before scaling down",
             demand,
         ), state
     earlier = [n for _, n in recent[:-1]] or [raw]
-    noise = max(earlier) - min(earlier)
+    # With a wait target the queue absorbs the noise (and a late job adds a worker): no headroom.
+    noise = max(earlier) - min(earlier) if cfg.max_wait is None else 0.0
     peak = max(raw, *earlier)
     target = clamp(min(current, math.ceil(peak + noise - 1e-9)), cfg)
-    spread = f"need {min(earlier):.1f} to {peak:.1f} over the last {cfg.scale_down_delay:.0f} s"
+    spread = f"need {min(earlier):.1f} to {peak:.1f} over the last {delay:.0f} s"
     if target < hold and (noise == 0 or hold - target >= max(2, math.ceil(DOWN_STEP * hold))):
         return Decision(target, need, f"scale down: {spread}", demand), state
     return Decision(hold, need, f"need {need}: holding {hold}, {spread}", demand), state
