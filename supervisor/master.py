@@ -279,7 +279,7 @@ class Master:
         self.murderer.murder(changed)
         self.retire(changed)
         self.scale()
-        self.manage()
+        self.manage(changed)
         self.sched.step(self.sched_cfg, self.stopping, self.events.wake)
         self.end_given_up()
         self.commands.handle_requests()
@@ -409,7 +409,7 @@ class Master:
         for pool in self.pool_list():
             done = self.counters.pool_jobs(pool.name)
             jobs, busy = done.done, done.busy_seconds
-            paused = fleet.all_paused(pool.live())  # a pause is no demand for workers
+            paused = fleet.all_paused(pool.workers.values())  # a pause is no demand for workers
             pool_reading = reading.for_pool(pool.name, pool.cfg.queues) if self.cfg.pools else reading
             # Under memory pressure the target may fall, never rise (pressure.py).
             target = pool.scaler.fold(pool_reading, jobs, busy, pool.target, paused or bool(pressure))
@@ -427,10 +427,11 @@ class Master:
         """Workers that count towards the target: not on their way out."""
         return live(self.workers.values())
 
-    def manage(self) -> None:
+    def manage(self, changed: set[int] | None = None) -> None:
         """Each pool's plan, carried out: the host's workers limit shared first (every pool its
         minimum, the rest in turn: pool.share_limit), each pool planned on the host as the
-        plans before it left it."""
+        plans before it left it. A pool whose last plan was still and whose inputs did not move
+        is not planned again (but at a sweep, `changed` None)."""
         self.spawner.pending, self.spawner.moved = False, []
         if self.stopping:
             return
@@ -439,13 +440,20 @@ class Master:
         wall = self.clock.wall()
         for pool in self.pool_list():
             target = min(pool.target, shares[pool.name]) if pool.name in shares else 0  # draining: 0
-            plan = pool.plan(Share(target, self.cfg.limit, len(self.workers)), wall)
+            share = Share(target, self.cfg.limit, len(self.workers))
+            key = pool.plan_key(share)
+            if changed is not None and pool.still_at == key:
+                continue
+            plan = pool.plan(share, wall)
+            pool.still_at = key if plan.still else None
             self.spawner.carry_out(pool, plan, self.cfg.limit)
         self.murderer.moving.update(self.spawner.moved)  # starting or stopping from now on
 
     def stop_worker(self, w: Worker, why: str) -> None:
         lifecycle.ask_stop(w, why, self.clock.monotonic())
         self.murderer.moving.add(w.pid)
+        if pool := self.pools.get(w.pool):
+            pool.touch()
 
     # ---- stop -----------------------------------------------------------------------------
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from fakes import FakeClock, FakeProc, all_ready, live, make
 from herder.supervisor.children.changes import SWEEP_EVERY, Changes
 from herder.supervisor.children.states import WorkerState
 from herder.supervisor.master import Master
+from herder.supervisor.policy.pool import Pool
 
 FLEET = 256
 
@@ -97,3 +100,24 @@ def test_a_death_whose_line_never_came_is_reaped_at_its_sigchld(clock: FakeClock
     m.events.child_exited = True  # what the SIGCHLD handler records
     m.step()
     assert all(w.proc is not proc for w in m.workers.values()), "the dead worker was not reaped"
+
+
+def test_a_still_pool_is_planned_again_only_when_what_its_plan_reads_moved(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = settled(clock, n=16)
+    pool = m.pools["default"]
+    plans: list[int] = []
+    real = Pool.plan
+    monkeypatch.setattr(Pool, "plan", lambda self, share, now: plans.append(1) or real(self, share, now))
+    clock.t += 0.1
+    m.step()
+    assert plans == [], "a still pool with nothing changed was planned again"
+    live(m)[3].busy("job")  # type: ignore[attr-defined]
+    clock.t += 0.1
+    m.step()
+    assert len(plans) == 1  # a worker's state moved: its pool's plan reads it
+    pool.target = 15  # as the autoscaler or `herder scale` sets it
+    clock.t += 0.1
+    m.step()
+    assert len(plans) == 2 and sum(w.life.state == WorkerState.STOPPING for w in m.workers.values()) == 1

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from herder.common.config import Config, host_cpus
 from herder.supervisor.children.observations import FinishedJob, Observations
-from herder.supervisor.children.states import Cull, KillKind, KillStage, Retire, WorkerState
+from herder.supervisor.children.states import LEAVING, Cull, KillKind, KillStage, Retire, WorkerState
 
 # Spawn pacing (figures: docs/operations.md, "Workers limit"). A spawn costs the master little
 # CPU but can take long in wall time once the host is busy starting other workers (Popen waits
@@ -186,10 +186,17 @@ def spawn_paced(free: Iterable[Slot], spawn: Callable[[Slot], None], clock: Call
     return False
 
 
-def all_paused(workers: list[Worker]) -> bool:
-    """Every worker says it takes no jobs (`rq suspend`, `herder pause`; one that retires is
-    no pause: it is being replaced)."""
-    return bool(workers) and all(w.proc.snapshot().paused in PAUSES for w in workers)
+def all_paused(workers: Iterable[Worker]) -> bool:
+    """Every live worker says it takes no jobs (`rq suspend`, `herder pause`; one that retires
+    is no pause: it is being replaced). Stops at the first that takes jobs: O(1) in the usual case."""
+    seen = False
+    for w in workers:
+        if w.life.state in LEAVING:
+            continue
+        if w.proc.snapshot().paused not in PAUSES:
+            return False
+        seen = True
+    return seen
 
 
 PAUSES = ("suspended", "paused")  # the reasons an idle worker gives that are a pause

@@ -64,6 +64,7 @@ class Murderer:
             state = derived_state(w, obs)
             if state != w.life.state:  # the reason is built only for a change
                 change_state(w, state, f"job {obs.job_id}" if obs.job_id else "ready")
+                self.pools[w.pool].touch()  # its pool's plan reads it
             if w.life.state in WORKING:
                 self.moving.discard(w.pid)
             else:
@@ -139,6 +140,7 @@ class Murderer:
         """SIGTERM now (SIGKILL after kill_timeout, in murder); `kind` is the reason's class."""
         lifecycle.kill(w, reason, kind, self.clock.monotonic())
         self.moving.add(w.pid)
+        self.pools[w.pool].touch()
         self.counters.totals.killed += 1
         self.counters.totals.killed_by[kind] += 1
         self.counters.totals.killed_in(w.pool)[kind] += 1

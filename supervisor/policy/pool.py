@@ -75,6 +75,12 @@ class Plan:
     retire: tuple[Worker, ...] = ()
     stops: tuple[Stop, ...] = ()
     spawn: int = 0
+    rolling: bool = False  # workers of an older generation or marked to retire are being replaced
+
+    @property
+    def still(self) -> bool:
+        """Nothing to do, and nothing but a change would give the next plan anything to do."""
+        return not (self.retire or self.stops or self.spawn or self.rolling)
 
 
 @dataclass
@@ -102,16 +108,40 @@ class Pool:
     workers: dict[int, Worker] = field(default_factory=dict)
     slots: dict[int, Slot] = field(default_factory=dict)
     by_pid: dict[int, Worker] = field(default_factory=dict)  # the same workers, by pid
+    # Moved by every change its plan reads of its workers: one joining or leaving, a state the
+    # master sees change (murder, a stop). A still plan (nothing to do) is not made again while
+    # neither this nor the pool's own inputs moved (`plan_key`): a pass costs what changed.
+    version: int = 0
+    still_at: tuple[object, ...] | None = None  # the inputs of the last plan, when it was still
+
+    def touch(self) -> None:
+        self.version += 1
 
     def admit(self, w: Worker) -> None:
         """A worker joins at its spawn (spawner.py)."""
         self.workers[w.slot] = w
         self.by_pid[w.pid] = w
+        self.touch()
 
     def leave(self, w: Worker) -> None:
         """A worker leaves at its reap (reaper.py)."""
         del self.workers[w.slot]
         self.by_pid.pop(w.pid, None)
+        self.touch()
+
+    def plan_key(self, share: Share) -> tuple[object, ...]:
+        """Everything a plan reads but the clock: what would make a still plan move."""
+        marks = sum(self.retirement.recycled.values())  # a worker marked to retire or culled
+        return (
+            share,
+            self.version,
+            self.generation,
+            self.state,
+            self.target,
+            self.scaler.grant,
+            marks,
+            id(self.cfg),
+        )
 
     @property
     def paused(self) -> bool:
@@ -274,7 +304,7 @@ class Pool:
             idle = [w for w in old if w.life.state == WorkerState.IDLE and all(w is not x for x in leaving)]
             for w in idle[:1]:
                 stops.append(Stop(w, "rolling restart at the workers limit: making room"))
-        return Plan(plan.retire, tuple(stops), max(0, room))
+        return Plan(plan.retire, tuple(stops), max(0, room), rolling=True)
 
     @property
     def launch_key(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
