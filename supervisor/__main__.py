@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from herder.supervisor.redis_side.load_reader import LoadReader
     from herder.supervisor.redis_side.recovery import Recovery
     from herder.supervisor.scheduler import SchedulerKeeper
+    from herder.supervisor.takeover import Takeover
     from herder.supervisor.views.journal import Journal
 
 SWITCH_INTERVAL = 0.001  # seconds a thread holds the GIL while another waits (Python's: 0.005)
@@ -239,7 +240,38 @@ def http_side(
     return http, jobstats
 
 
+def check_upgrade() -> int:
+    """`herder upgrade`'s check of the installed code (watchdog/upgrade.py): the master's modules
+    import and the configuration, pools and all, parses. Exit 0: the watchdog may exec it."""
+    import herder.supervisor.master  # noqa: F401
+    import herder.supervisor.takeover  # noqa: F401
+    from herder.common.config import pool_configs
+
+    pool_configs(Config.handed_over())
+    return 0
+
+
+def take_over(cfg: Config) -> Takeover | None:
+    """`herder upgrade`: master A's state and listening sockets, when the watchdog started this
+    master to take over from it (HERDER_UPGRADE_FROM); exits 1 if A will not hand over."""
+    from herder.common.upgrade_protocol import ENV_FROM
+    from herder.supervisor.takeover import Takeover, TakeoverRefused
+
+    if not os.environ.pop(ENV_FROM, "") or not cfg.state_dir:
+        return None
+    try:
+        takeover = Takeover.begin(cfg.state_dir)
+    except TakeoverRefused as exc:
+        logging.getLogger("herder").error("herder upgrade: cannot take over: %s", exc)
+        sys.exit(1)
+    logging.getLogger("herder").info("herder upgrade: taking over from master %d (herder %s)",
+                                     takeover.a_pid, takeover.a_version)  # fmt: skip
+    return takeover
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--check-upgrade"]:
+        return check_upgrade()
     if ENV_GO_FD in os.environ and not await_hand_over():
         return 0
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -258,9 +290,10 @@ def main() -> int:
     import herder.common.redis_connect  # noqa: F401
     import herder.common.rq_seam  # noqa: F401
 
+    takeover = take_over(cfg)
     launcher = ForkServerLauncher(cfg)
     launcher.tend(lambda: None)  # the loop hands it the real wake-up on its first pass
-    control = open_control(cfg, started_at)
+    control = open_control(cfg, started_at) if takeover is None else adopted_control(cfg, takeover)
     from herder.common.config import all_queues, pool_configs
     from herder.common.redis_connect import connect, retry_resets
     from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
@@ -273,7 +306,7 @@ def main() -> int:
     from herder.supervisor.scheduler import SchedulerKeeper
     from herder.supervisor.uplink import Uplink
 
-    host_id = cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
+    host_id = takeover.host_id if takeover else cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
     recovery = reader = locks = None
     if cfg.redis_url:  # status shows queue lengths even for a fixed count
 
@@ -314,9 +347,26 @@ def main() -> int:
             control=control,
             uplink=Uplink(),
             http_token=http_token,
+            takeover=takeover,
         ),
     )
+    if takeover is not None:
+        takeover.carry_over(master.pool_list())
+        if master.views.http:  # served from the gate on (takeover.py)
+            master.views.http.inherited, master.views.http.held = takeover.listeners.get("http"), True
     return master.run()
+
+
+def adopted_control(cfg: Config, takeover: Takeover) -> ControlServer | None:
+    """The control socket master A handed over: served from B's gate on (takeover.py)."""
+    from herder.supervisor.control import ControlServer
+
+    sock = takeover.listeners.get("control")
+    if sock is None or not cfg.state_dir:
+        return None
+    control = ControlServer(cfg.state_dir, lambda: None, lambda body: None)
+    control.adopt(sock)
+    return control
 
 
 if __name__ == "__main__":

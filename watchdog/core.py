@@ -31,6 +31,7 @@ from herder.common.prctl import become_subreaper
 from herder.common.transitions import move
 from herder.common.uplink_protocol import MASTER_RESTARTS_ENV, parse_uplink
 from herder.watchdog.notify import Notifier
+from herder.watchdog.upgrade import Upgrader
 
 if TYPE_CHECKING:  # imported by __main__ only with embedded_redis on
     from herder.common.config.prestart import Adopted
@@ -61,8 +62,9 @@ MASTER_TRANSITIONS: dict[MasterState, frozenset[MasterState]] = {
 
 # A master silent because it waits for a CPU is spared for this many heartbeat timeouts.
 STARVED_TIMEOUTS = 4
-# Signals whose default would end the watchdog at once and strand an embedded Redis: SIGUSR1 is
-# ignored (logged), SIGUSR2 forwarded (the master writes every thread's stack to its log).
+# Signals whose default would end the watchdog at once and strand an embedded Redis: SIGUSR1
+# upgrades in place (`herder upgrade`, watchdog/upgrade.py), SIGUSR2 is forwarded (the master
+# writes every thread's stack to its log).
 STRAY = (signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -115,6 +117,7 @@ class Watchdog:
         redis: EmbeddedRedis | None = None,
         user: str = "",
         config: str | None = None,
+        state_dir: str = "",
     ) -> None:
         self.master_argv = master_argv
         self.config = config  # the resolved config each master is handed (herder.common.handover)
@@ -147,6 +150,7 @@ class Watchdog:
         self.exit_code = 0
         self._lines = LineSplitter()
         self._signals: list[int] = []
+        self.upgrader = Upgrader(self, state_dir)  # `herder upgrade`: A's hand-over to B
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -185,7 +189,7 @@ class Watchdog:
                 continue
             name = signal.Signals(sig).name
             if sig == signal.SIGUSR1:
-                log.warning("SIGUSR1 is not one of herder's signals: ignored (docs/cli.md, Signals)")
+                self.upgrader.request()
                 continue
             if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT) and not self.stopping:
                 self.begin_stop(time.monotonic())
@@ -197,13 +201,15 @@ class Watchdog:
                     self.master.send_signal(sig)
                 except ProcessLookupError:
                     pass
+            self.upgrader.signal_old(sig)  # A, still handing over, drains too
 
     # ---- master --------------------------------------------------------------------
 
-    def start_master(self) -> None:
+    def start_master(self, extra: dict[str, str] | None = None) -> None:
         kwargs = self.run_as.popen_kwargs() if self.run_as else {}
         # How many times this watchdog restarted the master: the master reports it (metrics).
         env = dict(kwargs.get("env", os.environ), **{MASTER_RESTARTS_ENV: str(self.master_starts)})
+        env.update(extra or {})  # `herder upgrade`: the master it takes over from
         if self.config is not None:
             env[handover.ENV_RESOLVED] = self.config
         with handover.handed(env) as (kwargs["env"], fds):
@@ -266,6 +272,7 @@ class Watchdog:
                 log.info("master %d ready", self.master.pid if self.master else -1)
                 self.master_becomes(MasterState.READY)
                 self.ever_ready = True
+                self.upgrader.on_ready()
             self.notify.ready()
         elif verb == "status":
             self.notify.status(msg.text)
@@ -287,6 +294,8 @@ class Watchdog:
             if self.master and pid == self.master.pid:
                 self.master.returncode = os.waitstatus_to_exitcode(status)
                 self.on_master_exit(self.master.returncode)
+            elif self.upgrader.reaped(pid, status):
+                pass
             elif self.redis and self.redis.proc and pid == self.redis.proc.pid:
                 self.redis.proc.returncode = os.waitstatus_to_exitcode(status)
                 if not self.stopping:
@@ -325,6 +334,8 @@ class Watchdog:
         pid = self.master.pid
         if self.master.stdout and not self.master.stdout.closed:
             self.master.stdout.close()
+        if not self.stopping and self.upgrader.master_exited(code):
+            return
         if self.stopping:
             log.info("master %d exited (%s) while stopping", pid, describe(code))
             self.exit_code = 0 if code in (0, -signal.SIGTERM) else 1
@@ -440,6 +451,7 @@ class Watchdog:
             self.handle_signals()
             self.reap()
             now = time.monotonic()
+            self.upgrader.step(now)
             master_running = self.master is not None and self.master.returncode is None
             if not master_running and not self.stopping and now >= self.next_start:
                 self.start_master()
@@ -470,10 +482,13 @@ class Watchdog:
             if self.master_stdout_open():
                 assert self.master and self.master.stdout
                 fds.append(self.master.stdout.fileno())
+            old = self.upgrader.old_fd()
             try:
-                readable, _, _ = select.select(fds, [], [], TICK)
+                readable, _, _ = select.select(fds + ([old] if old is not None else []), [], [], TICK)
             except InterruptedError:
                 continue
+            if old is not None and old in readable:
+                self.upgrader.read_old()
             if self._wake_r in readable:
                 try:
                     while os.read(self._wake_r, 4096):

@@ -9,6 +9,7 @@ master command defaults to herder's own.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from herder.common import handover, jsonlog, statelock
+from herder.common import upgrade_protocol as up
 from herder.common.config import Config, ConfigError
 from herder.common.exits import EX_CONFIG, EX_TEMPFAIL
 from herder.watchdog.core import Watchdog
@@ -42,9 +44,10 @@ def main(argv: list[str], master: subprocess.Popen[bytes] | Adopted | None = Non
         "watchdog",
         "%(asctime)s herder-watchdog[%(process)d] %(levelname)s %(message)s",
     )
+    lock_fd = None
     if cfg.state_dir:
         try:
-            hold_state_dir(cfg.state_dir)
+            lock_fd = hold_state_dir(cfg.state_dir)
         except statelock.Locked as exc:
             logging.error("%s", exc)
             return refuse(EX_TEMPFAIL, master)
@@ -61,10 +64,32 @@ def main(argv: list[str], master: subprocess.Popen[bytes] | Adopted | None = Non
         redis=embedded_redis(cfg.state_dir) if cfg.embedded_redis else None,
         user=cfg.user,
         config=handover.receive(),
+        state_dir=cfg.state_dir or "",
     )
-    if master is not None:
+    dog.upgrader.lock_fd = lock_fd
+    if up.ENV_STATE in os.environ:  # exec'd by `herder upgrade` (watchdog/upgrade.py)
+        dog.upgrader.resume(json.loads(os.environ.pop(up.ENV_STATE)))
+    elif master is not None:
         dog.adopt_master(master, early=True)
     return dog.run()
+
+
+def check_upgrade() -> int:
+    """`herder upgrade`'s check of the installed code, in a child of the watchdog about to exec
+    it: the watchdog's modules import and the configuration parses; then the master's own check
+    (`python -m herder.supervisor --check-upgrade`) in this process. Exit 0: the exec may go on."""
+    import herder.watchdog.core  # noqa: F401
+    import herder.watchdog.notify  # noqa: F401
+
+    Config.handed_over()  # ConfigError: the new version refuses this configuration
+    text = handover.receive()
+    env = dict(os.environ)
+    if text is not None:
+        env[handover.ENV_RESOLVED] = text
+    env, fd = handover.seal(env)
+    if fd is not None:
+        os.set_inheritable(fd, True)
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "herder.supervisor", "--check-upgrade"], env)
 
 
 def refuse(code: int, master: subprocess.Popen[bytes] | Adopted | None) -> int:

@@ -1,0 +1,275 @@
+"""`herder upgrade` in the watchdog: re-exec itself from the installed code keeping its pid,
+then start master B beside master A, which hands its workers over slot by slot
+(docs/design.md, "Upgrading in place"; the master's side: supervisor/takeover.py and
+supervisor/handoff.py).
+
+One attempt's way, as `<state dir>/upgrade.json` says it to `herder upgrade`:
+
+- CHECKING: the installed code is checked in a child of its own (`python -m herder.watchdog
+  --check-upgrade`: the watchdog's and the master's modules import, the configuration parses).
+  It fails: A goes on untouched, nothing was exec'd, the check's stderr is the error.
+- the watchdog execs itself (same pid: systemd's MainPID and launchd's job never change, no
+  restart is counted), handing itself A's pid and pipe, the state dir's lock and the config on
+  descriptors (ENV_STATE); the embedded Redis, a child, is adopted again by its socket.
+- STARTING: master B starts with ENV_FROM; its first workers must be ready within GATE_SECONDS.
+  B exits or misses the gate: B is killed, A is the master again, FAILED.
+- HANDING_OVER: B said `ready`; A's workers stop one by one as B's take their places.
+- DONE: A exited, its last worker with it.
+
+Standard library only (the watchdog's rule).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import IO, TYPE_CHECKING
+
+from herder.common import handover, statelock
+from herder.common import upgrade_protocol as up
+from herder.common.exits import describe
+
+if TYPE_CHECKING:
+    from herder.common.config.prestart import Adopted
+    from herder.watchdog.core import Watchdog
+
+log = logging.getLogger("herder.watchdog")
+
+CHECK_SECONDS = 60.0
+# Blocked across the exec, as `herder run` blocks them across its own: the new watchdog
+# unblocks them once its handlers are in place (Watchdog.install_signals).
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+
+
+class Upgrader:
+    def __init__(self, dog: Watchdog, state_dir: str) -> None:
+        self.dog = dog
+        self.state_dir = state_dir
+        self.lock_fd: int | None = None  # the state dir's lock, handed across the exec
+        self.seq = 0
+        self.state = ""  # "" (none yet) or one of upgrade_protocol's states
+        self.old: subprocess.Popen[bytes] | Adopted | None = None  # master A while B takes over
+        self.deadline = 0.0
+        self._check: subprocess.Popen[bytes] | None = None
+        self._check_err: IO[bytes] | None = None
+        self._start_b = False  # set by resume(): B starts on the loop's first pass
+
+    @property
+    def busy(self) -> bool:
+        return self.state in (up.CHECKING, up.STARTING, up.HANDING_OVER)
+
+    def say(self, state: str, **more: object) -> None:
+        self.state = state
+        if self.state_dir:
+            record = {"seq": self.seq, "state": state, "watchdog": os.getpid(), "at": time.time(), **more}
+            try:
+                up.write_result(self.state_dir, record)
+            except OSError as exc:
+                log.error("upgrade: cannot write %s: %s", up.result_path(self.state_dir), exc)
+
+    def fail(self, why: str) -> None:
+        log.error("upgrade failed: %s", why)
+        self.say(up.FAILED, error=why)
+
+    # ---- asked (SIGUSR1) ----------------------------------------------------------------
+
+    def request(self) -> None:
+        from herder.watchdog.core import MasterState
+
+        if self.busy:
+            log.warning("upgrade asked while one is under way (%s): ignored", self.state)
+            return
+        self.seq += 1
+        dog = self.dog
+        if dog.stopping or dog.master is None or dog.master.returncode is not None:
+            self.fail("herder is stopping" if dog.stopping else "no master is running")
+            return
+        if dog.master_state != MasterState.READY:
+            self.fail(f"master {dog.master.pid} is not ready yet: try again once it is")
+            return
+        log.info("upgrade: checking the installed herder")
+        self._check_err = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed by checking()
+        env = dict(os.environ)
+        if dog.config is not None:
+            env[handover.ENV_RESOLVED] = dog.config
+        with handover.handed(env) as (env, fds):
+            self._check = subprocess.Popen(
+                [sys.executable, "-P", "-m", "herder.watchdog", "--check-upgrade"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._check_err,
+                close_fds=True,
+                pass_fds=fds,
+                env=env,
+            )
+        self.deadline = time.monotonic() + CHECK_SECONDS
+        self.say(up.CHECKING)
+
+    # ---- each pass of the watchdog's loop -------------------------------------------------
+
+    def step(self, now: float) -> None:
+        if self._start_b:
+            self._start_b = False
+            self.start_b()
+        if self._check is not None:
+            self.checking(now)
+        elif self.state == up.STARTING and now > self.deadline:
+            self.give_up(f"master B was not ready within {up.GATE_SECONDS:g} s")
+
+    def checking(self, now: float) -> None:
+        assert self._check is not None and self._check_err is not None
+        code = self._check.poll()
+        if code is None and now < self.deadline:
+            return
+        if code is None:
+            self._check.kill()
+            self._check.wait()
+        self._check = None
+        self._check_err.seek(0)
+        err = self._check_err.read().decode(errors="replace").strip()
+        self._check_err.close()
+        if code == 0:
+            self.reexec()
+            return
+        tail = "\n".join(err.splitlines()[-15:]) or describe(code if code is not None else -9)
+        self.fail(f"the installed herder cannot start (A goes on):\n{tail}")
+
+    def reexec(self) -> None:
+        """The watchdog again, from the installed code, in this process: what it must keep
+        travels on inheritable descriptors, named in ENV_STATE."""
+        dog = self.dog
+        assert dog.master is not None and dog.master.stdout is not None
+        keep = [dog.master.stdout.fileno()]
+        env = dict(os.environ)
+        env[up.ENV_STATE] = json.dumps(
+            {"seq": self.seq, "pid": dog.master.pid, "fd": keep[0], "starts": dog.master_starts}
+        )
+        if dog.config is not None:
+            cfg_fd = handover.sealed(dog.config)
+            keep.append(cfg_fd)
+            env[handover.ENV_CONFIG_FD] = str(cfg_fd)
+        if self.lock_fd is not None:
+            keep.append(self.lock_fd)
+            env[statelock.ENV_LOCK_FD] = str(self.lock_fd)
+        for fd in keep:
+            os.set_inheritable(fd, True)
+        log.info("upgrade: the watchdog execs the installed herder (pid %d stays)", os.getpid())
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+        except OSError as exc:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            for fd in keep[1:]:
+                if fd != self.lock_fd:
+                    os.close(fd)
+            self.fail(f"cannot exec {sys.executable}: {exc}")
+
+    # ---- after the exec ------------------------------------------------------------------
+
+    def resume(self, state: dict) -> None:
+        """In the new watchdog, before its loop: A is the master again (ready), and B starts
+        on the loop's first pass (after the embedded Redis is adopted)."""
+        from herder.common.config.prestart import Adopted
+        from herder.watchdog.core import MasterState
+
+        dog = self.dog
+        self.seq = int(state["seq"])
+        os.set_inheritable(int(state["fd"]), False)
+        dog.adopt_master(Adopted(int(state["pid"]), int(state["fd"])))
+        dog.master_starts = int(state["starts"])
+        dog.master_becomes(MasterState.READY)
+        dog.ever_ready = True
+        self._start_b = True
+
+    def start_b(self) -> None:
+        dog = self.dog
+        self.old = dog.master
+        assert self.old is not None
+        if self.old.returncode is not None:
+            self.old = None
+            self.fail("master A exited while the watchdog was re-exec'd")
+            return
+        dog.start_master({up.ENV_FROM: str(self.old.pid)})
+        assert dog.master is not None
+        log.info("upgrade: master %d (new) starts beside master %d (old)", dog.master.pid, self.old.pid)
+        self.deadline = time.monotonic() + up.GATE_SECONDS
+        self.say(up.STARTING, old=self.old.pid, new=dog.master.pid)
+
+    def on_ready(self) -> None:
+        """B said `ready`: its first workers are, and A's start to go."""
+        if self.state == up.STARTING:
+            assert self.dog.master is not None and self.old is not None
+            b, a = self.dog.master.pid, self.old.pid
+            log.info("upgrade: master %d ready; master %d hands its workers over", b, a)
+            self.say(up.HANDING_OVER, old=self.old.pid, new=self.dog.master.pid)
+
+    def give_up(self, why: str) -> None:
+        """B failed its gate: it goes (its workers finish their jobs and exit by themselves),
+        A is the master again."""
+        from herder.watchdog.core import MasterState
+
+        dog = self.dog
+        a, b, self.old = self.old, dog.master, None
+        assert a is not None and b is not None
+        if b.returncode is None:  # unreaped, it is reaped later as any other child
+            try:
+                os.killpg(b.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                b.kill()
+        dog.master, dog.master_seen = a, time.monotonic()
+        dog.master_becomes(MasterState.READY)
+        self.fail(f"{why}; master {a.pid} goes on")
+
+    def master_exited(self, code: int) -> bool:
+        """The watchdog's master (B while it takes over) exited: True if that ends an attempt
+        here (A is the master again), False for the watchdog's own handling."""
+        if self.old is None or self.state not in (up.STARTING, up.HANDING_OVER):
+            return False
+        # During the hand-over A takes back what it gave when B's channel to it closes.
+        when = "before it was ready" if self.state == up.STARTING else "during the hand-over"
+        self.give_up(f"master B exited ({describe(code)}) {when}")
+        return True
+
+    def reaped(self, pid: int, status: int) -> bool:
+        """A child reaped: True if it was master A."""
+        if self.old is None or pid != self.old.pid:
+            return False
+        self.old.returncode = os.waitstatus_to_exitcode(status)
+        if self.old.stdout and not self.old.stdout.closed:
+            self.old.stdout.close()
+        log.info("upgrade: master %d (old) exited (%s)", pid, describe(self.old.returncode))
+        self.old = None
+        if self.state == up.HANDING_OVER:
+            self.say(up.DONE, new=self.dog.master.pid if self.dog.master else None)
+        return True
+
+    def old_fd(self) -> int | None:
+        old = self.old
+        return old.stdout.fileno() if old and old.stdout and not old.stdout.closed else None
+
+    def read_old(self) -> None:
+        """A's lines: drained (A's status and heartbeats are not the service's any more)."""
+        assert self.old is not None and self.old.stdout is not None
+        try:
+            chunk = os.read(self.old.stdout.fileno(), 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.old.stdout.close()
+
+    def signal_old(self, sig: int) -> None:
+        if self.old is not None and self.old.returncode is None:
+            try:
+                self.old.send_signal(sig)
+            except ProcessLookupError:
+                pass
