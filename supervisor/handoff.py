@@ -20,15 +20,12 @@ import logging
 import os
 import socket
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from herder.supervisor import __version__
 from herder.supervisor.fleet import Worker
 from herder.supervisor.pool import Pool
 from herder.supervisor.states import WorkerState
-
-if TYPE_CHECKING:
-    from herder.supervisor.takeover import Takeover
 
 log = logging.getLogger("herder")
 
@@ -71,11 +68,19 @@ class StopWorker(Protocol):
     def __call__(self, w: Worker, why: str) -> None: ...
 
 
+class TakingOver(Protocol):
+    """Master B's side as status shows it (takeover.Takeover)."""
+
+    done: bool
+
+    def view(self) -> dict: ...
+
+
 class Handing(Protocol):
     """What the hand-over asks of a master (herder.supervisor.master.Master)."""
 
     handoff: Handoff | None
-    takeover: Takeover | None
+    takeover: TakingOver | None
     host_id: str
 
     def pool_list(self) -> list[Pool]: ...

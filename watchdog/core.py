@@ -167,6 +167,15 @@ class Watchdog:
     def master_becomes(self, new: MasterState) -> None:
         self.master_state = move(MASTER_TRANSITIONS, self.master_state, new, "watchdog: master")
 
+    @property
+    def master_ready(self) -> bool:
+        return self.master_state == MasterState.READY
+
+    def reinstate(self, master: subprocess.Popen[bytes] | Adopted) -> None:
+        """`herder upgrade` (watchdog/upgrade.py): a master that was ready is the master again."""
+        self.master, self.master_seen, self.ever_ready = master, time.monotonic(), True
+        self.master_becomes(MasterState.READY)
+
     # ---- signals ---------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -294,8 +303,6 @@ class Watchdog:
             if self.master and pid == self.master.pid:
                 self.master.returncode = os.waitstatus_to_exitcode(status)
                 self.on_master_exit(self.master.returncode)
-            elif self.upgrader.reaped(pid, status):
-                pass
             elif self.redis and self.redis.proc and pid == self.redis.proc.pid:
                 self.redis.proc.returncode = os.waitstatus_to_exitcode(status)
                 if not self.stopping:
@@ -305,7 +312,7 @@ class Watchdog:
                         describe(self.redis.proc.returncode),
                     )
                     self.restart_redis()
-            else:
+            elif not self.upgrader.reaped(pid, status):  # A, or the check (`herder upgrade`)
                 log.debug("reaped adopted process %d", pid)
 
     def has_children(self) -> bool:
@@ -482,13 +489,11 @@ class Watchdog:
             if self.master_stdout_open():
                 assert self.master and self.master.stdout
                 fds.append(self.master.stdout.fileno())
-            old = self.upgrader.old_fd()
             try:
-                readable, _, _ = select.select(fds + ([old] if old is not None else []), [], [], TICK)
+                readable, _, _ = select.select(fds + self.upgrader.fds(), [], [], TICK)
             except InterruptedError:
                 continue
-            if old is not None and old in readable:
-                self.upgrader.read_old()
+            self.upgrader.read_old(readable)
             if self._wake_r in readable:
                 try:
                     while os.read(self._wake_r, 4096):

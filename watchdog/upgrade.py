@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
 
 from herder.common import handover, statelock
 from herder.common import upgrade_protocol as up
@@ -37,7 +37,6 @@ from herder.common.exits import describe
 
 if TYPE_CHECKING:
     from herder.common.config.prestart import Adopted
-    from herder.watchdog.core import Watchdog
 
 log = logging.getLogger("herder.watchdog")
 
@@ -47,8 +46,28 @@ CHECK_SECONDS = 60.0
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
+class Supervising(Protocol):
+    """What the upgrade asks of the watchdog (watchdog/core.py's Watchdog)."""
+
+    master: subprocess.Popen[bytes] | Adopted | None
+    master_starts: int
+    config: str | None
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def master_ready(self) -> bool: ...
+
+    def adopt_master(self, master: subprocess.Popen[bytes] | Adopted, early: bool = False) -> None: ...
+
+    def reinstate(self, master: subprocess.Popen[bytes] | Adopted) -> None: ...
+
+    def start_master(self, extra: dict[str, str] | None = None) -> None: ...
+
+
 class Upgrader:
-    def __init__(self, dog: Watchdog, state_dir: str) -> None:
+    def __init__(self, dog: Supervising, state_dir: str) -> None:
         self.dog = dog
         self.state_dir = state_dir
         self.lock_fd: int | None = None  # the state dir's lock, handed across the exec
@@ -80,8 +99,6 @@ class Upgrader:
     # ---- asked (SIGUSR1) ----------------------------------------------------------------
 
     def request(self) -> None:
-        from herder.watchdog.core import MasterState
-
         if self.busy:
             log.warning("upgrade asked while one is under way (%s): ignored", self.state)
             return
@@ -90,7 +107,7 @@ class Upgrader:
         if dog.stopping or dog.master is None or dog.master.returncode is not None:
             self.fail("herder is stopping" if dog.stopping else "no master is running")
             return
-        if dog.master_state != MasterState.READY:
+        if not dog.master_ready:
             self.fail(f"master {dog.master.pid} is not ready yet: try again once it is")
             return
         log.info("upgrade: checking the installed herder")
@@ -178,15 +195,13 @@ class Upgrader:
         """In the new watchdog, before its loop: A is the master again (ready), and B starts
         on the loop's first pass (after the embedded Redis is adopted)."""
         from herder.common.config.prestart import Adopted
-        from herder.watchdog.core import MasterState
 
         dog = self.dog
         self.seq = int(state["seq"])
         os.set_inheritable(int(state["fd"]), False)
         dog.adopt_master(Adopted(int(state["pid"]), int(state["fd"])))
         dog.master_starts = int(state["starts"])
-        dog.master_becomes(MasterState.READY)
-        dog.ever_ready = True
+        dog.reinstate(dog.master)
         self._start_b = True
 
     def start_b(self) -> None:
@@ -214,8 +229,6 @@ class Upgrader:
     def give_up(self, why: str) -> None:
         """B failed its gate: it goes (its workers finish their jobs and exit by themselves),
         A is the master again."""
-        from herder.watchdog.core import MasterState
-
         dog = self.dog
         a, b, self.old = self.old, dog.master, None
         assert a is not None and b is not None
@@ -224,8 +237,7 @@ class Upgrader:
                 os.killpg(b.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 b.kill()
-        dog.master, dog.master_seen = a, time.monotonic()
-        dog.master_becomes(MasterState.READY)
+        dog.reinstate(a)
         self.fail(f"{why}; master {a.pid} goes on")
 
     def master_exited(self, code: int) -> bool:
@@ -239,7 +251,11 @@ class Upgrader:
         return True
 
     def reaped(self, pid: int, status: int) -> bool:
-        """A child reaped: True if it was master A."""
+        """A child reaped by the watchdog's reaper (waitpid(-1)): True if it was the check, whose
+        Popen would take a child already reaped for a success, or master A."""
+        if self._check is not None and pid == self._check.pid:
+            self._check.returncode = os.waitstatus_to_exitcode(status)
+            return True
         if self.old is None or pid != self.old.pid:
             return False
         self.old.returncode = os.waitstatus_to_exitcode(status)
@@ -251,12 +267,15 @@ class Upgrader:
             self.say(up.DONE, new=self.dog.master.pid if self.dog.master else None)
         return True
 
-    def old_fd(self) -> int | None:
+    def fds(self) -> list[int]:
+        """Master A's pipe, while it hands over: for the watchdog's select."""
         old = self.old
-        return old.stdout.fileno() if old and old.stdout and not old.stdout.closed else None
+        return [old.stdout.fileno()] if old and old.stdout and not old.stdout.closed else []
 
-    def read_old(self) -> None:
+    def read_old(self, readable: list[int]) -> None:
         """A's lines: drained (A's status and heartbeats are not the service's any more)."""
+        if not self.fds() or self.fds()[0] not in readable:
+            return
         assert self.old is not None and self.old.stdout is not None
         try:
             chunk = os.read(self.old.stdout.fileno(), 65536)
