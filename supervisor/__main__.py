@@ -166,6 +166,12 @@ def compose(
         assert master is not None
         return master.commands.submit(body, events.wake)
 
+    def upgrade() -> dict:  # the version and the hand-over, for the dashboard's JSON
+        from herder.supervisor import __version__, handoff
+
+        assert master is not None
+        return {"version": __version__, "handover": handoff.view(master)}
+
     def answer(body: dict) -> dict | None:  # the control socket's requests answered off the loop
         assert master is not None
         return master.commands.answer_directly(body)
@@ -177,7 +183,7 @@ def compose(
         sched, HealthWatch(), policy.memory,
     )  # fmt: skip
     http, jobstats = (
-        http_side(cfg, clock, said, reader, start.http_token, submit) if cfg.http else (None, None)
+        http_side(cfg, clock, said, reader, start.http_token, (submit, upgrade)) if cfg.http else (None, None)
     )
     views = Views(sources, Snapshots(hostname, clock.wall, SHARED, journal), said, http, jobstats)
 
@@ -207,7 +213,7 @@ def http_side(
     said: tuple[EventHooks, Journal],
     reader: LoadReader | None,
     http_token: str,
-    submit: Callable[[dict], dict],
+    loop: tuple[Callable[[dict], dict], Callable[[], dict]],
 ) -> tuple[Publisher, JobStats]:
     """/metrics and the dashboard, and the job metrics only it serves: with --http alone, only
     then does the master import prometheus-client and http.server (a master without is 1 MB
@@ -234,7 +240,8 @@ def http_side(
             wall=clock.wall,
             hosts=reader.host_records if reader is not None else lambda: (0.0, []),
             controls=Controls(token),
-            submit=submit,
+            submit=loop[0],
+            upgrade=loop[1],
         ),
     )
     return http, jobstats

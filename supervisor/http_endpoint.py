@@ -79,6 +79,8 @@ class Feeds:
     hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, [])
     controls: Controls | None = None
     submit: Callable[[dict], dict] | None = None
+    # `herder upgrade`: the version, and the hand-over under way (handoff.view), beside the snapshot.
+    upgrade: Callable[[], dict[str, Any]] = lambda: {}
 
 
 class Publisher:
@@ -159,7 +161,7 @@ class HttpEndpoint:
         self._snapshot_body: tuple[HostSnapshot | None, bytes] = (None, b"")  # encoded once, on demand
         self.history = History()
         self.journal = feeds.journal or Journal(feeds.wall)
-        self.hosts = feeds.hosts
+        self.hosts, self.upgrade = feeds.hosts, feeds.upgrade
         self.registry = registry_for(SnapshotCollector(lambda: self.snapshot, clock))
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.refused = 0  # connections closed unserved: MAX_CONNECTIONS were busy
@@ -212,7 +214,7 @@ class HttpEndpoint:
             return 503, api.encode({"error": "starting: the master has not published yet"})
         cached, body = self._snapshot_body
         if cached is not snap:  # one encoding per published snapshot, however many pages poll
-            body = api.encode(api.snapshot_json(snap))
+            body = api.encode(api.snapshot_json(snap) | self.upgrade())
             self._snapshot_body = (snap, body)
         return 200, body
 
