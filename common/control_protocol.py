@@ -1,6 +1,6 @@
 """The control socket's wire format (docs/control.md): one JSON object per line each way.
 
-The master serves it (herder.supervisor.control); `herder status`, `scale`, ... call it
+The master serves it (herder.supervisor.control.server); `herder status`, `scale`, ... call it
 (herder.supervisor.ctl.client). Standard library only.
 """
 

@@ -23,25 +23,25 @@ from typing import TYPE_CHECKING
 from herder.common import handover
 from herder.common.config import Config
 from herder.common.config.prestart import ENV_GO_FD
-from herder.supervisor import logs
-from herder.supervisor.forkserver import ForkServerLauncher
+from herder.supervisor.children import logs
+from herder.supervisor.children.forkserver import ForkServerLauncher
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from redis import Redis
 
-    from herder.supervisor.control import ControlServer
-    from herder.supervisor.hooks import EventHooks
-    from herder.supervisor.http_endpoint import Publisher
-    from herder.supervisor.jobstats import JobStats
-    from herder.supervisor.launcher import Clock
-    from herder.supervisor.launchers import Launchers
+    from herder.supervisor.children.launcher import Clock
+    from herder.supervisor.children.launchers import Launchers
+    from herder.supervisor.children.scheduler import SchedulerKeeper
+    from herder.supervisor.control.http_endpoint import Publisher
+    from herder.supervisor.control.server import ControlServer
+    from herder.supervisor.control.takeover import Takeover
     from herder.supervisor.master import Master, Start
     from herder.supervisor.redis_side.load_reader import LoadReader
     from herder.supervisor.redis_side.recovery import Recovery
-    from herder.supervisor.scheduler import SchedulerKeeper
-    from herder.supervisor.takeover import Takeover
+    from herder.supervisor.views.hooks import EventHooks
+    from herder.supervisor.views.jobstats import JobStats
     from herder.supervisor.views.journal import Journal
 
 SWITCH_INTERVAL = 0.001  # seconds a thread holds the GIL while another waits (Python's: 0.005)
@@ -53,7 +53,7 @@ def open_control(cfg: Config, started_at: float) -> ControlServer | None:
     loop's first pass."""
     if not cfg.state_dir:
         return None
-    from herder.supervisor.control import ControlServer
+    from herder.supervisor.control.server import ControlServer
 
     def early(body: dict) -> dict | None:
         if body["cmd"] == "ping":
@@ -125,21 +125,21 @@ def compose(
     import itertools
 
     from herder.common.config import pool_configs
-    from herder.supervisor.control import ControlServer
-    from herder.supervisor.counters import Counters
-    from herder.supervisor.endings import Endings
+    from herder.supervisor.children.counters import Counters
+    from herder.supervisor.children.reaper import Reaper
+    from herder.supervisor.children.scheduler import SchedulerKeeper
+    from herder.supervisor.children.spawner import Spawner
+    from herder.supervisor.control.server import ControlServer
     from herder.supervisor.events import Events
-    from herder.supervisor.guard import KillGuard
-    from herder.supervisor.health import HealthWatch
-    from herder.supervisor.hooks import EventHooks
     from herder.supervisor.master import Children, Master, Policy, Start, Surface
-    from herder.supervisor.murder import Murderer
-    from herder.supervisor.pool import Pool, Workers, host_target, live, pool_of_queue
-    from herder.supervisor.pressure import KernelLog, MemoryWatch, OomWatch
-    from herder.supervisor.reaper import Reaper
-    from herder.supervisor.scheduler import SchedulerKeeper
-    from herder.supervisor.spawner import Spawner
+    from herder.supervisor.policy.endings import Endings
+    from herder.supervisor.policy.guard import KillGuard
+    from herder.supervisor.policy.murder import Murderer
+    from herder.supervisor.policy.pool import Pool, Workers, host_target, live, pool_of_queue
+    from herder.supervisor.policy.pressure import KernelLog, MemoryWatch, OomWatch
     from herder.supervisor.views.build import Snapshots
+    from herder.supervisor.views.health import HealthWatch
+    from herder.supervisor.views.hooks import EventHooks
     from herder.supervisor.views.journal import Journal
     from herder.supervisor.views.publish import Views
     from herder.supervisor.views.sources import Sources
@@ -167,7 +167,8 @@ def compose(
         return master.commands.submit(body, events.wake)
 
     def upgrade() -> dict:  # the version and the hand-over, for the dashboard's JSON
-        from herder.supervisor import __version__, handoff
+        from herder.supervisor import __version__
+        from herder.supervisor.control import handoff
 
         assert master is not None
         return {"version": __version__, "handover": handoff.view(master)}
@@ -218,9 +219,9 @@ def http_side(
     """/metrics and the dashboard, and the job metrics only it serves: with --http alone, only
     then does the master import prometheus-client and http.server (a master without is 1 MB
     smaller)."""
-    from herder.supervisor.http_auth import Controls, read_token
-    from herder.supervisor.http_endpoint import Feeds, Publisher
-    from herder.supervisor.jobstats import JobStats
+    from herder.supervisor.control.http_auth import Controls, read_token
+    from herder.supervisor.control.http_endpoint import Feeds, Publisher
+    from herder.supervisor.views.jobstats import JobStats
 
     try:
         token = read_token(cfg.http_token_file, http_token)
@@ -250,8 +251,8 @@ def http_side(
 def check_upgrade() -> int:
     """`herder upgrade`'s check of the installed code (watchdog/upgrade.py): the master's modules
     import and the configuration, pools and all, parses. Exit 0: the watchdog may exec it."""
+    import herder.supervisor.control.takeover  # noqa: F401
     import herder.supervisor.master  # noqa: F401
-    import herder.supervisor.takeover  # noqa: F401
     from herder.common.config import pool_configs
 
     pool_configs(Config.handed_over())
@@ -262,7 +263,7 @@ def take_over(cfg: Config) -> Takeover | None:
     """`herder upgrade`: master A's state and listening sockets, when the watchdog started this
     master to take over from it (HERDER_UPGRADE_FROM); exits 1 if A will not hand over."""
     from herder.common.upgrade_protocol import ENV_FROM
-    from herder.supervisor.takeover import Takeover, TakeoverRefused
+    from herder.supervisor.control.takeover import Takeover, TakeoverRefused
 
     if not os.environ.pop(ENV_FROM, "") or not cfg.state_dir:
         return None
@@ -284,7 +285,7 @@ def main() -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     cfg = Config.handed_over()
     # The dashboard's token (HERDER_HTTP_TOKEN, which `herder run` moved into the config): out of
-    # the config before any child (the fork server first) is handed it (herder.supervisor.http_auth).
+    # the config before any child (the fork server first) is handed it (herder.supervisor.control.http_auth).
     http_token, cfg = cfg.http_token, replace(cfg, http_token="")
     logs.setup(cfg.log_level, cfg.log_format)
     # `kill -USR2 <master>` prints every thread's stack to the log: what a stuck loop waits on.
@@ -304,13 +305,13 @@ def main() -> int:
     from herder.common.config import all_queues, pool_configs
     from herder.common.redis_connect import connect, retry_resets
     from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
-    from herder.supervisor.launcher import SystemClock
-    from herder.supervisor.launchers import Launchers
+    from herder.supervisor.children.launcher import SystemClock
+    from herder.supervisor.children.launchers import Launchers
+    from herder.supervisor.children.scheduler import SchedulerKeeper
     from herder.supervisor.master import Start
     from herder.supervisor.redis_side.load_reader import ClusterSettings, LoadReader
     from herder.supervisor.redis_side.recovery import RecoveryThread
     from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
-    from herder.supervisor.scheduler import SchedulerKeeper
     from herder.supervisor.uplink import Uplink
 
     host_id = takeover.host_id if takeover else cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
@@ -366,7 +367,7 @@ def main() -> int:
 
 def adopted_control(cfg: Config, takeover: Takeover) -> ControlServer | None:
     """The control socket master A handed over: served from B's gate on (takeover.py)."""
-    from herder.supervisor.control import ControlServer
+    from herder.supervisor.control.server import ControlServer
 
     sock = takeover.listeners.get("control")
     if sock is None or not cfg.state_dir:

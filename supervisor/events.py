@@ -11,7 +11,7 @@ import select
 import signal
 from dataclasses import dataclass
 
-from herder.supervisor.launcher import Clock
+from herder.supervisor.children.launcher import Clock
 
 log = logging.getLogger("herder")
 

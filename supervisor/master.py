@@ -21,18 +21,31 @@ from dataclasses import dataclass, replace
 from herder.common import rq_seam, rq_support
 from herder.common.config import DEFAULT_POOL, Config, all_queues, redact_url
 from herder.common.transitions import move
-from herder.supervisor import fleet, lifecycle, pipes, reload
-from herder.supervisor.commands import Commands
-from herder.supervisor.control import ControlServer
-from herder.supervisor.endings import Endings
+from herder.supervisor.children import fleet, lifecycle, pipes
+from herder.supervisor.children.fleet import Slot, Worker
+from herder.supervisor.children.launcher import Clock
+from herder.supervisor.children.launchers import Launchers
+from herder.supervisor.children.reaper import Reaper
+from herder.supervisor.children.scheduler import SchedulerKeeper
+from herder.supervisor.children.spawner import Spawner
+from herder.supervisor.children.states import (
+    LEAVING,
+    PHASES,
+    WORKING,
+    KillKind,
+    MasterPhase,
+    WorkerState,
+)
+from herder.supervisor.control import reload
+from herder.supervisor.control.commands import Commands
+from herder.supervisor.control.handoff import Handoff
+from herder.supervisor.control.server import ControlServer
+from herder.supervisor.control.takeover import Takeover
 from herder.supervisor.events import Events
-from herder.supervisor.fleet import Slot, Worker
-from herder.supervisor.guard import KillGuard
-from herder.supervisor.handoff import Handoff
-from herder.supervisor.launcher import Clock
-from herder.supervisor.launchers import Launchers
-from herder.supervisor.murder import Murderer
-from herder.supervisor.pool import (
+from herder.supervisor.policy.endings import Endings
+from herder.supervisor.policy.guard import KillGuard
+from herder.supervisor.policy.murder import Murderer
+from herder.supervisor.policy.pool import (
     Pool,
     Share,
     Workers,
@@ -44,21 +57,9 @@ from herder.supervisor.pool import (
     share_limit,
     slots_of,
 )
-from herder.supervisor.pressure import MemoryWatch
-from herder.supervisor.reaper import Reaper
+from herder.supervisor.policy.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.scheduler import SchedulerKeeper
-from herder.supervisor.spawner import Spawner
-from herder.supervisor.states import (
-    LEAVING,
-    PHASES,
-    WORKING,
-    KillKind,
-    MasterPhase,
-    WorkerState,
-)
-from herder.supervisor.takeover import Takeover
 from herder.supervisor.uplink import Uplink
 from herder.supervisor.views.model import HostSnapshot
 from herder.supervisor.views.publish import Views

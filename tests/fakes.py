@@ -13,10 +13,10 @@ from dataclasses import replace
 
 from herder.common.config import Config
 from herder.supervisor.__main__ import compose
-from herder.supervisor.launcher import Launcher
-from herder.supervisor.launchers import Launchers
+from herder.supervisor.children.launcher import Launcher
+from herder.supervisor.children.launchers import Launchers
+from herder.supervisor.children.observations import Held, Observations
 from herder.supervisor.master import Master, Start
-from herder.supervisor.observations import Held, Observations
 from herder.supervisor.redis_side.recovery import Counts
 
 

@@ -60,7 +60,7 @@ MASTER_SUMMARY = re.compile(
     r"killed (?P<killed>\d+), jobs ok (?P<jobs_ok>\d+) failed (?P<jobs_failed>\d+), "
     r"requeued (?P<requeued>\d+), failed by herder (?P<failed_by_herder>\d+)"
 )
-# A worker's end, logged once as it is reaped (herder.supervisor.reaper.Reaper.reap_one):
+# A worker's end, logged once as it is reaped (herder.supervisor.children.reaper.Reaper.reap_one):
 #   slot 0 pid 123: busy -> exited (killed by SIGKILL; <kill reason>; lived 3.2 s, 5 jobs ok, 0 failed)
 #   slot 0 pid 123: stopping -> exited (exit code 0; stopped as asked; lived 10.0 s, 5 jobs ok, 0 failed)
 EXIT_LINE = re.compile(

@@ -24,7 +24,7 @@ import pytest
 from harness import HERDER, HERDERS, Herder, free_port, hook_command, metrics, read_events, sample, wait_for
 from herder.common import cgroup
 from herder.common.config import limits
-from herder.supervisor.pressure import KernelLog, OomWatch
+from herder.supervisor.policy.pressure import KernelLog, OomWatch
 
 MiB = 2**20
 V1_NONE = "9223372036854771712"  # what cgroup v1 says for "no memory limit" (4 KiB pages)

@@ -6,8 +6,8 @@
    docs/**/*.md, supervisor/views/API.md) or the comments and docstrings of the repository's
    Python files name exists. What counts as a name, by rule (EXTRACTION below):
    - inside backticks (docs outside code blocks, comments, docstrings): a file path
-     (`supervisor/fleet.py`, `views/build.py`, `fast_path/`, `pools.py`), a dotted name
-     (`herder.supervisor.fleet.Slot`, `fleet.Slot`, `Commands.handle_requests`, `os.environ`)
+     (`supervisor/children/fleet.py`, `views/build.py`, `fast_path/`, `pools.py`), a dotted name
+     (`herder.supervisor.children.fleet.Slot`, `fleet.Slot`, `Commands.handle_requests`, `os.environ`)
      or a CamelCase name (`HostSnapshot`);
    - anywhere: `herder.x.y` names and paths ending in .py or .md (`tests/test_hosts.py`,
      `(budget.py)`, `docs/design.md`); in code, what follows "see" when it is dotted or CamelCase
@@ -350,7 +350,7 @@ def importable(module: str) -> Any:
 
 
 def resolve_qualified(parts: list[str]) -> bool:
-    """An importable module's name, then attributes: `herder.supervisor.fleet.Slot`, `os._exit`."""
+    """An importable module's name, then attributes: `herder.supervisor.children.fleet.Slot`, `os._exit`."""
     for cut in range(len(parts), 0, -1):
         module = importable(".".join(parts[:cut]))
         if module is not None:
@@ -514,3 +514,29 @@ def test_redis_side_imports_only_common_itself_rq_and_redis() -> None:
                 if not ok:
                     wrong.append(f"{rel(path)}:{node.lineno}: {name}")
     assert not wrong, "supervisor/redis_side/ imports beyond its room: " + "; ".join(wrong)
+
+
+# ---- 4. design.md's map is drawn from the folders ---------------------------------------
+
+
+def map_rows() -> dict[str, str]:
+    """docs/design.md's map of the code: folder -> its row's text."""
+    rows = {}
+    for line in (REPO / "docs" / "design.md").read_text().splitlines():
+        if m := re.match(r"\| ((?:[\w]+/)+) \| herder\.", line):
+            rows[m.group(1)] = line
+    return rows
+
+
+def test_design_maps_every_folder_of_the_code_and_names_each_module_in_its_own_row() -> None:
+    rows = map_rows()
+    missing = []
+    for top in ("common", "watchdog", "worker", "supervisor"):
+        for folder in [REPO / top, *sorted(p for p in (REPO / top).iterdir() if p.is_dir())]:
+            modules = sorted(p.name for p in folder.glob("*.py") if p.name != "__init__.py")
+            if not modules:
+                continue
+            key = str(folder.relative_to(REPO)) + "/"
+            row = rows.get(key) or rows.get(key.rsplit("/", 2)[0] + "/", "")  # a subfolder may sit in its parent's row
+            missing += [f"{key}{m}" for m in modules if f"`{m}`" not in row]
+    assert not missing, f"modules docs/design.md's map does not name in their folder's row: {missing}"

@@ -18,7 +18,7 @@ import pytest
 from rq import Queue
 
 from harness import HERDER, free_port, hook_command, metrics, read_events, sample, wait_for
-from herder.supervisor.hooks import HealthChanges
+from herder.supervisor.views.hooks import HealthChanges
 
 
 @pytest.fixture

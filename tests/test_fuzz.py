@@ -41,9 +41,9 @@ from herder.common.worker_protocol import (
     ready_line,
     stop_line,
 )
+from herder.supervisor.children.dispatchers import StdoutReader
+from herder.supervisor.children.observations import Observations
 from herder.supervisor.ctl.cli import cli
-from herder.supervisor.dispatchers import StdoutReader
-from herder.supervisor.observations import Observations
 
 SCALE = max(1, int(os.environ.get("HERDER_FUZZ_SCALE", "1")))
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
 from harness import free_port, http_get, metrics, redis_on, sample, start_redis, wait_for
-from herder.supervisor.http_endpoint import RETRY_BIND
+from herder.supervisor.control.http_endpoint import RETRY_BIND
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from herder.common.config import Config, ConfigError, http_address, validate
-from herder.supervisor.health import LAG_LIMIT, LAG_MEMORY, HealthWatch
+from herder.supervisor.views.health import LAG_LIMIT, LAG_MEMORY, HealthWatch
 from herder.supervisor.views.model import STALE_AFTER, Health, HostSnapshot
 
 
@@ -86,9 +86,9 @@ def test_a_bad_http_address_is_a_config_error_naming_the_key(text: str) -> None:
 
 
 def test_no_scale_up_while_every_worker_is_paused() -> None:
-    from herder.supervisor.autoscaler import Autoscaler
+    from herder.supervisor.policy.autoscaler import Autoscaler
+    from herder.supervisor.policy.scaling import Load
     from herder.supervisor.redis_side.load_reader import Reading
-    from herder.supervisor.scaling import Load
 
     scaler = Autoscaler(Config(max_workers=8, min_workers=1), "host")
     grown = [

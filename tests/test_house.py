@@ -176,7 +176,7 @@ def test_the_state_rule_catches_a_string_comparison(source: str, tmp_path: Path)
 
 def test_the_kill_reasons_metrics_shows_from_the_start_are_the_kill_kinds() -> None:
     """/metrics (a renderer: it reads no state module) lists every kind herder kills for."""
-    from herder.supervisor.states import KillKind
+    from herder.supervisor.children.states import KillKind
     from herder.supervisor.views.prometheus import KILL_REASONS
 
     assert set(KILL_REASONS) == {str(k) for k in KillKind} - {"scheduler", "died"}
@@ -221,15 +221,15 @@ def lifecycle_calls(path: Path) -> set[str]:
 # The rooms that carry a worker's life out: the loop, the spawner, the reaper (the dead) and
 # murder (the unresponsive); the scheduler process's keeper on its own.
 LIFECYCLE_USERS = {
-    "workers": ["master.py", "spawner.py", "reaper.py", "murder.py"],
-    "scheduler": ["scheduler.py"],
+    "workers": ["master.py", "children/spawner.py", "children/reaper.py", "policy/murder.py"],
+    "scheduler": ["children/scheduler.py"],
 }
 
 
 @pytest.mark.parametrize("child", sorted(LIFECYCLE_USERS))
 def test_the_workers_and_the_scheduler_live_one_lifecycle(child: str) -> None:
     """The master's workers and RQ's scheduler process are spawned, stopped, killed and reaped
-    by supervisor/lifecycle.py alone: one graceful rule, one escalation, one reap."""
+    by supervisor/children/lifecycle.py alone: one graceful rule, one escalation, one reap."""
     paths = [REPO / "supervisor" / name for name in LIFECYCLE_USERS[child]]
     assert set().union(*(lifecycle_calls(p) for p in paths)) == LIFECYCLE, child
     assert not [bypass for p in paths for bypass in lifecycle_bypasses(p)]

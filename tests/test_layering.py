@@ -48,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
 
 # The one crossing between rooms: the master forks its first template from itself, and the
 # child it forks (never the master) imports the template's code and becomes it.
-FORKED_CHILD = {("herder.supervisor.forkserver", "herder.worker.template")}
+FORKED_CHILD = {("herder.supervisor.children.forkserver", "herder.worker.template")}
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -101,6 +101,40 @@ def test_the_master_process_never_imports_the_operator_side_or_other_processes()
                 for n in names
                 if n.startswith(("herder.supervisor.ctl", "herder.watchdog", "herder.worker"))
             ]
+
+
+# Inside the master, the folders point one way: the loop (master.py, composed by __main__.py,
+# woken by events.py) drives the children, the policy, the views and the control surface; the
+# control surface serves the views and speaks to the pools; nothing below imports the loop, and
+# the views never import the control surface that serves them (views/publish.py's `Outlet`).
+LOOP = ("herder.supervisor.master", "herder.supervisor.__main__", "herder.supervisor.events")
+CONTROL = ("herder.supervisor.control",)
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "herder.supervisor.children": LOOP + CONTROL,
+    "herder.supervisor.policy": LOOP + CONTROL,
+    "herder.supervisor.views": LOOP + CONTROL,
+    "herder.supervisor.redis_side": LOOP + CONTROL,
+    "herder.supervisor.control": LOOP,
+}
+
+
+def test_the_masters_folders_point_one_way() -> None:
+    known = {m for m, _ in modules()}
+    bad = []
+    for module, path in modules():
+        folder = next((f for f in FORBIDDEN if module.startswith(f + ".")), None)
+        if folder is None:
+            continue
+        for name in herder_imports(module, path, known):
+            if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[folder]):
+                bad.append(f"{path.relative_to(REPO)} imports {name}")
+    assert not bad, bad
+
+
+def test_every_module_of_the_master_lives_in_a_folder_but_the_loop() -> None:
+    """supervisor/'s top holds the loop alone; every other module is in the folder of its job."""
+    top = sorted(p.name for p in (REPO / "supervisor").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "events.py", "master.py", "uplink.py"], top
 
 
 def test_the_watchdog_never_imports_redis_even_through_the_bottom_room() -> None:

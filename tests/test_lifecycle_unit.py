@@ -1,4 +1,4 @@
-"""One supervised child's life (supervisor/lifecycle.py), for workers and the scheduler alike,
+"""One supervised child's life (supervisor/children/lifecycle.py), for workers and the scheduler alike,
 and the one transition check every state machine makes (common/transitions.py): in
 milliseconds, on fake processes and a fake clock."""
 
@@ -17,11 +17,11 @@ import pytest
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc
 from herder.common.config import Config
 from herder.common.transitions import IllegalTransition, move
-from herder.supervisor import lifecycle, states
-from herder.supervisor.fleet import Slot, Worker
+from herder.supervisor.children import lifecycle, states
+from herder.supervisor.children.fleet import Slot, Worker
+from herder.supervisor.children.scheduler import SchedulerKeeper
+from herder.supervisor.children.states import KILL_TRANSITIONS, KillKind, KillStage, WorkerState
 from herder.supervisor.redis_side.scheduler_locks import LockReading
-from herder.supervisor.scheduler import SchedulerKeeper
-from herder.supervisor.states import KILL_TRANSITIONS, KillKind, KillStage, WorkerState
 from herder.watchdog.core import MASTER_TRANSITIONS, MasterState, Phase, Watchdog
 from herder.watchdog.notify import Notifier
 

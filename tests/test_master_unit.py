@@ -14,15 +14,10 @@ import pytest
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc, all_ready, live, make
 from herder.common.worker_protocol import parse_line, wait_line
-from herder.supervisor import fleet, pipes, reload
-from herder.supervisor.fleet import Life, Worker
-from herder.supervisor.liveness import EOF_GRACE, derived_state, judge
-from herder.supervisor.master import TICK, TICK_IN_MOTION, Master
-from herder.supervisor.observations import Held, Observations, record, wait_to_log
-from herder.supervisor.pool import PoolState
-from herder.supervisor.redis_side.load_reader import Reading
-from herder.supervisor.scaling import Load
-from herder.supervisor.states import (
+from herder.supervisor.children import fleet, pipes
+from herder.supervisor.children.fleet import Life, Worker
+from herder.supervisor.children.observations import Held, Observations, record, wait_to_log
+from herder.supervisor.children.states import (
     TRANSITIONS,
     Cull,
     IllegalTransition,
@@ -31,6 +26,12 @@ from herder.supervisor.states import (
     change_cull,
     change_state,
 )
+from herder.supervisor.control import reload
+from herder.supervisor.master import TICK, TICK_IN_MOTION, Master
+from herder.supervisor.policy.liveness import EOF_GRACE, derived_state, judge
+from herder.supervisor.policy.pool import PoolState
+from herder.supervisor.policy.scaling import Load
+from herder.supervisor.redis_side.load_reader import Reading
 
 # ---- spawn, ready, reap ----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The pipe hub (herder.supervisor.pipes): one thread reads many pipes, pauses a flooding one
+"""The pipe hub (herder.supervisor.children.pipes): one thread reads many pipes, pauses a flooding one
 and says EOF; and a fleet's master keeps a fixed number of threads whatever its size."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from harness import HERDER, wait_for
-from herder.supervisor import pipes as pipes_mod
-from herder.supervisor.pipes import QUIET_AFTER, QUIET_COALESCE, SETTLED_COALESCE, PipeHub
+from herder.supervisor.children import pipes as pipes_mod
+from herder.supervisor.children.pipes import QUIET_AFTER, QUIET_COALESCE, SETTLED_COALESCE, PipeHub
 
 
 class Recorder:

@@ -9,9 +9,9 @@ import itertools
 from dataclasses import replace
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc
-from herder.supervisor.fleet import Culling, Life, Limits, Worker
-from herder.supervisor.pool import Plan, Pool, PoolState, Share
-from herder.supervisor.states import Cull, Retire, WorkerState
+from herder.supervisor.children.fleet import Culling, Life, Limits, Worker
+from herder.supervisor.children.states import Cull, Retire, WorkerState
+from herder.supervisor.policy.pool import Plan, Pool, PoolState, Share
 
 WALL = 1_700_000_000.0
 

@@ -14,7 +14,7 @@ from rq.job import Job
 
 from harness import HERDER, free_port, metrics, sample, wait_for
 from herder.common.config import ConfigError, load_file, pool_configs, resolve
-from herder.supervisor.pool import share_limit
+from herder.supervisor.policy.pool import share_limit
 from herder.supervisor.views.prometheus import REQUEUE_REASONS
 
 QUEUES = ("high", "bulk")

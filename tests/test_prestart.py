@@ -19,7 +19,7 @@ import pytest
 from harness import run_herder, wait_for
 from herder.common.config import SECRET_KEYS, env_of, prestart
 from herder.common.exits import EX_CONFIG, EX_TEMPFAIL
-from herder.supervisor.http_auth import ENV_TOKEN
+from herder.supervisor.control.http_auth import ENV_TOKEN
 
 SITECUSTOMIZE = """\
 import os, sys, time

@@ -25,15 +25,15 @@ from herder.common.config import (
     reload_plan,
     reload_policy,
 )
-from herder.supervisor.guard import KillGuard
+from herder.supervisor.policy.guard import KillGuard
+from herder.supervisor.policy.scaling import Load
 from herder.supervisor.redis_side.load_reader import Reading
-from herder.supervisor.scaling import Load
 
 # What a reload does with each setting, written out here rather than read from the schema,
 # so a setting added without deciding (or a decision changed by accident) fails this file.
 POLICY = {
     APPLY: {
-        "cron",  # the scheduler process restarts with it (herder.supervisor.scheduler.settings_of)
+        "cron",  # the scheduler process restarts with it (herder.supervisor.children.scheduler.settings_of)
         "workers",
         "min_workers",
         "max_workers",

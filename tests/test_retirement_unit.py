@@ -7,7 +7,7 @@ import random
 
 from fakes import FakeClock, all_ready, live, make
 from herder.common import worker_protocol as wp
-from herder.supervisor.states import WorkerState
+from herder.supervisor.children.states import WorkerState
 
 
 def ready_count(m) -> int:  # noqa: ANN001

@@ -1,4 +1,4 @@
-"""Unit and property tests of the autoscaling policy (supervisor/scaling.py).
+"""Unit and property tests of the autoscaling policy (supervisor/policy/scaling.py).
 
 The policy is pure, so time is simulated: one observation every `SimConfig.interval` seconds,
 and the fleet is assumed to follow `desired` (closed loop) unless a test says otherwise.
@@ -16,7 +16,8 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herder.supervisor.scaling import (
+from herder.supervisor.children.states import WorkerState
+from herder.supervisor.policy.scaling import (
     Decision,
     Load,
     ScaleConfig,
@@ -26,7 +27,6 @@ from herder.supervisor.scaling import (
     pick_idle_to_stop,
     unrounded_need,
 )
-from herder.supervisor.states import WorkerState
 
 # Hypothesis settings for the property tests: twice its default examples, and no per-example
 # deadline (a loaded CI machine is slow, not wrong).

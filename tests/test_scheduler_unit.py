@@ -8,11 +8,11 @@ from dataclasses import replace
 
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeLauncher, FakeProc, FakeRecovery
 from herder.supervisor.__main__ import compose
-from herder.supervisor.launchers import Launchers
+from herder.supervisor.children.launchers import Launchers
+from herder.supervisor.children.scheduler import SchedulerKeeper
+from herder.supervisor.children.states import WorkerState
 from herder.supervisor.master import Master, Start
 from herder.supervisor.redis_side.scheduler_locks import Holder, LockReading
-from herder.supervisor.scheduler import SchedulerKeeper
-from herder.supervisor.states import WorkerState
 
 
 class FakeLocks:

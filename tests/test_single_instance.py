@@ -116,7 +116,7 @@ def test_a_master_outliving_its_watchdog_keeps_its_socket_until_it_is_gone(herde
 
 @pytest.mark.slow
 def test_control_server_never_unlinks_a_socket_someone_answers_on(tmp_path: Path):
-    from herder.supervisor.control import RECHECK, ControlServer
+    from herder.supervisor.control.server import RECHECK, ControlServer
 
     path = tmp_path / "herder.sock"
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -139,7 +139,7 @@ def test_control_server_never_unlinks_a_socket_someone_answers_on(tmp_path: Path
 
 
 def test_control_server_replaces_a_stale_socket_at_once(tmp_path: Path):
-    from herder.supervisor.control import ControlServer
+    from herder.supervisor.control.server import ControlServer
     from herder.supervisor.ctl import client
 
     path = tmp_path / "herder.sock"

@@ -1,7 +1,7 @@
 """`herder upgrade` in the watchdog: re-exec itself from the installed code keeping its pid,
 then start master B beside master A, which hands its workers over slot by slot
-(docs/design.md, "Upgrading in place"; the master's side: supervisor/takeover.py and
-supervisor/handoff.py).
+(docs/design.md, "Upgrading in place"; the master's side: supervisor/control/takeover.py and
+supervisor/control/handoff.py).
 
 One attempt's way, as `<state dir>/upgrade.json` says it to `herder upgrade`:
 

@@ -1,6 +1,6 @@
 """Entry point: python -P -m herder.worker, started by the master.
 
-Everything comes from the master (herder.supervisor.launcher): the resolved Config on a
+Everything comes from the master (herder.supervisor.children.launcher): the resolved Config on a
 descriptor or in its fork request (herder.common.handover), as for the watchdog and the
 master, and the worker's slot in the environment. Neither argv nor the environment holds
 the Redis password: the process list and a job's code cannot read it there.

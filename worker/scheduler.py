@@ -7,7 +7,7 @@ makes it safe to run any number of them: whoever holds a queue's lock schedules 
 queue is scheduled in exactly one place, across hosts and next to plain `rq worker
 --with-scheduler` processes.
 
-The master runs one of these per host (herder.supervisor.scheduler) and watches it like a
+The master runs one of these per host (herder.supervisor.children.scheduler) and watches it like a
 worker, through the worker protocol's lines: `ready` once Redis answers, `idle` from the main
 loop (a stuck loop goes silent and is killed), `stop` as it leaves; `stop` or EOF on stdin
 asks it to release its locks and exit, SIGTERM ends it at once. Two differences from RQ's

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 ENV_GO_FD = "HERDER_PRESTART_FD"  # in the prestarted master: the pipe its hand-over comes on
 ENV_EARLY_MASTER = "HERDER_EARLY_MASTER"  # in the watchdog: "PID,FD" of the master and its stdout
-TOKEN_ENV = "HERDER_HTTP_TOKEN"  # the dashboard's token (herder.supervisor.http_auth.ENV_TOKEN)
+TOKEN_ENV = "HERDER_HTTP_TOKEN"  # the dashboard's token (herder.supervisor.control.http_auth.ENV_TOKEN)
 # What `herder run` keeps out of the environment of everything it starts, the prestarted master
 # included (what /proc shows of it for its life): the variables of
 # herder.common.config.SECRET_KEYS and the dashboard's token, which go in the config instead

@@ -1,7 +1,7 @@
 """Reload: the file read again over what the environment and flags pinned, and the plan of
 what becomes of each changed setting (applied in place, rolled out to new workers, or the whole
 reload refused because only a restart applies it). The master carries the plan out
-(herder.supervisor.reload). Standard library only."""
+(herder.supervisor.control.reload). Standard library only."""
 
 from __future__ import annotations
 

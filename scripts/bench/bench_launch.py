@@ -64,9 +64,9 @@ def argv_of(key: str, url: str, tmp: Path, workers: int, n: int) -> list[str]:
 
 def chain_env(url: str, tmp: Path, workers: int, herder_src: Path) -> dict[str, str]:
     """The environment of the stand-ins: the configuration `herder run` would resolve, and what
-    each worker gets from its master (herder.supervisor.launcher.worker_env)."""
+    each worker gets from its master (herder.supervisor.children.launcher.worker_env)."""
     from herder.common.config import ENV_RESOLVED, Config
-    from herder.supervisor.launcher import worker_env
+    from herder.supervisor.children.launcher import worker_env
 
     cfg = replace(Config(), redis_url=url, queues=[QUEUE], paths=[str(tmp / "jobs")], workers=workers)
     env = child_env()

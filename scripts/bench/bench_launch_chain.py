@@ -83,12 +83,12 @@ def main(role: str) -> None:
         become_subreaper()  # the workers the template double-forks become this process's children
         subprocess.Popen([*ROLE_ARGV, "template"], env=dict(os.environ, **{ENV_ROLE: "template"}))
         config_from_env()
+        import herder.supervisor.children.fleet  # noqa: F401
+        import herder.supervisor.children.logs  # noqa: F401
+        import herder.supervisor.children.states  # noqa: F401
+        import herder.supervisor.children.workerproc  # noqa: F401
         import herder.supervisor.events  # noqa: F401
-        import herder.supervisor.fleet  # noqa: F401
-        import herder.supervisor.liveness  # noqa: F401
-        import herder.supervisor.logs  # noqa: F401
-        import herder.supervisor.states  # noqa: F401
-        import herder.supervisor.workerproc  # noqa: F401
+        import herder.supervisor.policy.liveness  # noqa: F401
 
         time.sleep(3600)
     elif role in ("template", "single"):

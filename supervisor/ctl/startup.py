@@ -121,7 +121,7 @@ def exec_watchdog(cfg: Config, lock_fd: int) -> None:
     """Become the watchdog, handing it the resolved settings and the state dir's lock."""
     # The settings that may carry a password are in the config now: they go no further down
     # (a job's code can read its environment).
-    # So is the dashboard's token (herder.supervisor.http_auth): the master takes it from the
+    # So is the dashboard's token (herder.supervisor.control.http_auth): the master takes it from the
     # config. Named in prestart.py, as `herder run` imports http_auth's hashing and cookie
     # parsing (~30 ms) no more.
     env = {k: v for k, v in os.environ.items() if k not in prestart.SECRET_ENV}

@@ -1,5 +1,5 @@
 """What one load reading observed: a pure value, the load reader's output and the autoscaling
-policy's input (herder.supervisor.scaling). Here, beside its reader, so the Redis side imports
+policy's input (herder.supervisor.policy.scaling). Here, beside its reader, so the Redis side imports
 nothing of the master's but herder.common."""
 
 from __future__ import annotations

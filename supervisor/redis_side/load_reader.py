@@ -117,7 +117,7 @@ class LoadReader:
     ) -> None:
         """A reload's cluster cap, host TTL and kill-budget window, from the next reading on;
         a pool a reload added gets its reservation (`host_id`: this host's). (Turning a pool's
-        cap on or off is a restart: herder.common.config.reload_plan, herder.supervisor.reload.)"""
+        cap on or off is a restart: herder.common.config.reload_plan, herder.supervisor.control.reload.)"""
         with self._lock:
             if pool in self.clusters:
                 self.clusters[pool] = replace(self.clusters[pool], cap=cap, ttl=ttl, kill_window=kill_window)

@@ -10,12 +10,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from herder.common.config import redact_url
-from herder.supervisor.fleet import Worker
-from herder.supervisor.liveness import derived_state
-from herder.supervisor.observations import Observations
-from herder.supervisor.pool import Pool, host_target, live
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.observations import Observations
+from herder.supervisor.children.states import WORKING, WorkerState
+from herder.supervisor.policy.liveness import derived_state
+from herder.supervisor.policy.pool import Pool, host_target, live
 from herder.supervisor.redis_side.recovery import Counts
-from herder.supervisor.states import WORKING, WorkerState
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import (
     Health,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
-from herder.supervisor.states import MasterPhase  # the snapshot's `state`: renderers read it here
+from herder.supervisor.children.states import MasterPhase  # the snapshot's `state`: renderers read it here
 
 STALE_AFTER = 5.0  # seconds without a new snapshot: the loop is stalled (it passes every 0.25 s)
 VIEW_ONLY = {"json": False}  # a field's metadata: kept out of the dashboard's JSON
@@ -199,7 +199,7 @@ class SchedulerStatus:
 class Health:
     ok: bool
     reasons: tuple[str, ...]
-    problems: tuple[tuple[str, str], ...] = view_only(())  # (kind, reason): herder.supervisor.health
+    problems: tuple[tuple[str, str], ...] = view_only(())  # (kind, reason): herder.supervisor.views.health
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,22 +5,36 @@ endpoint and the health event hooks, and for each `herder status` when it asks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from herder.supervisor.fleet import Worker
-from herder.supervisor.hooks import EventHooks, HealthChanges
-from herder.supervisor.states import WORKING
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.states import WORKING
 from herder.supervisor.views.build import PUBLISH_EVERY, Snapshots
+from herder.supervisor.views.hooks import EventHooks, HealthChanges
 from herder.supervisor.views.journal import Journal
 from herder.supervisor.views.model import HostSnapshot
 from herder.supervisor.views.sources import Loop, Sources, short_pools
 
 if TYPE_CHECKING:  # imported with --http only (__main__)
-    from herder.supervisor.http_endpoint import Publisher
-    from herder.supervisor.jobstats import JobStats
+    from herder.supervisor.views.jobstats import JobStats
 
 HEALTH_EVENTS_EVERY = 1.0  # seconds between two looks at health for the event hooks
 HOST_RECORD_EVERY = 1.0  # seconds between two records of this host for the host list (hosts.py)
+
+
+class Switch(Protocol):
+    enabled: bool
+
+
+class Outlet(Protocol):
+    """Where the snapshot goes out: the HTTP endpoint's side in the loop (control/http_endpoint.py's
+    `Publisher`). The views never import the control surface; it serves them."""
+
+    controls: Switch
+
+    def step(self, now: float) -> None: ...
+    def publish(self, snap: HostSnapshot) -> None: ...
+    def close(self) -> None: ...
 
 
 class Views:
@@ -33,7 +47,7 @@ class Views:
         sources: Sources,
         snapshots: Snapshots,
         said: tuple[EventHooks, Journal],
-        http: Publisher | None = None,
+        http: Outlet | None = None,
         jobstats: JobStats | None = None,
     ) -> None:
         self.sources, self.snapshots, self.http, self.jobstats = sources, snapshots, http, jobstats

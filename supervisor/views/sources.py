@@ -10,19 +10,19 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from herder.common.config import KEYS, SECRET_KEYS, Config, all_queues, redact_setting, redact_url
-from herder.supervisor.counters import Counters
-from herder.supervisor.fleet import Worker
-from herder.supervisor.health import HealthWatch
-from herder.supervisor.pool import Pool, Workers, active
-from herder.supervisor.pressure import MemoryWatch
+from herder.supervisor.children.counters import Counters
+from herder.supervisor.children.fleet import Worker
+from herder.supervisor.children.states import WORKING, MasterPhase
+from herder.supervisor.policy.pool import Pool, Workers, active
+from herder.supervisor.policy.pressure import MemoryWatch
 from herder.supervisor.redis_side.load_reader import LoadReader
 from herder.supervisor.redis_side.recovery import Recovery
-from herder.supervisor.states import WORKING, MasterPhase
+from herder.supervisor.views.health import HealthWatch
 
 if TYPE_CHECKING:
-    from herder.supervisor.guard import KillGuard
-    from herder.supervisor.launcher import Clock
-    from herder.supervisor.scheduler import SchedulerKeeper
+    from herder.supervisor.children.launcher import Clock
+    from herder.supervisor.children.scheduler import SchedulerKeeper
+    from herder.supervisor.policy.guard import KillGuard
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def sched_cfg(cfg: Config) -> Config:
 def health_of(
     s: Sources, loop: Loop, now: float, pools: list[Pool], alive: list[Worker]
 ) -> tuple[tuple[str, str], ...]:
-    """Health's (kind, reason) pairs as the loop sees them now (herder.supervisor.health)."""
+    """Health's (kind, reason) pairs as the loop sees them now (herder.supervisor.views.health)."""
     cfg = loop.cfg
     return tuple(
         s.health.reasons(

@@ -1,0 +1,144 @@
+"""The readers of a worker's two pipes (supervisord's dispatchers): stdout is the protocol
+channel, each line recorded in the worker's Observations; stderr is whatever the worker and its
+jobs print, relayed into herder's log.
+
+One thread feeds every worker's readers (herder.supervisor.children.pipes), so the master's cost per
+line does not grow with the fleet. Whatever a worker writes, the master's memory stays bounded:
+lines are length-capped, stderr is rate-limited, a stdout flood is slowed by back-pressure (its
+pipe is left unread for the rest of the second, the worker blocks on it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import IO, Any, Protocol
+
+from herder.common.worker_protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, parse_line
+from herder.supervisor.children import logs
+from herder.supervisor.children.observations import FinishedJob, Observations, record, wait_to_log
+
+log = logging.getLogger("herder")
+
+# A busy worker sends ~3 lines a job; 20k lines/s is ~6x the fastest no-op job rate seen.
+STDOUT_LINES_PER_SECOND = 20_000
+STDERR_LINES_PER_SECOND = 1000  # RQ logs ~4 lines a job; fast no-op jobs reach ~250 jobs/s
+
+
+class Piped(Protocol):
+    """What the readers use of a watched worker process (herder.supervisor.children.workerproc)."""
+
+    label: str  # the prefix of its relayed stderr
+    lock: threading.Lock  # the readers write obs and finished under it; the loop reads under it
+    finished: deque[FinishedJob]
+    stdout_done: threading.Event
+
+    def changing(self) -> AbstractContextManager[Observations]:
+        """Its Observations to change, under `lock` (the loop's next snapshot sees the change)."""
+        ...
+
+    @property
+    def stdout(self) -> IO[bytes]: ...
+
+    @property
+    def stderr(self) -> IO[bytes]: ...
+
+    def json_fields(self) -> dict[str, Any]: ...
+
+
+class StdoutReader:
+    """The protocol channel: each line recorded in the worker's Observations (pipes.PipeReader)."""
+
+    order = 0  # before stderr in a pass of the hub
+
+    def __init__(self, proc: Piped, wake: Callable[[], None]) -> None:
+        self.proc, self.wake = proc, wake
+        self.splitter = LineSplitter(MAX_LINE_BYTES)
+        self.window_start, self.lines = time.monotonic(), 0
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+        proc, important = self.proc, False
+        for raw, truncated in self.splitter.feed(chunk):
+            self.lines += 1
+            if truncated:
+                with proc.changing() as obs:
+                    obs.oversized += 1
+                    obs.last_error = f"line longer than {MAX_LINE_BYTES} bytes"
+                continue
+            important |= self.record(raw)
+        if now - self.window_start >= 1.0:
+            self.window_start, self.lines = now, 0
+        elif self.lines > STDOUT_LINES_PER_SECOND:  # a flood: unread for the rest of the second
+            with proc.changing() as obs:
+                obs.throttled += 1
+            return important, self.window_start + 1.0
+        return important, None
+
+    def record(self, raw: bytes) -> bool:
+        """One line, parsed and recorded; True if the loop should look now."""
+        proc = self.proc
+        try:
+            msg = parse_line(raw)
+        except ProtocolError as exc:
+            with proc.changing() as obs:
+                obs.malformed += 1
+                obs.last_error = str(exc)
+            return False
+        with proc.changing() as obs:
+            important = record(obs, proc.finished, msg, time.monotonic())
+            news = wait_to_log(obs) if msg.verb == "wait" else None
+        if news is not None:
+            log.warning("%s: waiting for %s", proc.label, news)
+        return important
+
+    def eof(self) -> None:
+        proc = self.proc
+        with proc.changing() as obs:
+            obs.stdout_eof = True
+            obs.eof_at = time.monotonic()
+        proc.stdout.close()  # the reader owns its pipe: no fd is closed under a read
+        proc.stdout_done.set()
+
+
+class StderrReader:
+    """Whatever the worker (and its jobs) print: relayed into herder's log, rate-limited."""
+
+    order = 1
+
+    def __init__(self, proc: Piped) -> None:
+        self.proc = proc
+        self.wake: Callable[[], None] = _nothing  # stderr never needs the loop's attention
+        self.splitter = LineSplitter(MAX_LINE_BYTES)
+        self.window_start, self.logged = time.monotonic(), 0
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+        proc = self.proc
+        if now - self.window_start >= 1.0:
+            self.window_start, self.logged = now, 0
+        lines = []
+        for raw, truncated in self.splitter.feed(chunk):
+            if self.logged >= STDERR_LINES_PER_SECOND:  # the master reports the count
+                with proc.changing() as obs:
+                    obs.stderr_dropped += 1
+                continue
+            self.logged += 1
+            text = raw.decode("utf-8", "replace").rstrip()
+            lines.append(text + " [line truncated]" if truncated else text)
+        logs.relay(proc.label, lines, proc.json_fields() if lines and logs.json_lines else None, hold=True)
+        return False, None
+
+    def eof(self) -> None:
+        proc = self.proc
+        tail = self.splitter.flush()
+        if tail:
+            lines = [tail.decode("utf-8", "replace").rstrip()]
+            logs.relay(proc.label, lines, proc.json_fields() if logs.json_lines else None)
+        proc.stderr.close()
+
+
+def _nothing() -> None:
+    pass
