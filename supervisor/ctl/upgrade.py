@@ -61,6 +61,9 @@ def upgrade(state_dir: str, timeout: float | None) -> int:
                 err=True,
             )
             return 1
+        if not alive(pid):
+            click.echo(f"herder: the watchdog (pid {pid}) exited during the upgrade; see its log", err=True)
+            return 1
         if deadline is not None and time.monotonic() > deadline:
             click.echo(f"herder: the upgrade is still under way ({said}) after {timeout:g} s", err=True)
             return 1
@@ -71,3 +74,13 @@ def upgrade(state_dir: str, timeout: float | None) -> int:
     except (OSError, ValueError, KeyError):
         click.echo("upgraded")
     return 0
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
