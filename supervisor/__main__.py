@@ -361,8 +361,21 @@ def main() -> int:
     if takeover is not None:
         takeover.carry_over(master.pool_list())
         if master.views.http:  # served from the gate on (takeover.py)
-            master.views.http.inherited, master.views.http.held = takeover.listeners.get("http"), True
+            master.views.http.inherited, master.views.http.held = inherited_http(cfg, takeover), True
     return master.run()
+
+
+def inherited_http(cfg: Config, takeover: Takeover) -> socket.socket | None:
+    """A's HTTP listener, if it listens where this master's config says (an upgrade may move
+    it: then this master binds its own, and A's closes with A)."""
+    from herder.common.config import http_address
+
+    sock = takeover.listeners.pop("http", None)
+    if sock is not None and cfg.http and sock.getsockname()[:2] == http_address(cfg.http):
+        return sock
+    if sock is not None:
+        sock.close()
+    return None
 
 
 def adopted_control(cfg: Config, takeover: Takeover) -> ControlServer | None:

@@ -19,6 +19,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +31,7 @@ import pytest
 from redis import Redis
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from harness import MASTER_SUMMARY, TESTS, Herder, JobsHelper, wait_for
+from harness import MASTER_SUMMARY, TESTS, Herder, JobsHelper, free_port, wait_for
 from herder.supervisor import __version__
 
 pytestmark = pytest.mark.slow
@@ -222,3 +223,54 @@ def test_upgrades_under_load_never_dip_and_run_every_job_once(
     assert len(summaries) == 4, summaries  # the first master, three taken over, the last stopped
     assert all(s["requeued"] == s["killed"] == s["failed_by_herder"] == "0" for s in summaries), summaries
     assert "restarting it in" not in h.log()  # the watchdog restarted no master
+
+
+class Knocker(threading.Thread):
+    """Every 10 ms: one connection to the control socket and one to the HTTP port; each refused
+    one (or a path that is gone) is counted."""
+
+    def __init__(self, state_dir: str, port: int) -> None:
+        super().__init__(daemon=True)
+        self.state_dir, self.port, self.done = state_dir, port, threading.Event()
+        self.tries, self.refused = 0, []
+
+    def run(self) -> None:
+        path = os.path.join(self.state_dir, "herder.sock")
+        while not self.done.wait(0.01):
+            self.tries += 1
+            for family, address in ((socket.AF_UNIX, path), (socket.AF_INET, ("127.0.0.1", self.port))):
+                with socket.socket(family, socket.SOCK_STREAM) as s:
+                    s.settimeout(5)
+                    try:
+                        s.connect(address)
+                    except OSError as exc:
+                        self.refused.append(f"{address}: {exc}")
+
+
+def test_an_upgrade_applies_what_a_reload_cannot_and_never_refuses_a_connection(
+    herder, tmp_path: Path, jobs: JobsHelper
+) -> None:
+    """From this checkout to itself: the config file read again by the installed code applies a
+    setting only a restart applied before (log_format), while the control socket and the HTTP
+    port answer every connection throughout."""
+    conf = tmp_path / "herder.toml"
+    conf.write_text('log_format = "text"\n')
+    port = free_port()
+    h = herder(config=str(conf), workers="2", http=f"127.0.0.1:{port}")
+    h.wait_workers(2)
+    watchdog, master = h.status()["watchdog"]["pid"], h.status()["master"]["pid"]
+    conf.write_text('log_format = "json"\n')
+    r = subprocess.run([h.argv[0], "reload", "--state-dir", h.state_dir], capture_output=True, text=True)
+    assert r.returncode == 1 and "herder upgrade" in r.stderr, r.stderr
+    knocker = Knocker(h.state_dir, port)
+    knocker.start()
+    r = upgrade(h, h.argv[0])
+    knocker.done.set()
+    knocker.join()
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    st = h.status()
+    assert (st["watchdog"]["pid"], st["settings"]["log_format"]) == (watchdog, "json"), st["settings"]
+    assert st["master"]["pid"] != master
+    assert knocker.tries > 50 and not knocker.refused, knocker.refused[:5]
+    assert f'"pid": {st["master"]["pid"]}' in h.log() or f'"process": {st["master"]["pid"]}' in h.log()
+    h.stop_and_check()

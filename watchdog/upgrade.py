@@ -77,6 +77,7 @@ class Upgrader:
         self.deadline = 0.0
         self._check: subprocess.Popen[bytes] | None = None
         self._check_err: IO[bytes] | None = None
+        self._check_out: IO[bytes] | None = None  # the config the installed herder read
         self._start_b = False  # set by resume(): B starts on the loop's first pass
 
     @property
@@ -112,6 +113,7 @@ class Upgrader:
             return
         log.info("upgrade: checking the installed herder")
         self._check_err = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed by checking()
+        self._check_out = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed by checking()
         env = dict(os.environ)
         if dog.config is not None:
             env[handover.ENV_RESOLVED] = dog.config
@@ -119,7 +121,7 @@ class Upgrader:
             self._check = subprocess.Popen(
                 [sys.executable, "-P", "-m", "herder.watchdog", "--check-upgrade"],
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=self._check_out,
                 stderr=self._check_err,
                 close_fds=True,
                 pass_fds=fds,
@@ -140,7 +142,7 @@ class Upgrader:
             self.give_up(f"master B was not ready within {up.GATE_SECONDS:g} s")
 
     def checking(self, now: float) -> None:
-        assert self._check is not None and self._check_err is not None
+        assert self._check is not None and self._check_err is not None and self._check_out is not None
         code = self._check.poll()
         if code is None and now < self.deadline:
             return
@@ -151,7 +153,12 @@ class Upgrader:
         self._check_err.seek(0)
         err = self._check_err.read().decode(errors="replace").strip()
         self._check_err.close()
+        self._check_out.seek(0)
+        config = self._check_out.read().decode()
+        self._check_out.close()
         if code == 0:
+            if config.strip():  # the config file as the installed herder reads it
+                self.dog.config = config
             self.reexec()
             return
         tail = "\n".join(err.splitlines()[-15:]) or describe(code if code is not None else -9)
