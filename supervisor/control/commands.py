@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 from herder.common.config import DEFAULT_POOL
 from herder.common.control_protocol import LOOP_TIMEOUT
-from herder.supervisor import __version__
 from herder.supervisor.children.fleet import Worker
 from herder.supervisor.control import handoff, reload
 from herder.supervisor.control.reload import Reloadable
@@ -126,9 +125,7 @@ class Commands:
         match body["cmd"]:
             case "status":
                 reply = build_status(self.m.take_snapshot(usage=True))
-                reply["version"] = __version__
-                reply["handover"] = handoff.view(self.handing)
-                return reply
+                return reply | handoff.status(self.handing, reply)
             case "handover":
                 return handoff.answer(self.handing, body)
             case "scale":

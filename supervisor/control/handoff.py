@@ -136,6 +136,19 @@ def answer(m: Handing, body: dict) -> dict:
     }
 
 
+def status(m: Handing, reply: dict) -> dict:
+    """What `herder status` adds: the version and the hand-over. During one, the host is running
+    when both masters' workers taking jobs (idle or busy, not told to stop) make the target."""
+    handover = view(m)
+    out: dict = {"version": __version__, "handover": handover}
+    if handover and not reply["stopping"] and not reply["running"]:
+        taking = [
+            w for side in ("from", "to") for w in handover[side]["workers"] if w["state"] in ("idle", "busy")
+        ]
+        out["running"] = len(taking) >= reply["desired"] and not reply["slots_in_backoff"]
+    return out
+
+
 def view(m: Handing) -> dict | None:
     """The hand-over as `herder status` shows it, from either master: both masters, their
     versions and whose workers are whose; None when none is under way."""

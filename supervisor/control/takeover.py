@@ -22,7 +22,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from herder.common.control_protocol import MAX_REPLY, encode, socket_path
+from herder.common.control_protocol import LOOP_TIMEOUT, MAX_REPLY, encode, socket_path
 from herder.common.upgrade_protocol import SURGE
 from herder.supervisor import __version__
 from herder.supervisor.children.states import WORKING
@@ -85,7 +85,7 @@ class Takeover:
                 os.close(fd)
             why = reply.get("error") if isinstance(reply, dict) else None
             raise TakeoverRefused(why or "master A refused (a herder too old to hand over?)")
-        sock.settimeout(None)
+        sock.settimeout(2 * LOOP_TIMEOUT)  # a hung A is taken for gone: B fills its pools
         return cls(sock, reply, fds)
 
     # ---- applied at B's start --------------------------------------------------------------
