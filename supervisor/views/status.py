@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 
 from herder.common.config import KEYS, Config, all_queues, redact_setting, redact_url
+from herder.supervisor import __version__
 from herder.supervisor.views.model import HostSnapshot, MasterPhase, PoolRow, QueueRow, WorkerRow
 
 
@@ -193,4 +194,6 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "job_rate": None,
         "pools": {},
         "memory_pressure": None,
+        "version": __version__,
+        "handover": None,  # `herder upgrade`: the loop's answer has it (control/handoff.py)
     }
