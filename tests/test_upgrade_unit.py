@@ -151,3 +151,21 @@ def test_an_upgrade_is_refused_while_one_runs_or_the_master_is_not_ready(tmp_pat
     finally:
         a.kill()
         a.wait()
+
+
+def test_a_signal_that_waited_out_the_exec_is_refused(tmp_path: Path) -> None:
+    """A second SIGUSR1 sent while the watchdog re-exec'd waits (blocked) and is delivered before
+    the new watchdog's first pass starts B: it must not start a second upgrade, whose exec would
+    drop A mid-hand-over (seen: A lost its pipe and stopped, taken for orphaned)."""
+    a = sleeper()
+    assert a.stdout is not None
+    dog = Dog(None)
+    upgrader = Upgrader(dog, str(tmp_path))
+    try:
+        upgrader.resume({"seq": 1, "pid": a.pid, "fd": os.dup(a.stdout.fileno()), "starts": 1})
+        assert dog.master is not None and dog.master.pid == a.pid and dog.reinstated == [a.pid]
+        upgrader.request()
+        assert upgrader.seq == 1 and not (tmp_path / up.RESULT).exists()  # refused, nothing written
+    finally:
+        a.kill()
+        a.wait()

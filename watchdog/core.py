@@ -186,9 +186,9 @@ class Watchdog:
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self._wake_w)
         # `herder run` blocked these across its exec (a PID 1 drops what it has no handler
-        # for): what arrived meanwhile is delivered now.
+        # for), `herder upgrade` the strays too: what arrived meanwhile is delivered now.
         signal.pthread_sigmask(
-            signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+            signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, *STRAY}
         )
 
     def handle_signals(self) -> None:

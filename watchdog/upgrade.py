@@ -41,9 +41,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("herder.watchdog")
 
 CHECK_SECONDS = 60.0
-# Blocked across the exec, as `herder run` blocks them across its own: the new watchdog
-# unblocks them once its handlers are in place (Watchdog.install_signals).
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+# Blocked across the exec, as `herder run` blocks the stop signals across its own, and SIGUSR1
+# and SIGUSR2, whose default would end the watchdog before its handlers are in place (a second
+# `herder upgrade`): the new watchdog unblocks them then (Watchdog.install_signals).
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2}
 
 
 class Supervising(Protocol):
@@ -100,7 +101,7 @@ class Upgrader:
     # ---- asked (SIGUSR1) ----------------------------------------------------------------
 
     def request(self) -> None:
-        if self.busy:
+        if self.busy or self.old is not None or self._start_b:
             log.warning("upgrade asked while one is under way (%s): ignored", self.state)
             return
         self.seq += 1
@@ -210,6 +211,7 @@ class Upgrader:
         dog.master_starts = int(state["starts"])
         dog.reinstate(dog.master)
         self._start_b = True
+        self.state = up.STARTING  # busy from here: a signal that waited out the exec is refused
 
     def start_b(self) -> None:
         dog = self.dog

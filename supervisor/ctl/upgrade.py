@@ -31,6 +31,10 @@ def upgrade(state_dir: str, timeout: float | None) -> int:
     if pid is None or statelock.held(state_dir) is False:
         click.echo(f"herder: no herder running at {state_dir}", err=True)
         return 4
+    rec = up.read_result(state_dir)
+    if rec.get("watchdog") == pid and rec.get("state") not in (None, *up.FINAL):
+        click.echo(f"herder: an upgrade is under way already ({rec['state']}); wait for it to end", err=True)
+        return 1
     began = time.time()
     try:
         os.kill(pid, up.SIGNAL)
