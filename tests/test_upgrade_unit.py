@@ -169,3 +169,20 @@ def test_a_signal_that_waited_out_the_exec_is_refused(tmp_path: Path) -> None:
     finally:
         a.kill()
         a.wait()
+
+
+def test_a_stop_during_the_check_ends_the_upgrade_without_an_exec(tmp_path: Path) -> None:
+    a = sleeper()
+    dog = Dog(a, config="not a config")  # were the stop ignored, the check would fail: never an exec here
+    upgrader = Upgrader(dog, str(tmp_path))
+    try:
+        upgrader.request()
+        assert upgrader.state == up.CHECKING
+        dog.stopping = True  # SIGTERM meanwhile
+        upgrader.step(time.monotonic())
+        record = up.read_result(str(tmp_path))
+        assert (record["state"], record["error"]) == (up.FAILED, "herder is stopping"), record
+        assert upgrader._check is None and dog.master is a
+    finally:
+        a.kill()
+        a.wait()

@@ -134,6 +134,14 @@ class Upgrader:
     # ---- each pass of the watchdog's loop -------------------------------------------------
 
     def step(self, now: float) -> None:
+        if self.dog.stopping and self.busy:  # a stop wins: no exec, no new master; both drain
+            if self._check is not None:
+                self._check.kill()
+                self._check.wait()
+                self._check = None
+            self._start_b = False
+            self.fail("herder is stopping")
+            return
         if self._start_b:
             self._start_b = False
             self.start_b()
