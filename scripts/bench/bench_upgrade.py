@@ -9,9 +9,12 @@ random 50-500 ms, then records when it started and counts itself), enough to kee
 `--workers` about `--busy` busy. A sampler looks every 10 ms at RQ's workers on the queue that
 are idle or busy (registered, not gone). Then, in turn:
 
-- herder (`herder run --workers N`): `--upgrades` times `herder upgrade` in a row (the same
-  installed herder each time: tests/test_upgrade.py alternates two builds), then `--restarts`
-  times `herder stop` followed by the same `herder run`;
+- herder (`herder run --workers N`): `--upgrades` times `herder upgrade` in a row, alternating
+  between two builds of this checkout, its own version and one bumped (two snapshots of its
+  packages, bench_source.snapshot_herder; the one herder imports is switched before each
+  upgrade, as `pip install --upgrade` replaces an installed one), each upgrade checked to run
+  the other version (`herder status`); then `--restarts` times `herder stop` followed by the
+  same `herder run`;
 - rq worker-pool (`rq worker-pool -n N`): `--restarts` times SIGTERM (its warm shutdown: every
   job finishes), then the same command again.
 
@@ -24,8 +27,11 @@ start). At the end: every job ran exactly once. Exit 0 when so, 1 when not, 2 on
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
+import json
 import math
+import os
 import random
 import shutil
 import statistics
@@ -43,7 +49,7 @@ from bench_base import BenchError, Interrupted, say, wait_for
 from bench_commands import herder_argv, herder_ctl_argv, rq_pool_argv
 from bench_procs import Processes, child_env, end_all, start_redis, take_charge
 from bench_report import publish
-from bench_source import git_state, scratch
+from bench_source import git_state, scratch, snapshot_herder
 
 SUMMARY = "herder upgrade under load, beside a stop and start of herder and of rq worker-pool"
 QUEUE = "upgrade"
@@ -74,7 +80,7 @@ class Event:
     lost: float = math.nan  # worker-seconds
     longest_wait: float = math.nan  # seconds
     fewest: int = 0  # the fewest workers taking jobs at a look
-    ok: bool = True  # `herder upgrade` exited 0
+    ok: bool = True  # `herder upgrade` exited 0 and the other build runs
 
 
 @dataclass
@@ -127,37 +133,81 @@ def back_to(n: int, sampler: Sampler, what: str, timeout: float = 120.0) -> None
     wait_for(f"{n} workers taking jobs ({what})", lambda: sampler.taking() >= n, timeout)
 
 
+@dataclass
+class Builds:
+    """Two snapshots of herder's packages, its version and a bumped one; herder imports the one
+    `current` (a symlink on its PYTHONPATH) points at."""
+
+    current: Path
+    snapshots: dict[str, Path]  # version -> its snapshot
+
+    @classmethod
+    def make(cls, tmp: Path) -> Builds:
+        a = snapshot_herder(tmp / "herder-a")
+        init = a.joinpath("herder", "supervisor", "__init__.py")
+        version = init.read_text().split('__version__ = "', 1)[1].split('"', 1)[0]
+        bumped = version.replace(".dev", ".post1.dev") if ".dev" in version else version + ".post1"
+        b = snapshot_herder(tmp / "herder-b")
+        init_b = b.joinpath("herder", "supervisor", "__init__.py")
+        init_b.write_text(init_b.read_text().replace(f'"{version}"', f'"{bumped}"'))
+        compileall.compile_file(str(init_b), quiet=1, force=True)
+        builds = cls(tmp / "current-herder", {version: a, bumped: b})
+        builds.use(version)
+        return builds
+
+    def use(self, version: str) -> None:
+        """Switch the build herder imports (atomically: a new symlink renamed over the old)."""
+        link = self.current.with_name("next-herder")
+        link.unlink(missing_ok=True)
+        link.symlink_to(self.snapshots[version])
+        os.replace(link, self.current)
+
+    def env(self) -> dict[str, str]:
+        return child_env() | {"PYTHONPATH": str(self.current)}
+
+
 def herder_events(
     args: argparse.Namespace, procs: Processes, url: str, tmp: Path, sampler: Sampler
 ) -> list[Event]:
     n, state = args.workers, tmp / "state"
+    builds = Builds.make(tmp)
+    versions, env = list(builds.snapshots), builds.env()
     run = herder_argv(url, workers=n, queue=QUEUE, path=tmp / "jobs", state_dir=state, scheduler=False)
-    herder = procs.start(run, tmp / "herder.log")
+    herder = procs.start(run, tmp / "herder.log", env)
     back_to(n, sampler, "herder started")
     time.sleep(2.0)
     events = []
     for i in range(args.upgrades):
+        to = versions[(i + 1) % 2]
+        builds.use(to)
         ev = Event("herder upgrade", time.time())
         argv = herder_ctl_argv(state, "upgrade", "--timeout", "120")
-        r = subprocess.run(argv, capture_output=True, text=True, env=child_env(), check=False)
+        r = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
         ev.took, ev.ok = time.time() - ev.began, r.returncode == 0
         if not ev.ok:
             say(f"herder upgrade {i + 1} exited {r.returncode}: {r.stderr.strip()}")
+        st = subprocess.run(
+            herder_ctl_argv(state, "status", "--json"), capture_output=True, env=env, check=False
+        )
+        running = json.loads(st.stdout or b"{}").get("version")
+        if running != to:
+            say(f"herder upgrade {i + 1}: herder {running} runs, not {to}")
+            ev.ok = False
         back_to(n, sampler, "after herder upgrade")
         time.sleep(SETTLE)
         ev.ended = time.time()
         events.append(ev)
     for _ in range(args.restarts):
         ev = Event("herder stop + run", time.time())
-        subprocess.run(herder_ctl_argv(state, "stop"), capture_output=True, env=child_env(), check=False)
+        subprocess.run(herder_ctl_argv(state, "stop"), capture_output=True, env=env, check=False)
         herder.wait(120)
-        herder = procs.start(run, tmp / "herder.log")
+        herder = procs.start(run, tmp / "herder.log", env)
         back_to(n, sampler, "herder started again")
         ev.took = time.time() - ev.began
         time.sleep(SETTLE)
         ev.ended = time.time()
         events.append(ev)
-    subprocess.run(herder_ctl_argv(state, "stop"), capture_output=True, env=child_env(), check=False)
+    subprocess.run(herder_ctl_argv(state, "stop"), capture_output=True, env=env, check=False)
     herder.wait(120)
     return events
 
@@ -245,7 +295,9 @@ def render(
         "",
         f"Command: `scripts/bench/run upgrade --workers {args.workers} --upgrades {args.upgrades} --restarts "
         f"{args.restarts}`. {rate:.1f} jobs/s, each sleeping 50-500 ms (a pool of {args.workers} about "
-        f"{100 * args.busy:.0f}% busy); RQ's workers on the queue, idle or busy, looked at every 10 ms. Each "
+        f"{100 * args.busy:.0f}% busy). The upgrades alternate between two builds of herder (its version and "
+        "a bumped one), each checked to run the other. RQ's workers on the queue, idle or busy, looked at "
+        "every 10 ms. Each "
         f"event's window: from its start until {args.workers} take jobs again, plus {SETTLE:g} s. Capacity "
         "lost: worker-seconds below the pool's count. Longest wait: enqueue to start, of a job started in "
         f"the window. herder at {git_state()}.",
