@@ -242,15 +242,18 @@ class ControlServer:
         """Master B's channel to this master (handoff.py): one request per line,
         answered by the loop, until B closes it (or dies): then the loop is told."""
         conn.settimeout(None)
-        reader = conn.makefile("rb")
-        for line in reader:
-            try:
-                body = decode_request(line)
-            except ValueError:
-                break
-            if not self._send(conn, self._answer(body)):
-                break
-        self._answer({"cmd": HANDOVER, "op": "end"})
+        try:
+            for line in conn.makefile("rb"):
+                try:
+                    body = decode_request(line)
+                except ValueError:
+                    break
+                if not self._send(conn, self._answer(body)):
+                    break
+        except OSError:  # reset by a B that died: the end all the same
+            pass
+        finally:
+            self._answer({"cmd": HANDOVER, "op": "end"})
 
     @staticmethod
     def _send(conn: socket.socket, reply: dict) -> bool:
