@@ -274,3 +274,41 @@ def test_an_upgrade_applies_what_a_reload_cannot_and_never_refuses_a_connection(
     assert knocker.tries > 50 and not knocker.refused, knocker.refused[:5]
     assert f'"pid": {st["master"]["pid"]}' in h.log() or f'"process": {st["master"]["pid"]}' in h.log()
     h.stop_and_check()
+
+
+def test_a_new_master_dying_mid_hand_over_gives_the_pool_back_to_the_old_one(
+    herder, jobs: JobsHelper
+) -> None:
+    """B killed once the hand-over began: A takes its pool back (its target again, a worker in
+    place of the one it had stopped), the watchdog makes it the master again instead of starting
+    a third, `herder upgrade` exits 1, and the jobs running meanwhile finish once."""
+    h = herder(workers="2")
+    h.wait_workers(2)
+    old = h.status()["master"]["pid"]
+    ids = [jobs.enqueue("record", "mid", 4.0).id for _ in range(2)]  # both of A's workers busy
+    wait_for(lambda: len(jobs.started("mid")) == 2, 10, what="both jobs to start")
+    cli = subprocess.Popen(
+        [h.argv[0], "upgrade", "--state-dir", h.state_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        (new,) = [
+            int(m[1]) for m in h.wait_log(r"upgrade: master (\d+) ready; master \d+ hands its workers over")
+        ]
+        os.kill(new, 9)
+        out, err = cli.communicate(timeout=30)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode == 1 and "during the hand-over" in err and f"master {old} goes on" in err, out + err
+    h.wait_log(rf"herder\[{old}\] WARNING herder upgrade: master {new} went before the hand-over finished")
+    h.wait_workers(2)
+    assert h.status()["master"]["pid"] == old and h.status()["handover"] is None
+    for i in ids:
+        jobs.wait_finished(i, 15, what="the jobs A's workers ran")
+    assert sorted(jobs.finished("mid")) == sorted(ids) == sorted(jobs.started("mid"))
+    assert "restarting it in" not in h.log()
+    h.stop_and_check()

@@ -174,7 +174,8 @@ class Watchdog:
     def reinstate(self, master: subprocess.Popen[bytes] | Adopted) -> None:
         """`herder upgrade` (watchdog/upgrade.py): a master that was ready is the master again."""
         self.master, self.master_seen, self.ever_ready = master, time.monotonic(), True
-        self.master_becomes(MasterState.READY)
+        if self.master_state != MasterState.READY:  # READY: B had said `ready` (not A)
+            self.master_becomes(MasterState.READY)
 
     # ---- signals ---------------------------------------------------------------------
 

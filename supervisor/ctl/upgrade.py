@@ -65,7 +65,7 @@ def upgrade(state_dir: str, timeout: float | None) -> int:
                 err=True,
             )
             return 1
-        if not alive(pid):
+        if not alive(pid) or statelock.held(state_dir) is False:  # a zombie still answers kill(0)
             click.echo(f"herder: the watchdog (pid {pid}) exited during the upgrade; see its log", err=True)
             return 1
         if deadline is not None and time.monotonic() > deadline:
