@@ -186,3 +186,23 @@ def test_a_stop_during_the_check_ends_the_upgrade_without_an_exec(tmp_path: Path
     finally:
         a.kill()
         a.wait()
+
+
+def test_a_old_master_dying_before_the_gate_leaves_b_alone_in_charge(tmp_path: Path) -> None:
+    """A dies while B starts: B's `ready` ends the upgrade (nothing to hand over); had B missed
+    its gate instead, it is killed and the watchdog restarts a master as after any death."""
+    dog, upgrader, a, b = handing_over(tmp_path, up.STARTING)
+    try:
+        a.kill()
+        _, status = os.waitpid(a.pid, 0)
+        assert upgrader.reaped(a.pid, status) and upgrader.old is None
+        upgrader.on_ready()
+        assert up.read_result(str(tmp_path))["state"] == up.DONE and dog.master is b
+        upgrader.state = up.STARTING  # the other way: the gate missed
+        upgrader.step(upgrader.deadline + 1)
+        assert b.wait(5) == -9 and dog.reinstated == []
+        assert "the old master had exited" in up.read_result(str(tmp_path))["error"]
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()

@@ -237,23 +237,29 @@ class Upgrader:
 
     def on_ready(self) -> None:
         """B said `ready`: its first workers are, and A's start to go."""
-        if self.state == up.STARTING:
-            assert self.dog.master is not None and self.old is not None
-            b, a = self.dog.master.pid, self.old.pid
-            log.info("upgrade: master %d ready; master %d hands its workers over", b, a)
-            self.say(up.HANDING_OVER, old=self.old.pid, new=self.dog.master.pid)
+        if self.state != up.STARTING or self.dog.master is None:
+            return
+        b = self.dog.master.pid
+        if self.old is None:  # A died meanwhile: B is all there is
+            self.say(up.DONE, new=b)
+            return
+        log.info("upgrade: master %d ready; master %d hands its workers over", b, self.old.pid)
+        self.say(up.HANDING_OVER, old=self.old.pid, new=b)
 
     def give_up(self, why: str) -> None:
         """B failed its gate: it goes (its workers finish their jobs and exit by themselves),
         A is the master again."""
         dog = self.dog
         a, b, self.old = self.old, dog.master, None
-        assert a is not None and b is not None
+        assert b is not None
         if b.returncode is None:  # unreaped, it is reaped later as any other child
             try:
                 os.killpg(b.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 b.kill()
+        if a is None:  # A died meanwhile: B, killed, is restarted as any master that dies
+            self.fail(f"{why}; the old master had exited")
+            return
         dog.reinstate(a)
         self.fail(f"{why}; master {a.pid} goes on")
 
