@@ -165,6 +165,10 @@ class Upgrader:
         self._check_out.seek(0)
         config = self._check_out.read().decode()
         self._check_out.close()
+        m = self.dog.master
+        if code == 0 and (m is None or m.returncode is not None or m.stdout is None or m.stdout.closed):
+            self.fail("the master exited during the check; try again once the watchdog has restarted it")
+            return
         if code == 0:
             if config.strip():  # the config file as the installed herder reads it
                 self.dog.config = config
