@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from herder.supervisor.children.scheduler import SchedulerKeeper
     from herder.supervisor.control.http_endpoint import Publisher
     from herder.supervisor.control.server import ControlServer
+    from herder.supervisor.control.takeover import Takeover
     from herder.supervisor.master import Master, Start
     from herder.supervisor.redis_side.load_reader import LoadReader
     from herder.supervisor.redis_side.recovery import Recovery
@@ -167,6 +168,13 @@ def compose(
         assert master is not None
         return master.commands.submit(body, events.wake)
 
+    def upgrade() -> dict:  # the version and the hand-over, for the dashboard's JSON
+        from herder.supervisor import __version__
+        from herder.supervisor.control import handoff
+
+        assert master is not None
+        return {"version": __version__, "handover": handoff.view(master)}
+
     def answer(body: dict) -> dict | None:  # the control socket's requests answered off the loop
         assert master is not None
         return master.commands.answer_directly(body)
@@ -178,7 +186,7 @@ def compose(
         sched, HealthWatch(), policy.memory,
     )  # fmt: skip
     http, jobstats = (
-        http_side(cfg, clock, said, reader, start.http_token, submit) if cfg.http else (None, None)
+        http_side(cfg, clock, said, reader, start.http_token, (submit, upgrade)) if cfg.http else (None, None)
     )
     snapshots = Snapshots(hostname, clock.wall, SHARED, journal, EvidenceKeeper(SHARED))
     views = Views(sources, snapshots, said, http, jobstats)
@@ -210,7 +218,7 @@ def http_side(
     said: tuple[EventHooks, Journal],
     reader: LoadReader | None,
     http_token: str,
-    submit: Callable[[dict], dict],
+    loop: tuple[Callable[[dict], dict], Callable[[], dict]],
 ) -> tuple[Publisher, JobStats]:
     """/metrics and the dashboard, and the job metrics only it serves: with --http alone, only
     then does the master import prometheus-client and http.server (a master without is 1 MB
@@ -237,13 +245,45 @@ def http_side(
             wall=clock.wall,
             hosts=reader.host_records if reader is not None else lambda: (0.0, []),
             controls=Controls(token),
-            submit=submit,
+            submit=loop[0],
+            upgrade=loop[1],
         ),
     )
     return http, jobstats
 
 
+def check_upgrade() -> int:
+    """`herder upgrade`'s check of the installed code (watchdog/upgrade.py): the master's modules
+    import and the configuration, pools and all, parses. Exit 0: the watchdog may exec it."""
+    import herder.supervisor.control.takeover  # noqa: F401
+    import herder.supervisor.master  # noqa: F401
+    from herder.common.config import pool_configs
+
+    pool_configs(Config.handed_over())
+    return 0
+
+
+def take_over(cfg: Config) -> Takeover | None:
+    """`herder upgrade`: master A's state and listening sockets, when the watchdog started this
+    master to take over from it (HERDER_UPGRADE_FROM); exits 1 if A will not hand over."""
+    from herder.common.upgrade_protocol import ENV_FROM
+    from herder.supervisor.control.takeover import Takeover, TakeoverRefused
+
+    if not os.environ.pop(ENV_FROM, "") or not cfg.state_dir:
+        return None
+    try:
+        takeover = Takeover.begin(cfg.state_dir)
+    except TakeoverRefused as exc:
+        logging.getLogger("herder").error("herder upgrade: cannot take over: %s", exc)
+        sys.exit(1)
+    logging.getLogger("herder").info("herder upgrade: taking over from master %d (herder %s)",
+                                     takeover.a_pid, takeover.a_version)  # fmt: skip
+    return takeover
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--check-upgrade"]:
+        return check_upgrade()
     if ENV_GO_FD in os.environ and not await_hand_over():
         return 0
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -262,9 +302,10 @@ def main() -> int:
     import herder.common.redis_connect  # noqa: F401
     import herder.common.rq_seam  # noqa: F401
 
+    takeover = take_over(cfg)
     launcher = ForkServerLauncher(cfg)
     launcher.tend(lambda: None)  # the loop hands it the real wake-up on its first pass
-    control = open_control(cfg, started_at)
+    control = open_control(cfg, started_at) if takeover is None else adopted_control(cfg, takeover)
     from herder.common.config import all_queues, pool_configs
     from herder.common.redis_connect import connect, retry_resets
     from herder.common.uplink_protocol import MASTER_RESTARTS_ENV
@@ -278,7 +319,7 @@ def main() -> int:
     from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
     from herder.supervisor.uplink import Uplink
 
-    host_id = cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
+    host_id = takeover.host_id if takeover else cfg.host_id or f"{socket.gethostname()}:{os.getpid()}"
     recovery = reader = locks = None
     if cfg.redis_url:  # status shows queue lengths even for a fixed count
 
@@ -320,9 +361,39 @@ def main() -> int:
             uplink=Uplink(),
             http_token=http_token,
             changes=CHANGED,
+            takeover=takeover,
         ),
     )
+    if takeover is not None:
+        takeover.carry_over(master.pool_list())
+        if master.views.http:  # served from the gate on (takeover.py)
+            master.views.http.inherited, master.views.http.held = inherited_http(cfg, takeover), True
     return master.run()
+
+
+def inherited_http(cfg: Config, takeover: Takeover) -> socket.socket | None:
+    """A's HTTP listener, if it listens where this master's config says (an upgrade may move
+    it: then this master binds its own, and A's closes with A)."""
+    from herder.common.config import http_address
+
+    sock = takeover.listeners.pop("http", None)
+    if sock is not None and cfg.http and sock.getsockname()[:2] == http_address(cfg.http):
+        return sock
+    if sock is not None:
+        sock.close()
+    return None
+
+
+def adopted_control(cfg: Config, takeover: Takeover) -> ControlServer | None:
+    """The control socket master A handed over: served from B's gate on (takeover.py)."""
+    from herder.supervisor.control.server import ControlServer
+
+    sock = takeover.listeners.get("control")
+    if sock is None or not cfg.state_dir:
+        return None
+    control = ControlServer(cfg.state_dir, lambda: None, lambda body: None)
+    control.adopt(sock)
+    return control
 
 
 if __name__ == "__main__":

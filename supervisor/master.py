@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -37,7 +38,9 @@ from herder.supervisor.children.states import (
 )
 from herder.supervisor.control import reload
 from herder.supervisor.control.commands import Commands
+from herder.supervisor.control.handoff import Handoff
 from herder.supervisor.control.server import ControlServer
+from herder.supervisor.control.takeover import Takeover
 from herder.supervisor.events import Events
 from herder.supervisor.policy.endings import Endings
 from herder.supervisor.policy.guard import KillGuard
@@ -89,6 +92,7 @@ class Start:
     # Who changed since the last pass (children/changes.py): __main__ passes the readers'
     # registry; without one (the unit tests' fakes) every pass looks at every worker.
     changes: Changes | None = None
+    takeover: Takeover | None = None  # `herder upgrade`: this master takes over from another (takeover.py)
 
 
 @dataclass
@@ -150,7 +154,10 @@ class Master:
         self.phase = MasterPhase.STARTING  # changed only through enter()
         self.ready_at: float | None = None  # wall time the fleet was first ready (`ready` to the watchdog)
         self._last_alive = self._status_at = float("-inf")
-        self.commands = Commands(self, self)  # the requests the loop answers (commands.py)
+        # `herder upgrade`: this master takes over from the old one, or hands over to the new one.
+        self.takeover = start.takeover
+        self.handoff: Handoff | None = None
+        self.commands = Commands(self, self, self)  # the requests the loop answers (commands.py)
 
     # ---- pools --------------------------------------------------------------------------
 
@@ -235,7 +242,7 @@ class Master:
         # the seam uses is named here, not found by a job at run time.
         for problem in rq_support.support_problems() + rq_seam.names_missing():
             log.warning('%s: see README, "Supported versions"', problem)
-        if self.control and not self.control.started:
+        if self.control and not self.control.started and not self.takeover:  # taking over: at the gate
             try:
                 self.control.start()
             except OSError as exc:
@@ -286,6 +293,7 @@ class Master:
         if changed is None:  # a worker's problems are reported every few seconds at most
             self.counters.report_due(list(self.workers.values()), self.clock.monotonic())
         self.heartbeat()
+        self.hand_over()
         moving = self.murderer.moving_count()
         self.views.publish(Loop(self.cfg, self.phase, self.ever_ready), self.floor, moving)
         self.reaper.tell_recovery(self.workers, changed)  # what the next sweep must not touch
@@ -333,7 +341,30 @@ class Master:
         """The host now, built and published by the views (views/publish.py)."""
         return self.views.take_snapshot(Loop(self.cfg, self.phase, self.ever_ready), usage)
 
+    def listeners(self) -> list[socket.socket]:
+        """The listening sockets a new master takes over (`herder upgrade`: handoff.py)."""
+        http = self.views.http.endpoint.listener() if self.views.http else None
+        control = self.control.listener() if self.control else None
+        return [s for s in (control, http) if s is not None]
+
+    def hand_over(self) -> None:
+        """`herder upgrade`, either side: B asks A for workers' stops past its gate; A, its last
+        worker gone, yields the listening sockets to B and exits (without `stopping`: the
+        watchdog carries on with B)."""
+        if self.takeover and not self.stopping:
+            self.takeover.step(self.pool_list(), self.events.wake)
+        if self.handoff and not self.stopping and self.handoff.finished(len(self.workers)):
+            log.info("herder upgrade: every worker handed over to master %d: exiting", self.handoff.to_pid)
+            if self.control:
+                self.control.yield_path()
+            if self.views.http:
+                self.views.http.held = True  # not bound again: the port is B's
+            self.views.close()
+            self.enter(MasterPhase.STOPPING)
+
     def shut_down(self) -> int:
+        if self.takeover:
+            self.takeover.close()
         if self.reader:
             self.reader.stop()
         self.views.close()
@@ -353,7 +384,14 @@ class Master:
 
     def heartbeat(self) -> None:
         """`ready` once the fleet first is; `alive` and a status line to the watchdog."""
-        if self.phase == MasterPhase.STARTING and fleet_ready(self.pools.values()):
+        ready = self.takeover.gate(self.pool_list()) if self.takeover else fleet_ready(self.pools.values())
+        if self.phase == MasterPhase.STARTING and ready:
+            if self.takeover:  # past the gate: serve beside A, then A's workers go
+                self.takeover.passed = True
+                if self.control and not self.control.started:
+                    self.control.start()
+                if self.views.http:
+                    self.views.http.held = False
             self.enter(MasterPhase.RUNNING)
             self.ready_at = self.clock.wall()
             log.info("all %d workers ready", len(self.live_workers()))
@@ -400,7 +438,8 @@ class Master:
     # ---- scale: the load decides the target ------------------------------------------------
 
     def scale(self) -> None:
-        reading = self.reader.take() if self.reader and not self.stopping else None
+        frozen = self.stopping or self.handoff is not None  # handing over: A's pools only shrink
+        reading = self.reader.take() if self.reader and not frozen else None
         if reading is None or self.reader is None:
             return
         self.guard.cluster_read(reading.kills)
@@ -440,6 +479,10 @@ class Master:
         wall = self.clock.wall()
         for pool in self.pool_list():
             target = min(pool.target, shares[pool.name]) if pool.name in shares else 0  # draining: 0
+            if self.takeover:
+                target = self.takeover.cap(pool, target)
+            if self.handoff:
+                target = self.handoff.target(pool, target)
             share = Share(target, self.cfg.limit, len(self.workers))
             key = pool.plan_key(share)
             if changed is not None and pool.still_at == key:

@@ -131,18 +131,21 @@ def test_kill_9_watchdog_and_master_together_workers_finish_and_exit(herder, job
 
 
 def test_sigusr1_and_sigusr2_to_the_watchdog_neither_end_it(herder, jobs):
-    """Their default would end the watchdog at once and leave an embedded Redis behind: USR1 is
-    logged and ignored, USR2 reaches the master, which writes its threads' stacks to the log."""
+    """Their default would end the watchdog at once and leave an embedded Redis behind: USR1
+    upgrades in place (`herder upgrade`'s signal: the watchdog keeps its pid, a new master takes
+    over), USR2 reaches the master, which writes its threads' stacks to the log."""
     h = herder(workers="1")
     h.wait_workers(1)
     master = h.master()
     assert master is not None
     h.signal(signal.SIGUSR1)
-    h.wait_log(r"SIGUSR1 is not one of herder's signals: ignored")
+    h.wait_log(rf"upgrade: master {master.pid} \(old\) exited")
+    upgraded = h.master()
+    assert upgraded is not None and upgraded.pid != master.pid
     h.signal(signal.SIGUSR2)
-    h.wait_log(r"forwarding SIGUSR2 to master")
+    h.wait_log(rf"forwarding SIGUSR2 to master {upgraded.pid}")
     h.wait_log(r"Thread 0x[0-9a-f]+")  # faulthandler's dump, in the master's log
     job = jobs.enqueue("record", "u", 0)
     jobs.wait_finished(job.id, 10, "a job after the signals")
-    assert h.master() is not None and h.master().pid == master.pid, "the master was replaced"
+    assert h.master() is not None and h.master().pid == upgraded.pid, "the master was replaced"
     h.stop_and_check()

@@ -550,6 +550,41 @@ def test_systemctl_reload_applies_the_edited_config(systemd_host: SystemdHost) -
     assert h.show("MainPID", "NRestarts") == {"MainPID": main, "NRestarts": "0"}
 
 
+@pytest.mark.slow
+@pytest.mark.container
+def test_herder_upgrade_under_systemd_keeps_mainpid_and_counts_no_restart(systemd_host: SystemdHost) -> None:
+    """docs/install.md's upgrade, under systemd: `herder upgrade`, then the documented signal
+    (`systemctl kill -s USR1 --kill-whom=main`): each time a new master takes over beside the
+    old one while a job runs, the watchdog re-execs in place (MainPID the same), NRestarts stays
+    0, and the running job finishes once."""
+    h = systemd_host
+    st = h.wait_running()
+    main, master = h.show("MainPID")["MainPID"], st["master"]["pid"]
+    job = h.enqueue("upgrade-under-systemd", 2.0)
+    wait_for(lambda: h.redis("LRANGE", "started:upgrade-under-systemd", "0", "-1"), 30, 0.2, what="the job")
+    r = h.run("herder", "upgrade", check=False, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "upgraded: herder" in r.stdout, r.stdout
+    st = h.wait_running(not_master=master)
+    assert st["watchdog"]["pid"] == int(main) and st["handover"] is None, st
+    assert h.show("MainPID", "NRestarts", "ActiveState") == {
+        "MainPID": main,
+        "NRestarts": "0",
+        "ActiveState": "active",
+    }
+    assert h.redis("LRANGE", "finished:upgrade-under-systemd", "0", "-1").split() == [job]
+    # The signal alone, as docs/cli.md gives it for systemd.
+    master = st["master"]["pid"]
+    h.run("systemctl", "kill", "-s", "USR1", "--kill-whom=main", "herder")
+    st = h.wait_running(not_master=master, timeout=120)
+    assert h.show("MainPID", "NRestarts", "ActiveState") == {
+        "MainPID": main,
+        "NRestarts": "0",
+        "ActiveState": "active",
+    }
+    assert re.search(rf"herder-watchdog\[{main}\] INFO upgrade: master {master} \(old\) exited", h.journal())
+
+
 @contextmanager
 def cpu_starved(pid: int) -> Iterator[None]:
     """The host's process `pid` runnable but (nearly) never running: moved into a cpu cgroup of

@@ -4,14 +4,21 @@ started before it loaded click (herder.common.config.prestart), or else starts f
 
 from __future__ import annotations
 
+import os
 import sys
 
 from herder.common.config.prestart import adopt
+from herder.common.upgrade_protocol import ENV_STATE
 
 
 def run() -> int:
-    master = adopt()
-    if master is None:
+    if sys.argv[1:] == ["--check-upgrade"]:
+        from herder.watchdog.entry import check_upgrade
+
+        return check_upgrade()
+    upgrading = ENV_STATE in os.environ  # exec'd by `herder upgrade`: master A runs already
+    master = None if upgrading else adopt()
+    if master is None and not upgrading:
         from herder.watchdog.early import start_master_early
 
         master = start_master_early(sys.argv[1:], sys.executable)

@@ -31,6 +31,7 @@ from herder.common.prctl import become_subreaper
 from herder.common.transitions import move
 from herder.common.uplink_protocol import MASTER_RESTARTS_ENV, parse_uplink
 from herder.watchdog.notify import Notifier
+from herder.watchdog.upgrade import Upgrader
 
 if TYPE_CHECKING:  # imported by __main__ only with embedded_redis on
     from herder.common.config.prestart import Adopted
@@ -61,8 +62,9 @@ MASTER_TRANSITIONS: dict[MasterState, frozenset[MasterState]] = {
 
 # A master silent because it waits for a CPU is spared for this many heartbeat timeouts.
 STARVED_TIMEOUTS = 4
-# Signals whose default would end the watchdog at once and strand an embedded Redis: SIGUSR1 is
-# ignored (logged), SIGUSR2 forwarded (the master writes every thread's stack to its log).
+# Signals whose default would end the watchdog at once and strand an embedded Redis: SIGUSR1
+# upgrades in place (`herder upgrade`, watchdog/upgrade.py), SIGUSR2 is forwarded (the master
+# writes every thread's stack to its log).
 STRAY = (signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -115,6 +117,7 @@ class Watchdog:
         redis: EmbeddedRedis | None = None,
         user: str = "",
         config: str | None = None,
+        state_dir: str = "",
     ) -> None:
         self.master_argv = master_argv
         self.config = config  # the resolved config each master is handed (herder.common.handover)
@@ -147,6 +150,7 @@ class Watchdog:
         self.exit_code = 0
         self._lines = LineSplitter()
         self._signals: list[int] = []
+        self.upgrader = Upgrader(self, state_dir)  # `herder upgrade`: A's hand-over to B
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -163,6 +167,16 @@ class Watchdog:
     def master_becomes(self, new: MasterState) -> None:
         self.master_state = move(MASTER_TRANSITIONS, self.master_state, new, "watchdog: master")
 
+    @property
+    def master_ready(self) -> bool:
+        return self.master_state == MasterState.READY
+
+    def reinstate(self, master: subprocess.Popen[bytes] | Adopted) -> None:
+        """`herder upgrade` (watchdog/upgrade.py): a master that was ready is the master again."""
+        self.master, self.master_seen, self.ever_ready = master, time.monotonic(), True
+        if self.master_state != MasterState.READY:  # READY: B had said `ready` (not A)
+            self.master_becomes(MasterState.READY)
+
     # ---- signals ---------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -173,9 +187,9 @@ class Watchdog:
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self._wake_w)
         # `herder run` blocked these across its exec (a PID 1 drops what it has no handler
-        # for): what arrived meanwhile is delivered now.
+        # for), `herder upgrade` the strays too: what arrived meanwhile is delivered now.
         signal.pthread_sigmask(
-            signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+            signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, *STRAY}
         )
 
     def handle_signals(self) -> None:
@@ -185,7 +199,7 @@ class Watchdog:
                 continue
             name = signal.Signals(sig).name
             if sig == signal.SIGUSR1:
-                log.warning("SIGUSR1 is not one of herder's signals: ignored (docs/cli.md, Signals)")
+                self.upgrader.request()
                 continue
             if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT) and not self.stopping:
                 self.begin_stop(time.monotonic())
@@ -197,13 +211,15 @@ class Watchdog:
                     self.master.send_signal(sig)
                 except ProcessLookupError:
                     pass
+            self.upgrader.signal_old(sig)  # A, still handing over, drains too
 
     # ---- master --------------------------------------------------------------------
 
-    def start_master(self) -> None:
+    def start_master(self, extra: dict[str, str] | None = None) -> None:
         kwargs = self.run_as.popen_kwargs() if self.run_as else {}
         # How many times this watchdog restarted the master: the master reports it (metrics).
         env = dict(kwargs.get("env", os.environ), **{MASTER_RESTARTS_ENV: str(self.master_starts)})
+        env.update(extra or {})  # `herder upgrade`: the master it takes over from
         if self.config is not None:
             env[handover.ENV_RESOLVED] = self.config
         with handover.handed(env) as (kwargs["env"], fds):
@@ -266,6 +282,7 @@ class Watchdog:
                 log.info("master %d ready", self.master.pid if self.master else -1)
                 self.master_becomes(MasterState.READY)
                 self.ever_ready = True
+                self.upgrader.on_ready()
             self.notify.ready()
         elif verb == "status":
             self.notify.status(msg.text)
@@ -296,7 +313,7 @@ class Watchdog:
                         describe(self.redis.proc.returncode),
                     )
                     self.restart_redis()
-            else:
+            elif not self.upgrader.reaped(pid, status):  # A, or the check (`herder upgrade`)
                 log.debug("reaped adopted process %d", pid)
 
     def has_children(self) -> bool:
@@ -325,6 +342,8 @@ class Watchdog:
         pid = self.master.pid
         if self.master.stdout and not self.master.stdout.closed:
             self.master.stdout.close()
+        if not self.stopping and self.upgrader.master_exited(code):
+            return
         if self.stopping:
             log.info("master %d exited (%s) while stopping", pid, describe(code))
             self.exit_code = 0 if code in (0, -signal.SIGTERM) else 1
@@ -440,6 +459,7 @@ class Watchdog:
             self.handle_signals()
             self.reap()
             now = time.monotonic()
+            self.upgrader.step(now)
             master_running = self.master is not None and self.master.returncode is None
             if not master_running and not self.stopping and now >= self.next_start:
                 self.start_master()
@@ -471,9 +491,10 @@ class Watchdog:
                 assert self.master and self.master.stdout
                 fds.append(self.master.stdout.fileno())
             try:
-                readable, _, _ = select.select(fds, [], [], TICK)
+                readable, _, _ = select.select(fds + self.upgrader.fds(), [], [], TICK)
             except InterruptedError:
                 continue
+            self.upgrader.read_old(readable)
             if self._wake_r in readable:
                 try:
                     while os.read(self._wake_r, 4096):

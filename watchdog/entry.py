@@ -9,6 +9,7 @@ master command defaults to herder's own.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from herder.common import handover, jsonlog, statelock
+from herder.common import upgrade_protocol as up
 from herder.common.config import Config, ConfigError
 from herder.common.exits import EX_CONFIG, EX_TEMPFAIL
 from herder.watchdog.core import Watchdog
@@ -42,9 +44,10 @@ def main(argv: list[str], master: subprocess.Popen[bytes] | Adopted | None = Non
         "watchdog",
         "%(asctime)s herder-watchdog[%(process)d] %(levelname)s %(message)s",
     )
+    lock_fd = None
     if cfg.state_dir:
         try:
-            hold_state_dir(cfg.state_dir)
+            lock_fd = hold_state_dir(cfg.state_dir)
         except statelock.Locked as exc:
             logging.error("%s", exc)
             return refuse(EX_TEMPFAIL, master)
@@ -61,10 +64,57 @@ def main(argv: list[str], master: subprocess.Popen[bytes] | Adopted | None = Non
         redis=embedded_redis(cfg.state_dir) if cfg.embedded_redis else None,
         user=cfg.user,
         config=handover.receive(),
+        state_dir=cfg.state_dir or "",
     )
-    if master is not None:
+    dog.upgrader.lock_fd = lock_fd
+    if up.ENV_STATE in os.environ:  # exec'd by `herder upgrade` (watchdog/upgrade.py)
+        dog.upgrader.resume(json.loads(os.environ.pop(up.ENV_STATE)))
+    elif master is not None:
         dog.adopt_master(master, early=True)
     return dog.run()
+
+
+def check_upgrade() -> int:
+    """`herder upgrade`'s check of the installed code, in a child of the watchdog about to exec
+    it: the watchdog's modules import, and the config file is read again by the installed code
+    (what a reload cannot apply, an upgrade does), the result on stdout for the watchdog to
+    run with; then the master's own check (`python -m herder.supervisor --check-upgrade`) in this
+    process, with that config. Exit 0: the exec may go on."""
+    import herder.watchdog.core  # noqa: F401
+    import herder.watchdog.notify  # noqa: F401
+
+    text = upgraded_config(Config.handed_over())  # ConfigError: the installed herder refuses it
+    os.write(1, text.encode())
+    env = dict(os.environ)
+    if text is not None:
+        env[handover.ENV_RESOLVED] = text
+    env, fd = handover.seal(env)
+    if fd is not None:
+        os.set_inheritable(fd, True)
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "herder.supervisor", "--check-upgrade"], env)
+
+
+# What a running herder cannot change under itself: where its lock, socket and Redis live, and
+# whom it runs as. A file that changes one of them needs a restart.
+FIXED = ("state_dir", "user", "embedded_redis")
+
+
+def upgraded_config(cfg: Config) -> str:
+    """The config the upgraded herder runs with: the config file read again (as a reload reads
+    it: environment and flags stay pinned), or `cfg` itself without a file."""
+    from dataclasses import replace
+
+    from herder.common.config.reload import reread
+
+    if not cfg.config_file:
+        return cfg.to_json()
+    # The dashboard's token `herder run` took from its environment stays.
+    fresh = replace(reread(cfg), http_token=cfg.http_token)
+    changed = [k for k in FIXED if getattr(fresh, k) != getattr(cfg, k)]
+    if changed:
+        where = f"file {cfg.config_file}"
+        raise ConfigError(", ".join(changed), "cannot change in an upgrade: restart herder", where)
+    return fresh.to_json()
 
 
 def refuse(code: int, master: subprocess.Popen[bytes] | Adopted | None) -> int:

@@ -68,7 +68,8 @@ def reload_plan(running: Config, new: Config, started: Config) -> ReloadPlan:
         reasons = "; ".join(f"{k}: {why}" for k, why in refused.items())
         raise ConfigError(
             ", ".join(refused),
-            f"changed, but only a restart of herder applies it ({reasons}); the running config is kept",
+            f"changed, but only a restart of herder applies it ({reasons}); the running config is kept "
+            "(`herder upgrade` applies it without a dip)",
             source,
         )
     return ReloadPlan(

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from herder.common.config import DEFAULT_POOL
 from herder.common.control_protocol import LOOP_TIMEOUT
 from herder.supervisor.children.fleet import Worker
-from herder.supervisor.control import reload
+from herder.supervisor.control import handoff, reload
 from herder.supervisor.control.reload import Reloadable
 from herder.supervisor.control.server import ControlServer, Request
 from herder.supervisor.policy.pool import Pool
@@ -53,9 +53,10 @@ class Operable(Protocol):
 
 
 class Commands:
-    def __init__(self, m: Operable, reloadable: Reloadable) -> None:
+    def __init__(self, m: Operable, reloadable: Reloadable, handing: handoff.Handing) -> None:
         self.m = m
         self.reloadable = reloadable
+        self.handing = handing  # `herder upgrade` (handoff.py, takeover.py)
         self.http_requests: queue.SimpleQueue[Request] = queue.SimpleQueue()  # the dashboard's controls
 
     # ---- on the control thread ---------------------------------------------------------
@@ -123,7 +124,10 @@ class Commands:
     def answer(self, body: dict) -> dict:
         match body["cmd"]:
             case "status":
-                return build_status(self.m.take_snapshot(usage=True))
+                reply = build_status(self.m.take_snapshot(usage=True))
+                return reply | handoff.status(self.handing, reply)
+            case "handover":
+                return handoff.answer(self.handing, body)
             case "scale":
                 return self.rescale(body)
             case "restart" | "pause" | "resume" as cmd:

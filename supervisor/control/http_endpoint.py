@@ -79,6 +79,8 @@ class Feeds:
     hosts: Callable[[], tuple[float, list[dict[str, Any]]]] = lambda: (0.0, [])
     controls: Controls | None = None
     submit: Callable[[dict], dict] | None = None
+    # `herder upgrade`: the version, and the hand-over under way (handoff.view), beside the snapshot.
+    upgrade: Callable[[], dict[str, Any]] = lambda: {}
 
 
 class Publisher:
@@ -112,14 +114,18 @@ class Publisher:
         for collector in collectors:  # served beside the snapshot's series (the job metrics)
             self.endpoint.registry.register(collector)
         self._bind_at = 0.0
+        # `herder upgrade`: the listening socket master A handed over, served once `held` is
+        # lifted (B's first workers ready): the port never refuses a connection meanwhile.
+        self.inherited: socket.socket | None = None
+        self.held = False
 
     def step(self, now: float) -> None:
         """Each pass of the loop: serve, once the port is free."""
-        if not self.endpoint.serving:
+        if not self.endpoint.serving and not self.held:
             if now < self._bind_at:
                 return
             try:
-                self.endpoint.start()
+                self.endpoint.start(self.inherited)
             except OSError as exc:
                 level = logging.ERROR if self._bind_at == 0.0 else logging.DEBUG  # said once
                 self._bind_at = now + RETRY_BIND
@@ -155,7 +161,7 @@ class HttpEndpoint:
         self._snapshot_body: tuple[HostSnapshot | None, bytes] = (None, b"")  # encoded once, on demand
         self.history = History()
         self.journal = feeds.journal or Journal(feeds.wall)
-        self.hosts = feeds.hosts
+        self.hosts, self.upgrade = feeds.hosts, feeds.upgrade
         self.registry = registry_for(SnapshotCollector(lambda: self.snapshot, clock))
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.refused = 0  # connections closed unserved: MAX_CONNECTIONS were busy
@@ -174,9 +180,13 @@ class HttpEndpoint:
     def publish(self, snapshot: HostSnapshot) -> None:
         self.snapshot = snapshot
 
-    def start(self) -> None:
-        """Bind and serve on a thread of its own; OSError (the port is taken) to the caller."""
-        self._server = _Server(self.address, _Handler, self)
+    def listener(self) -> socket.socket | None:
+        return self._server.socket if self._server is not None else None
+
+    def start(self, inherited: socket.socket | None = None) -> None:
+        """Bind (or serve on the socket `inherited` from the master before: `herder upgrade`) and
+        serve on a thread of its own; OSError (the port is taken) to the caller."""
+        self._server = _Server(self.address, _Handler, self, inherited)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.5}, name="http", daemon=True
         )
@@ -204,7 +214,7 @@ class HttpEndpoint:
             return 503, api.encode({"error": "starting: the master has not published yet"})
         cached, body = self._snapshot_body
         if cached is not snap:  # one encoding per published snapshot, however many pages poll
-            body = api.encode(api.snapshot_json(snap))
+            body = api.encode(api.snapshot_json(snap) | self.upgrade())
             self._snapshot_body = (snap, body)
         return 200, body
 
@@ -250,11 +260,25 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int], handler: type, endpoint: HttpEndpoint) -> None:
+    def __init__(
+        self, address: tuple[str, int], handler: type, endpoint: HttpEndpoint, inherited: socket.socket | None
+    ) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.endpoint = endpoint
-        super().__init__(address, handler)
+        super().__init__(address, handler, bind_and_activate=inherited is None)
+        if inherited is not None:
+            self.socket.close()
+            self.socket = inherited
+            self.server_address = inherited.getsockname()
+        # Non-blocking: during a hand-over two masters accept on it, and a connection the other
+        # took first must not block this one's accept (socketserver skips the OSError).
+        self.socket.setblocking(False)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, addr = super().get_request()
+        conn.setblocking(True)
+        return conn, addr
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.endpoint.slots.acquire(blocking=False):

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import queue
+import select
 import socket
 import threading
 from collections.abc import Callable
@@ -44,6 +45,8 @@ from herder.supervisor.control.peercred import peer_uid
 log = logging.getLogger("herder")
 
 RECHECK = 1.0  # seconds between looks at a control socket another master still answers on
+POLL = 0.2  # seconds between looks at whether to go on accepting (a hand-over may stop it)
+HANDOVER = "handover"  # the one request that keeps its connection: master B's channel to A
 
 
 def answering(path: str, timeout: float = 1.0) -> str | None:
@@ -84,6 +87,7 @@ class ControlServer:
         self._inode: int | None = None  # of the socket file we bound, so close() unlinks only ours
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._yielded = threading.Event()  # `herder upgrade`: the listening socket is B's alone now
         self._thread: threading.Thread | None = None
 
     @property
@@ -97,11 +101,28 @@ class ControlServer:
             self._wake, self._direct = wake, direct
         wake()
 
+    def adopt(self, sock: socket.socket) -> None:
+        """`herder upgrade`: serve on the listening socket master A handed over (the path keeps
+        answering throughout: the same socket, never a new one), from start()."""
+        sock.setblocking(False)  # see _serve
+        self._sock, self._inode = sock, os.stat(self.path).st_ino
+
+    def listener(self) -> socket.socket | None:
+        return self._sock
+
+    def yield_path(self) -> None:
+        """A's last act before it exits: accept no more (B does), and leave the path to B."""
+        with self._lock:
+            self._yielded.set()
+            self._inode = None  # close() must not unlink B's socket
+
     def start(self) -> None:
         """Bind now if the path is free or stale; if a live master answers there, serve once
         it is gone (a thread looks every second). OSError if binding fails."""
-        holder = answering(self.path)
-        if holder is None:
+        holder = None if self._sock is not None else answering(self.path)
+        if self._sock is not None:
+            target = self._serve
+        elif holder is None:
             self._bind()
             target = self._serve
         else:
@@ -132,6 +153,7 @@ class ControlServer:
                 os.umask(old_umask)
             os.chmod(self.path, 0o600)
             sock.listen(16)
+            sock.setblocking(False)  # see _serve
             self._inode = os.stat(self.path).st_ino
             self._sock = sock
         log.info("control socket %s", self.path)
@@ -161,13 +183,23 @@ class ControlServer:
             self._sock.close()
 
     def _serve(self) -> None:
-        if self._sock is None:
+        """Accept until closed or yielded. The listening socket is non-blocking, and may be
+        shared with another master during a hand-over (`herder upgrade`): a connection the
+        other took first is no connection here, and a blocked accept() could not be stopped."""
+        sock = self._sock
+        if sock is None:
             return  # closed before it was bound
-        while True:
+        while not self._yielded.is_set():
             try:
-                conn, _ = self._sock.accept()
-            except OSError:
+                ready, _, _ = select.select([sock], [], [], POLL)
+                if not ready:
+                    continue
+                conn, _ = sock.accept()
+            except BlockingIOError:
+                continue  # the other master took it
+            except (OSError, ValueError):
                 return  # closed
+            conn.setblocking(True)
             threading.Thread(target=self._handle, args=(conn,), name="control-conn", daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
@@ -188,22 +220,51 @@ class ControlServer:
             if body is None:
                 self._send(conn, {"ok": False, "error": problem})
                 return
-            with self._lock:
-                direct, wake = self._direct, self._wake
-            reply = direct(body)
-            if reply is None:
-                request = Request(body)
-                self.requests.put(request)
-                wake()
+            self._send(conn, self._answer(body))
+            if body.get("cmd") == HANDOVER:
+                self._session(conn)
+
+    def _answer(self, body: dict) -> dict:
+        with self._lock:
+            direct, wake = self._direct, self._wake
+        reply = direct(body)
+        if reply is None:
+            request = Request(body)
+            self.requests.put(request)
+            wake()
+            try:
+                reply = request.reply.result(timeout=LOOP_TIMEOUT)
+            except FutureTimeout:
+                reply = {"ok": False, "error": "the master did not answer in time (is its loop hung?)"}
+        return reply
+
+    def _session(self, conn: socket.socket) -> None:
+        """Master B's channel to this master (handoff.py): one request per line,
+        answered by the loop, until B closes it (or dies): then the loop is told."""
+        conn.settimeout(None)
+        try:
+            for line in conn.makefile("rb"):
                 try:
-                    reply = request.reply.result(timeout=LOOP_TIMEOUT)
-                except FutureTimeout:
-                    reply = {"ok": False, "error": "the master did not answer in time (is its loop hung?)"}
-            self._send(conn, reply)
+                    body = decode_request(line)
+                except ValueError:
+                    break
+                if not self._send(conn, self._answer(body)):
+                    break
+        except OSError:  # reset by a B that died: the end all the same
+            pass
+        finally:
+            self._answer({"cmd": HANDOVER, "op": "end"})
 
     @staticmethod
-    def _send(conn: socket.socket, reply: dict) -> None:
+    def _send(conn: socket.socket, reply: dict) -> bool:
+        fds = reply.pop("_fds", None)  # listening sockets handed over (SCM_RIGHTS)
         try:
-            conn.sendall(encode(reply))
+            if fds:
+                data = encode(reply)
+                sent = socket.send_fds(conn, [data], fds)
+                conn.sendall(data[sent:])
+            else:
+                conn.sendall(encode(reply))
         except OSError:
-            pass
+            return False
+        return True

@@ -492,6 +492,23 @@ def stop(state_dir: str | None, timeout: float | None, no_wait: bool) -> None:
     click.echo("stopped")
 
 
+@cli.command()
+@state_dir_option
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Give up waiting after this long (the hand-over goes on).  [default: until it ends]",
+)
+def upgrade(state_dir: str | None, timeout: float | None) -> None:
+    """Run the installed herder without a dip: a new master starts beside the running one, and
+    takes its workers over one by one as each finishes its job (pip install --upgrade first).
+    Exits non-zero, the running master untouched, if the installed herder cannot start."""
+    from herder.supervisor.ctl.upgrade import upgrade as run_upgrade
+
+    sys.exit(run_upgrade(find_herder(state_dir), timeout))
+
+
 def exited(state_dir: str) -> bool:
     """All of herder is gone: its watchdog, the last to exit, no longer holds the state dir's lock.
     Where the lock cannot be read, the master's control socket no longer answering."""

@@ -32,6 +32,8 @@ def render(status: dict[str, Any]) -> str:
         f"   watchdog {wd['pid']} up {_duration(wd['uptime'])}",
         f"redis: {status['redis_url']}",
     ]
+    if status.get("handover"):
+        lines.append(render_handover(status["handover"]))
     if status.get("health", "ok") != "ok":
         lines.append(f"health: {status['health']}")
     if status.get("memory_pressure"):
@@ -95,6 +97,16 @@ def render(status: dict[str, Any]) -> str:
             f"{w['jobs_ok']:>6} {w['jobs_failed']:>6} {rss:>7} {cpu:>5}  {job}"
         )
     return "\n".join(lines)
+
+
+def render_handover(h: dict[str, Any]) -> str:
+    """`herder upgrade` under way: both masters, their versions, whose workers are whose."""
+    old, new = h["from"], h["to"]
+    return (
+        f"upgrade: master {old['pid']} (herder {old['version']}, {len(old['workers'])} workers left: "
+        f"{' '.join(str(w['pid']) for w in old['workers']) or 'none'}) hands over to master {new['pid']} "
+        f"(herder {new['version']}, {len(new['workers'])} workers)"
+    )
 
 
 def render_scheduler(s: dict[str, Any]) -> str:

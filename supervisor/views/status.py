@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 
 from herder.common.config import KEYS, Config, all_queues, redact_setting, redact_url
+from herder.supervisor import __version__
 from herder.supervisor.views.model import HostSnapshot, MasterPhase, PoolRow, QueueRow, WorkerRow
 
 
@@ -196,4 +197,6 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "pools": {},
         "memory_pressure": None,
         "advice": [],
+        "version": __version__,
+        "handover": None,  # `herder upgrade`: the loop's answer has it (control/handoff.py)
     }
