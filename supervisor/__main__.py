@@ -59,9 +59,10 @@ def open_control(cfg: Config, started_at: float) -> ControlServer | None:
         if body["cmd"] == "ping":
             return {"ok": True, "pid": os.getpid()}
         if body["cmd"] == "status":
+            from herder.supervisor import __version__
             from herder.supervisor.views.status import starting_status
 
-            return starting_status(cfg, started_at)
+            return starting_status(cfg, started_at, __version__)
         return None  # queued for the loop
 
     control = ControlServer(cfg.state_dir, lambda: None, early)

@@ -77,7 +77,7 @@ def test_the_starting_answer_has_the_shape_of_the_full_status(herder, tmp_path):
     from herder.common.config import Config
     from herder.supervisor.views.status import starting_status
 
-    early = starting_status(Config(queues=["high", "default"]), started_at=0.0)
+    early = starting_status(Config(queues=["high", "default"]), started_at=0.0, version="0.2.0")
     assert [q["name"] for q in early["queues"]] == ["high", "default"]  # in force, in priority order
     h = herder(workers="1")
     full = wait_state(h.state_dir, "running")

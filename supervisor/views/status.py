@@ -14,7 +14,6 @@ from typing import Any
 import psutil
 
 from herder.common.config import KEYS, Config, all_queues, redact_setting, redact_url
-from herder.supervisor import __version__
 from herder.supervisor.views.model import HostSnapshot, MasterPhase, PoolRow, QueueRow, WorkerRow
 
 
@@ -146,7 +145,7 @@ def _pool(p: PoolRow) -> dict[str, Any]:
     }
 
 
-def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
+def starting_status(cfg: Config, started_at: float, version: str) -> dict[str, Any]:
     """What the control socket answers while the master is still starting (imports, Redis
     clients, its first loop pass): the same shape as build_status, state `starting`, no
     workers yet, so `herder status` is useful from the first moment."""
@@ -197,6 +196,6 @@ def starting_status(cfg: Config, started_at: float) -> dict[str, Any]:
         "pools": {},
         "memory_pressure": None,
         "advice": [],
-        "version": __version__,
+        "version": version,
         "handover": None,  # `herder upgrade`: the loop's answer has it (control/handoff.py)
     }
