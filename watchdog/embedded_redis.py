@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from herder.common import processes
+
 log = logging.getLogger("herder.watchdog")
 
 SOCKET_NAME = "redis.sock"
@@ -142,7 +144,7 @@ class EmbeddedRedis:
             if self.proc is not None:
                 if self.proc.poll() is not None:
                     break
-            elif not _exists(pid):
+            elif not processes.exists(pid):
                 break
             time.sleep(0.05)
         else:
@@ -152,13 +154,3 @@ class EmbeddedRedis:
             except ProcessLookupError:
                 pass
         log.info("embedded redis %d stopped", pid)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from herder.common import handover
+from herder.common import handover, processes
 from herder.common.worker_protocol import ENV_POOL, PAUSE, RESUME, RETIRE, STOP, end_request
 from herder.supervisor.children import logs, pipes
 from herder.supervisor.children.changes import CHANGED
@@ -69,13 +69,7 @@ class ForkedChild:
 
     def adopting(self) -> bool:
         """Not our child yet, but alive: its middle parent is still exiting."""
-        try:
-            os.kill(self.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        return processes.exists(self.pid)
 
 
 @dataclass

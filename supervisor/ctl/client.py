@@ -9,7 +9,7 @@ import os
 import socket
 import time
 
-from herder.common import statelock
+from herder.common import processes, statelock
 from herder.common.control_protocol import LOOP_TIMEOUT, MAX_REPLY, encode, recv_line, socket_path
 
 
@@ -41,13 +41,7 @@ def starting(state_dir: str) -> bool:
     pid = statelock.holder(state_dir, wait=0.0)
     if pid is None:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True
+    return processes.exists(pid)
 
 
 PING_TIMEOUT = 2.0  # seconds a herder found by `locate` has to answer, when several are there

@@ -14,7 +14,7 @@ import time
 
 import click
 
-from herder.common import statelock
+from herder.common import processes, statelock
 from herder.common import upgrade_protocol as up
 from herder.supervisor.ctl import client
 
@@ -65,7 +65,7 @@ def upgrade(state_dir: str, timeout: float | None) -> int:
                 err=True,
             )
             return 1
-        if not alive(pid) or statelock.held(state_dir) is False:  # a zombie still answers kill(0)
+        if not processes.exists(pid) or statelock.held(state_dir) is False:  # a zombie still answers kill(0)
             click.echo(f"herder: the watchdog (pid {pid}) exited during the upgrade; see its log", err=True)
             return 1
         if deadline is not None and time.monotonic() > deadline:
@@ -78,13 +78,3 @@ def upgrade(state_dir: str, timeout: float | None) -> int:
     except (OSError, ValueError, KeyError):
         click.echo("upgraded")
     return 0
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
