@@ -198,6 +198,24 @@
     const sch = s.scheduler;
     setText($("scheduler"), sch ? `scheduler: ${sch.state}${sch.pid ? ` (pid ${sch.pid})` : ""}${sch.where ? `, ${sch.where}` : ""}` : "");
     document.title = `herder ${s.hostname}: ${ok ? "healthy" : "degraded"}`;
+    setText($("version"), s.version ? `herder ${s.version}` : "");
+  }
+
+  // `herder upgrade` under way (supervisor/control/handoff.py's view): both masters, their
+  // versions and how many of the old master's workers are left; hidden otherwise.
+  function renderHandover(s) {
+    const h = s.handover;
+    const box = $("handover");
+    if (!h || !h.from || !h.to) {
+      box.hidden = true;
+      return setText(box, "");
+    }
+    const left = (h.from.workers || []).length;
+    const taken = (h.to.workers || []).length;
+    setText(box, `upgrading: master ${h.from.pid} (herder ${h.from.version}) -> master ${h.to.pid} ` +
+      `(herder ${h.to.version}): ${left} of master ${h.from.pid}'s workers left, ` +
+      `${taken} started by master ${h.to.pid}`);
+    box.hidden = false;
   }
 
   function renderConnection() {
@@ -691,6 +709,7 @@
       document.body.classList.toggle("unlocked", state.unlocked);
     }
     renderHeader(s);
+    renderHandover(s);
     renderAccess(s);
     renderPools(s);
     renderAdvice(s);
