@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -372,5 +373,57 @@ def test_the_advice_panel_shows_a_leaks_max_jobs(herder, jobs, browser, tmp_path
     shot = tmp_path / "advice.png"
     assert browser.find_element("id", "advice-section").screenshot(str(shot))
     print(f"advice panel: {shown['rows']}; screenshot {shot}")
+    assert browser_errors(browser) == []
+    h.stop_and_check()
+
+
+READ_HANDOVER = """
+const b = document.getElementById('handover');
+return {version: document.getElementById('version').textContent, shown: !b.hidden, text: b.textContent,
+        markup: b.children.length > 0};
+"""
+
+
+def test_a_herder_upgrade_shows_a_banner_naming_both_masters(herder, jobs, browser, tmp_path: Path) -> None:
+    """A real `herder upgrade` (this checkout to itself) while both workers run a 6 s job, so
+    the hand-over lasts a few of the page's polls: the header shows the version throughout, the
+    banner names both masters, their versions and the old one's workers left, then goes."""
+    from herder.supervisor import __version__
+
+    h, base = start_with_http(herder, 2)
+    old = h.master()
+    assert old is not None
+    open_page(browser, base)
+    until(browser, 10, lambda d: d.execute_script(READ_HANDOVER)["version"] == f"herder {__version__}",
+          "the version in the header")  # fmt: skip
+    assert not browser.execute_script(READ_HANDOVER)["shown"]
+    ids = [jobs.enqueue("record", "upgrade", 6.0).id for _ in range(2)]  # A's workers busy: a slow hand-over
+    wait_for(lambda: len(jobs.started("upgrade")) == 2, 10, what="both jobs to start")
+    cli = subprocess.Popen(
+        [h.argv[0], "upgrade", "--state-dir", h.state_dir, "--timeout", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        prefix = f"upgrading: master {old.pid} (herder {__version__}) -> master "
+        banner = until(browser, 20, lambda d: (b := d.execute_script(READ_HANDOVER))["shown"]
+                       and b["text"].startswith(prefix) and b, "the hand-over banner")  # fmt: skip
+        shot = tmp_path / "handover.png"
+        assert browser.find_element("id", "top").screenshot(str(shot))
+        print(f"banner: {banner['text']!r}; screenshot {shot}")
+        assert f"(herder {__version__}): " in banner["text"] and " workers left, " in banner["text"], banner
+        assert not banner["markup"] and banner["version"] == f"herder {__version__}", banner
+        out, err = cli.communicate(timeout=90)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode == 0, out + err
+    new = h.master()
+    assert new is not None and new.pid != old.pid
+    until(browser, 15, lambda d: not d.execute_script(READ_HANDOVER)["shown"], "the banner gone afterwards")
+    for i in ids:
+        jobs.wait_finished(i, 20, what="the jobs A's workers ran")
     assert browser_errors(browser) == []
     h.stop_and_check()
