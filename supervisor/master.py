@@ -154,6 +154,7 @@ class Master:
         self.phase = MasterPhase.STARTING  # changed only through enter()
         self.ready_at: float | None = None  # wall time the fleet was first ready (`ready` to the watchdog)
         self._last_alive = self._status_at = float("-inf")
+        self._status_shape: tuple[object, ...] = ()
         # `herder upgrade`: this master takes over from the old one, or hands over to the new one.
         self.takeover = start.takeover
         self.handoff: Handoff | None = None
@@ -403,9 +404,11 @@ class Master:
         if now - self._last_alive >= self.started_cfg.heartbeat_interval:  # the watchdog's deadlines
             self._last_alive = now
             self.uplink.alive()
-        # systemd's STATUS= line: once a second is as fresh as `systemctl status` needs.
-        if now - self._status_at >= STATUS_EVERY or self.stopping:
-            self._status_at = now
+        # systemd's STATUS= line: at once when the fleet's size, target or phase moves; its
+        # busy and queued counts, which move with every job, once a second at most.
+        shape = (len(self.workers), self.target, self.phase, self.stopping)
+        if shape != self._status_shape or now - self._status_at >= STATUS_EVERY:
+            self._status_at, self._status_shape = now, shape
             live = self.live_workers()
             busy = sum(w.life.state == WorkerState.BUSY for w in live)
             queued = sum(q.backlog for p in self.pool_list() for q in p.scaler.queues.values())
