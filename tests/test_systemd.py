@@ -84,7 +84,9 @@ def test_notify_ready_watchdog_stopping_in_order(herder, systemd, jobs):
     h.wait_workers(2)
     wait_for(lambda: systemd.fields("READY=1"), 10, what="READY=1")
     wait_for(lambda: len(systemd.fields("WATCHDOG=1")) >= 3, 5, what="watchdog pings")
-    assert any(f.startswith("STATUS=2/2 workers") for _, f in systemd.messages)
+    # The fleet's size goes out at the master's first pass that has it (the watchdog sends the
+    # newest text once a second).
+    wait_for(lambda: any(f.startswith("STATUS=2/2 workers") for _, f in systemd.messages), 3, what="2/2")
     # STATUS= goes out at most once a second, the newest text: a 1.5 s job is still running
     # when its "busy" text's turn comes, however soon after the last STATUS= it starts (a
     # shorter one could start and end between two turns, and nothing would change); then
