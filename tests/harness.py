@@ -152,6 +152,26 @@ def reap_adopted() -> None:
             pass
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """No pip configuration and no Python paths from the caller: installs come from the wheel
+    cache alone, and nothing outside the venv in use is importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", **extra)
+    return env
+
+
+def run_clean(
+    *argv: str | Path, cwd: Path, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """A command of an install, in `clean_env`, that must succeed (never run from the checkout:
+    `python -c` there would import its supervisor/ and watchdog/)."""
+    r = subprocess.run(
+        [str(a) for a in argv], capture_output=True, text=True, env=clean_env(**env), cwd=cwd, timeout=timeout
+    )
+    assert r.returncode == 0, f"{' '.join(map(str, argv))} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
 def living(p: psutil.Process) -> bool:
     """Whether a process still runs (not a zombie). It may exit, and be reaped, between any two
     looks at it: a vanished process is simply not living."""

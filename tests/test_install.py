@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import os
 import shutil
 import signal
 import subprocess
@@ -18,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import TESTS, wait_for
+from harness import TESTS, clean_env, wait_for
+from harness import run_clean as run
 from herder.supervisor import __version__
 from herder.supervisor.ctl.version import checkout_commit
 
@@ -83,23 +83,6 @@ startsecs = 0
 def installed_as(source: str) -> str:
     """Where a module of the repository must land: under `herder`, never at the top level."""
     return "herder/" + source
-
-
-def clean_env() -> dict[str, str]:
-    """No pip configuration and no Python paths from the caller: installs come from the wheel
-    cache alone, and nothing outside the new venv is importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
-    return env
-
-
-def run(*argv: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Never from the checkout: `python -c` there would import its supervisor/ and watchdog/."""
-    r = subprocess.run(
-        [str(a) for a in argv], capture_output=True, text=True, env=clean_env(), cwd=cwd, timeout=timeout
-    )
-    assert r.returncode == 0, f"{' '.join(map(str, argv))} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
-    return r
 
 
 def digests(site: Path, names: tuple[str, ...]) -> dict[str, str]:

@@ -10,7 +10,6 @@ the unit tests from its own unpacked tree (about a minute of the total).
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 import shutil
@@ -26,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import HERDER, TESTS
+from harness import HERDER, TESTS, clean_env
+from harness import run_clean as run
 from herder.supervisor import __version__
 from herder.supervisor.ctl.version import checkout_commit
 
@@ -40,22 +40,6 @@ URL_BASE = "https://REPOSITORY-URL-PLACEHOLDER.invalid/"
 # What the unit tests import beyond herder's own dependencies: scripts/setup caches the same.
 UNIT_TEST_NEEDS = ("pytest", "hypothesis", "pyyaml", "packaging", "kubernetes-validate")
 VERSION_LINE = re.compile(r"herder (\S+) \(rq (\S+), redis-py (\S+), Python (\S+)\)")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """No pip configuration and no Python paths from the caller: installs come from the wheel
-    cache alone, and nothing outside the venv in use is importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", **extra)
-    return env
-
-
-def run(*argv: str | Path, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(
-        [str(a) for a in argv], capture_output=True, text=True, env=clean_env(**env), cwd=cwd, timeout=timeout
-    )
-    assert r.returncode == 0, f"{' '.join(map(str, argv))} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
-    return r
 
 
 def source_copy(dest: Path) -> Path:

@@ -31,7 +31,8 @@ import pytest
 from redis import Redis
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from harness import MASTER_SUMMARY, TESTS, Herder, JobsHelper, free_port, wait_for
+from harness import MASTER_SUMMARY, TESTS, Herder, JobsHelper, clean_env, free_port, wait_for
+from harness import run_clean as run
 from herder.supervisor import __version__
 
 pytestmark = pytest.mark.slow
@@ -41,21 +42,6 @@ PEER_WHEELS = Path(sys.prefix) / "peer-wheels"
 BUMPED = __version__.replace(".dev", ".post1.dev") if ".dev" in __version__ else __version__ + ".post1"
 BROKEN = BUMPED.replace(".post1", ".post2")
 POOL = 4
-
-
-def clean_env() -> dict[str, str]:
-    """Installs come from the wheel cache alone; nothing outside the venv is importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
-    return env
-
-
-def run(*argv: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(
-        [str(a) for a in argv], capture_output=True, text=True, env=clean_env(), cwd=cwd, timeout=timeout
-    )
-    assert r.returncode == 0, f"{' '.join(map(str, argv))} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
-    return r
 
 
 def source_copy(dest: Path, version: str, broken: bool = False) -> Path:
