@@ -220,6 +220,9 @@ SCALING = "Scaling: pool sizes"
 DASHBOARD = "The dashboard's cost to the master"
 SPIKE = "Autoscaling: a spike"
 BURSTS = "Trace bursts"  # of "Autoscaling on traces"
+ADVICE_THREADS = "threads"  # of "Advice, applied" (a heading other sections do not start with)
+# A table whose heading is only unique within its section: the section it is looked for in.
+SECTION_OF = {ADVICE_THREADS: "## Advice, applied"}
 CPU_PER_1000 = "supervisor CPU per 1,000 jobs"
 
 # Each figure a page quotes from docs/benchmarks.md: (page, pattern whose one group is the figure
@@ -293,6 +296,22 @@ QUOTED_FIGURES += [
 ]
 QUOTED_FIGURES += [
     (
+        "docs/advice.md",
+        r"the whole tree from ([\d.]+) to [\d.]+ MB of PSS",
+        ADVICE_THREADS,
+        "PSS, MB",
+        "--workers 8",
+    ),
+    (
+        "docs/advice.md",
+        r"the whole tree from [\d.]+ to ([\d.]+) MB of PSS",
+        ADVICE_THREADS,
+        "PSS, MB",
+        "--threads 8 --workers 1",
+    ),
+]
+QUOTED_FIGURES += [
+    (
         "docs/scaling.md",
         r"max workers ([\d.]+ s) after the spike",
         SPIKE,
@@ -348,7 +367,9 @@ def results_cell(where: str, row: str, column: str) -> str:
     """A cell of docs/benchmarks.md: of a table of its "Results" (the report of its latest full
     run), or of a scenario's section (the dashboard's, the spike's, the traces')."""
     text = BENCHMARKS.read_text()
-    if where not in (DASHBOARD, SPIKE, BURSTS):
+    if where in SECTION_OF:
+        text = text.split(f"\n{SECTION_OF[where]}\n", 1)[1].split("\n## ", 1)[0]
+    elif where not in (DASHBOARD, SPIKE, BURSTS):
         text = text.split("\n## Results\n", 1)[1].split("\n## Reading the results", 1)[0]
     matches = [rows for heading, rows in tables(text).items() if heading.startswith(where)]
     assert len(matches) == 1, f"benchmarks.md: {len(matches)} tables under a heading starting {where!r}"
