@@ -271,10 +271,11 @@ def read(root: str | Path = "/") -> Limits:
     return Limits(cpu_quota(root), memory, memory_usage(root, memory))
 
 
-def memory_pressure(threshold: float = 0.9, root: str | Path = "/") -> str | None:
+def memory_pressure(threshold: float = 0.9, root: str | Path = "/", limit: Found | None = None) -> str | None:
     """Why memory is short, "cgroup memory 352 MiB of 384 MiB (92%)", when the working set
-    of the cgroup whose limit binds is at or above `threshold` of that limit; else None."""
-    limit = memory_max(root)
+    of the cgroup whose limit binds (`limit`, else the tightest found now) is at or above
+    `threshold` of that limit; else None."""
+    limit = limit or memory_max(root)
     usage = memory_usage(root, limit) if limit else None
     if limit is None or usage is None or usage < threshold * limit.value:
         return None

@@ -385,8 +385,9 @@ class Master:
 
     def heartbeat(self) -> None:
         """`ready` once the fleet first is; `alive` and a status line to the watchdog."""
-        ready = self.takeover.gate(self.pool_list()) if self.takeover else fleet_ready(self.pools.values())
-        if self.phase == MasterPhase.STARTING and ready:
+        starting = self.phase == MasterPhase.STARTING  # asked only then: readiness walks the fleet
+        gate = self.takeover.gate if self.takeover else fleet_ready
+        if starting and gate(self.pool_list()):
             if self.takeover:  # past the gate: serve beside A, then A's workers go
                 self.takeover.passed = True
                 if self.control and not self.control.started:

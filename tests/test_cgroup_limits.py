@@ -24,7 +24,8 @@ import pytest
 from harness import HERDER, HERDERS, Herder, free_port, hook_command, metrics, read_events, sample, wait_for
 from herder.common import cgroup
 from herder.common.config import limits
-from herder.supervisor.policy.pressure import KernelLog, OomWatch
+from herder.supervisor.policy import pressure
+from herder.supervisor.policy.pressure import BindingLimit, KernelLog, OomWatch
 
 MiB = 2**20
 V1_NONE = "9223372036854771712"  # what cgroup v1 says for "no memory limit" (4 KiB pages)
@@ -148,6 +149,43 @@ def test_a_parent_tighter_than_the_process_cgroup_binds_and_its_working_set_is_r
     )
     assert cgroup.memory_pressure(root=root) == "cgroup memory 352 MiB of 384 MiB (92%)"
     assert cgroup.memory_pressure(0.95, root) is None
+
+
+def test_the_binding_limit_is_found_once_a_while_and_its_usage_read_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master reads memory pressure every second: the working set each time, but which
+    cgroup's limit binds (mountinfo parsed, every level read) only every LIMIT_EVERY."""
+    mem = "sys/fs/cgroup/memory/docker"
+    root = fake_root(
+        tmp_path,
+        V1_CGROUPS,
+        V1_MOUNTS,
+        {
+            f"{mem}/memory.limit_in_bytes": str(384 * MiB),
+            f"{mem}/memory.usage_in_bytes": str(100 * MiB),
+            f"{mem}/abc/memory.limit_in_bytes": str(512 * MiB),
+        },
+    )
+    finds = []
+
+    def find() -> cgroup.Found | None:
+        finds.append(1)
+        return cgroup.memory_max(root)
+
+    clock = [1000.0]
+    monkeypatch.setattr(pressure.time, "monotonic", lambda: clock[0])
+    limit = BindingLimit(find)
+    assert limit.pressure() is None
+    (root / mem / "memory.usage_in_bytes").write_text(str(370 * MiB))
+    clock[0] += 1
+    assert limit.pressure() == "cgroup memory 370 MiB of 384 MiB (96%)"  # the usage, read again
+    assert len(finds) == 1
+    (root / mem / "memory.limit_in_bytes").write_text(str(1024 * MiB))  # the limit raised...
+    clock[0] += pressure.LIMIT_EVERY - 2
+    assert limit.pressure() is not None and len(finds) == 1
+    clock[0] += 1
+    assert limit.pressure() is None and len(finds) == 2  # ... found again
 
 
 @pytest.mark.parametrize("version", [1, 2])

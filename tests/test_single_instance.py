@@ -5,8 +5,10 @@ file, its socket) does not stop the next one."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -151,3 +153,31 @@ def test_control_server_replaces_a_stale_socket_at_once(tmp_path: Path):
         assert client.call(str(tmp_path), {"cmd": "ping"}) == {"ok": True, "pid": 1}
     finally:
         server.close()
+
+
+def _wakeups(thread: threading.Thread) -> int:
+    """How often the thread has slept and woken (the kernel's voluntary context switches)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(re.search(r"voluntary_ctxt_switches:\s+(\d+)", status).group(1))
+
+
+def test_an_idle_control_server_sleeps_until_a_connection_or_its_close(tmp_path: Path):
+    """An idle master's accepting thread does not wake on a timer (a poll every fraction of a
+    second, times every master on a host); a connection, a yield or a close wakes it."""
+    from herder.supervisor.control.server import ControlServer
+    from herder.supervisor.ctl import client
+
+    server = ControlServer(str(tmp_path), lambda: None, lambda body: {"ok": True, "pid": 1})
+    server.start()
+    try:
+        assert client.call(str(tmp_path), {"cmd": "ping"}) == {"ok": True, "pid": 1}
+        thread = server._thread
+        assert thread is not None
+        before = _wakeups(thread)
+        time.sleep(1.0)  # the window observed: a timed poll would wake it several times in it
+        assert _wakeups(thread) - before <= 1
+        assert client.call(str(tmp_path), {"cmd": "ping"}) == {"ok": True, "pid": 1}
+    finally:
+        server.close()
+    thread.join(5)
+    assert not thread.is_alive(), "the accepting thread outlived close()"

@@ -45,7 +45,6 @@ from herder.supervisor.control.peercred import peer_uid
 log = logging.getLogger("herder")
 
 RECHECK = 1.0  # seconds between looks at a control socket another master still answers on
-POLL = 0.2  # seconds between looks at whether to go on accepting (a hand-over may stop it)
 HANDOVER = "handover"  # the one request that keeps its connection: master B's channel to A
 
 
@@ -88,6 +87,9 @@ class ControlServer:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._yielded = threading.Event()  # `herder upgrade`: the listening socket is B's alone now
+        # A yield or a close writes here, so the accepting thread sleeps until a connection or
+        # one of those comes (no timed poll: an idle master's threads stay asleep).
+        self._stir_r, self._stir_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
 
     @property
@@ -115,6 +117,13 @@ class ControlServer:
         with self._lock:
             self._yielded.set()
             self._inode = None  # close() must not unlink B's socket
+        self._stir()
+
+    def _stir(self) -> None:
+        try:
+            os.write(self._stir_w, b"\0")
+        except OSError:
+            pass  # already stirred (a full pipe)
 
     def start(self) -> None:
         """Bind now if the path is free or stale; if a live master answers there, serve once
@@ -171,8 +180,9 @@ class ControlServer:
             return
 
     def close(self) -> None:
+        self._closed.set()
+        self._stir()  # the accepting thread wakes, sees it closed, and ends
         with self._lock:
-            self._closed.set()
             if self._sock is None:
                 return
             try:
@@ -191,8 +201,10 @@ class ControlServer:
             return  # closed before it was bound
         while not self._yielded.is_set():
             try:
-                ready, _, _ = select.select([sock], [], [], POLL)
-                if not ready:
+                ready, _, _ = select.select([sock, self._stir_r], [], [])
+                if self._stir_r in ready:
+                    if self._closed.is_set() or self._yielded.is_set():
+                        return
                     continue
                 conn, _ = sock.accept()
             except BlockingIOError:

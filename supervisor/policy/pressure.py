@@ -3,7 +3,9 @@ scale-up, and says why in status and /healthz. A container or pod that autoscali
 into its memory limit gets OOM-killed whole: better to hold the count and let the backlog
 wait, which the queue-length metrics and the health reason show.
 
-Read at most every READ_EVERY seconds (a read parses /proc/self/mountinfo: ~0.4 ms).
+Its usage is read at most every READ_EVERY seconds; which cgroup's limit binds only every
+LIMIT_EVERY (finding it parses /proc/self/mountinfo and reads each level: ~0.5 ms, most of
+an idle master's reading, and a limit changes seldom).
 
 Also here: whether a worker that died by a SIGKILL nobody in herder sent was the OOM
 killer's (the cgroup's counter, the kernel's log).
@@ -14,20 +16,38 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections import deque
 from collections.abc import Callable
 
-from herder.common.cgroup import memory_pressure, oom_kills
+from herder.common.cgroup import Found, memory_max, memory_pressure, oom_kills
 
 log = logging.getLogger("herder")
 
 READ_EVERY = 1.0
+LIMIT_EVERY = 30.0
 THRESHOLD = 0.9  # of the cgroup's memory limit
+
+
+class BindingLimit:
+    """The cgroup memory limit that binds, found again every LIMIT_EVERY seconds; its pressure
+    read each time it is asked."""
+
+    def __init__(self, find: Callable[[], Found | None] = memory_max) -> None:
+        self.find = find
+        self.limit: Found | None = None
+        self._found_at = float("-inf")
+
+    def pressure(self) -> str | None:
+        now = time.monotonic()
+        if now - self._found_at >= LIMIT_EVERY:
+            self._found_at, self.limit = now, self.find()
+        return memory_pressure(THRESHOLD, limit=self.limit) if self.limit else None
 
 
 class MemoryWatch:
     def __init__(self, read: Callable[[], str | None] | None = None) -> None:
-        self.read = read or (lambda: memory_pressure(THRESHOLD))
+        self.read = read or BindingLimit().pressure
         self.reason = ""  # why scale-up is held, or ""
         self._read_at = float("-inf")
 
