@@ -88,7 +88,16 @@ def state_of(obs: Observations) -> dict[str, Any]:
     """What a line may change, less the receipt times (each run reads its own clock) and the
     error counters a malformed line is meant to move."""
     state = asdict(obs)
-    for key in ("last_seen", "eof_at", "busy_seconds", "malformed", "oversized", "last_error", "throttled"):
+    for key in (
+        "last_seen",
+        "eof_at",
+        "busy_seconds",
+        "malformed",
+        "oversized",
+        "last_error",
+        "throttled",
+        "ready_refused",
+    ):
         state.pop(key)
     state["jobs"] = {t: (h["job_id"], h["timeout"], h["queue"], h["func"]) for t, h in state["jobs"].items()}
     return state
