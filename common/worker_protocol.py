@@ -256,7 +256,7 @@ def _done(args: list[str]) -> Message:
 
 
 def _idle(args: list[str]) -> Message:
-    # idle <ts> [suspended|paused]
+    # idle <ts> [suspended|paused|retiring]
     if len(args) == 1:
         return Message("idle", _ts(args[0]))
     if len(args) != 2:

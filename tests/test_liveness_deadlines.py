@@ -53,6 +53,7 @@ def cases(draw: st.DrawFn) -> tuple[Worker, Observations, Config]:
         stdout_eof=eof,
         eof_at=draw(times) if eof else 0.0,
         said_stop=draw(st.booleans()),
+        ready_refused=draw(st.sampled_from(["", "unsupported protocol version '99'"])),
     )
     return w, obs, cfg
 

@@ -5,9 +5,12 @@ models). The end-to-end tests run the same loop on real processes; these pin the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -15,12 +18,14 @@ import pytest
 from fakes import SHORT_TIMEOUT_CONFIG, FakeClock, FakeProc, all_ready, live, make
 from herder.common.worker_protocol import parse_line, wait_line
 from herder.supervisor.children import fleet, pipes
+from herder.supervisor.children.dispatchers import StdoutReader
 from herder.supervisor.children.fleet import Life, Worker
 from herder.supervisor.children.observations import Held, Observations, record, wait_to_log
 from herder.supervisor.children.states import (
     TRANSITIONS,
     Cull,
     IllegalTransition,
+    KillKind,
     MasterPhase,
     WorkerState,
     change_cull,
@@ -28,7 +33,7 @@ from herder.supervisor.children.states import (
 )
 from herder.supervisor.control import reload
 from herder.supervisor.master import TICK, TICK_IN_MOTION, Master
-from herder.supervisor.policy.liveness import EOF_GRACE, derived_state, judge
+from herder.supervisor.policy.liveness import EOF_GRACE, derived_state, judge, next_verdict_at
 from herder.supervisor.policy.pool import PoolState
 from herder.supervisor.policy.scaling import Load
 from herder.supervisor.redis_side.load_reader import Reading
@@ -343,6 +348,41 @@ def test_a_wait_is_recorded_until_the_worker_works_and_a_kill_names_it() -> None
     # Never a wait at all: the start timeout's reason as before.
     verdict = judge(worker(WorkerState.STARTING), Observations(last_seen=0.0), cfg.start_timeout + 0.1, cfg)
     assert verdict and verdict.reason == f"no `ready` within the start timeout of {cfg.start_timeout:g} s"
+
+
+class ReadOnly:
+    """The stdout reader's view of a worker (dispatchers.Piped), with no process behind it."""
+
+    label = "slot 0 pid 1"
+    stdout = stderr = None
+
+    def __init__(self) -> None:
+        self.obs, self.lock, self.finished = Observations(last_seen=0.0), threading.Lock(), deque()
+
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[Observations]:
+        with self.lock:
+            yield self.obs
+
+    def json_fields(self) -> dict[str, object]:
+        return {}
+
+
+def test_a_worker_whose_ready_names_an_unknown_version_is_killed_at_the_start_timeout() -> None:
+    """docs/protocol.md, "Versioning": the master refuses a version it does not know, and the
+    worker, never ready, is killed at the start timeout, however long it goes on heartbeating."""
+    cfg = SHORT_TIMEOUT_CONFIG
+    proc = ReadOnly()
+    reader = StdoutReader(proc, lambda: None)
+    reader.feed(b"ready 1 100.0 99\nidle 100.5\n", now=0.0)
+    assert proc.obs.malformed == 1
+    w = worker(WorkerState.STARTING)
+    proc.obs.last_seen = cfg.start_timeout - 1.0  # still heartbeating, just before the deadline
+    assert judge(w, proc.obs, cfg.start_timeout - 0.1, cfg) is None
+    verdict = judge(w, proc.obs, cfg.start_timeout + 0.1, cfg)
+    assert verdict and verdict.kind == KillKind.NO_READY
+    assert "unsupported protocol version '99'" in verdict.reason
+    assert next_verdict_at(w, proc.obs, cfg) == cfg.start_timeout
 
 
 def test_derived_state_follows_the_worker_unless_the_master_decided() -> None:

@@ -9,9 +9,10 @@ raised in the job's thread, the way RQ's own timeout is) so RQ marks it stopped,
 requeued, and the worker goes on to the next job.
 
 Paused (`rq suspend` on any host, or `herder pause` on this one) it takes no new job: it is
-checked before every dequeue slice, so a worker waiting on the queue notices within one
-slice (0.25 s), and while paused it keeps saying `idle <ts> suspended|paused`, so the master
-neither kills it nor counts it as a fault, and a `stop` ends it at once.
+checked before every dequeue slice, so a worker waiting on the queue notices `rq suspend`
+within one slice (a heartbeat interval) and `pause` at once (the request wakes its dequeue),
+and while paused it keeps saying `idle <ts> suspended|paused`, so the master neither kills it
+nor counts it as a fault, and a `stop` ends it at once.
 """
 
 from __future__ import annotations

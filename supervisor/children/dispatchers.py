@@ -96,6 +96,8 @@ class StdoutReader:
             with proc.changing() as obs:
                 obs.malformed += 1
                 obs.last_error = str(exc)
+                if raw[:6] == b"ready ":
+                    obs.ready_refused = obs.last_error
             return False
         change = proc.changing()
         with change as obs:

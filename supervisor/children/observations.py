@@ -60,6 +60,9 @@ class Observations:
     throttled: int = 0  # times the reader paused a flooding worker
     stderr_dropped: int = 0
     last_error: str = ""
+    # Why its `ready` was refused (a protocol version the master does not know): then its
+    # heartbeats do not stand for a start, and the start timeout ends it (liveness.py).
+    ready_refused: str = ""
     paused: str | None = None  # why it takes no jobs, from its last `idle`: suspended, paused, retiring
     endings: int = 0  # given-up jobs this worker ended (`end`), which count as no job
     # What it waits for (`wait`, version 9) until it says ready, idle or busy again; and the

@@ -84,7 +84,7 @@ def next_verdict_at(w: Worker, obs: Observations, cfg: Config) -> float:
     if life.state == WorkerState.STOPPING and life.stop_sent_at is not None:
         stop_at = life.stop_sent_at + cfg.stop_timeout
     if not obs.ready:
-        if obs.last_seen > w.spawned_at:
+        if obs.last_seen > w.spawned_at and not obs.ready_refused:
             return min(stop_at, obs.last_seen + cfg.heartbeat_timeout)
         return min(stop_at, w.spawned_at + cfg.start_timeout)
     at = min(stop_at, obs.last_seen + cfg.heartbeat_timeout)
@@ -119,9 +119,10 @@ def _judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | N
             kind=KillKind.STOP_TIMEOUT,
         )
     if not obs.ready:
-        if obs.last_seen > w.spawned_at:
+        if obs.last_seen > w.spawned_at and not obs.ready_refused:
             # Heartbeats (`idle`, `wait`) before `ready`: alive, waiting (for Redis, say); judged
             # by silence, as a worker that cannot reach Redis is replaced by one that cannot either.
+            # Not once its `ready` was refused: it will never be ready, however alive.
             silent = now - obs.last_seen
             if silent > cfg.heartbeat_timeout:
                 why = f"silent for {silent:.1f} s before `ready` (limit {cfg.heartbeat_timeout:g} s)"
@@ -129,6 +130,8 @@ def _judge(w: Worker, obs: Observations, now: float, cfg: Config) -> Verdict | N
             return None
         if now - w.spawned_at > cfg.start_timeout:
             why = f"no `ready` within the start timeout of {cfg.start_timeout:g} s"
+            if obs.ready_refused:
+                why += f" (its `ready` was refused: {obs.ready_refused})"
             return Verdict(why, judged_hung=hung, kind=KillKind.NO_READY)
         return None
     silent = now - obs.last_seen

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-LAG_LIMIT = 1.0  # seconds a pass of the loop may come late (the loop ticks every 0.25 s)
+LAG_LIMIT = 1.0  # seconds a pass of the loop may come late (it ticks every 1 s, 0.25 s in motion)
 LAG_MEMORY = 10.0  # seconds a late pass keeps health degraded, so a scrape can see it
 
 
