@@ -237,8 +237,8 @@ class FixedUsage:
     def __init__(self, jobs_of: dict[int, int], grows: int = 0) -> None:
         self.jobs_of, self.grows = jobs_of, grows
 
-    def of(self, pids) -> dict[int, tuple[int | None, float | None]]:  # noqa: ANN001
-        return {pid: (40 * MIB + self.grows * self.jobs_of.get(pid, 0), 1.0) for pid in pids}
+    def rss(self, pids) -> dict[int, int | None]:  # noqa: ANN001
+        return {pid: 40 * MIB + self.grows * self.jobs_of.get(pid, 0) for pid in pids}
 
 
 def test_the_master_records_its_workers_jobs_and_status_shows_the_advice() -> None:
@@ -293,3 +293,31 @@ def test_the_master_records_its_workers_jobs_and_status_shows_the_advice() -> No
     clock.advance(5)
     m.step()
     assert build_status(m.take_snapshot())["advice"] == []
+
+
+def test_the_evidences_rss_reading_leaves_the_status_samplers_processes_alone() -> None:
+    """The advice reads a batch of workers' RSS every 2 s; status samples every worker's RSS and
+    CPU once a second, its CPU percent measured since the last sampling. A batch read through
+    the status sampler would drop every other worker's kept process (and start its CPU afresh)."""
+    import os
+    import subprocess
+    import sys
+
+    from herder.supervisor.views.usage import Usage
+
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    try:
+        t = [0.0]
+        usage = Usage(lambda: t[0])
+        pids = [os.getpid(), *(c.pid for c in children)]
+        assert all(rss for rss, _ in usage.of(pids).values())
+        kept = dict(usage._processes)
+        t[0] += 5
+        rss = usage.rss(pids[:1])
+        assert rss[os.getpid()] and rss[os.getpid()] > 10 * MIB
+        assert usage._processes == kept  # the same Process objects, every worker's
+        assert usage.rss([children[0].pid + 10**7]) == {children[0].pid + 10**7: None}
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()

@@ -3,10 +3,10 @@ seconds as they finish, each worker's RSS after its jobs, and the pool's figures
 over the last WINDOW seconds. Bounded: a pool keeps at most MAX_JOBS jobs and MAX_RSS readings.
 
 The loop hands each finished job over as it folds it (`jobs`) and calls `observe` each pass: a
-pass costs nothing between two samplings, O(workers) at one (once a second), and a psutil read
-of each worker that finished a job since its last reading (once every RSS_EVERY). A pool whose
-settings change (a reload, `herder scale`) starts its evidence afresh: advice rests only on what
-was seen under the settings in force."""
+pass costs nothing between two samplings, O(workers) at one (once a second), and an RSS read
+of the workers that finished most jobs since their last reading (RSS_BATCH of them, once every
+RSS_EVERY). A pool whose settings change (a reload, `herder scale`) starts its evidence
+afresh: advice rests only on what was seen under the settings in force."""
 
 from __future__ import annotations
 
@@ -100,12 +100,13 @@ class EvidenceKeeper:
             done = o.jobs_ok + o.jobs_failed
             if done and ev.read_jobs.get(w.pid) != done:
                 counts[w.pid] = done
-        ev.read_jobs = {pid: n for pid, n in ev.read_jobs.items() if pid in {w.pid for w in workers}}
+        alive = {w.pid for w in workers}
+        ev.read_jobs = {pid: n for pid, n in ev.read_jobs.items() if pid in alive}
         if not counts:
             return
         since = {pid: n - ev.read_jobs.get(pid, 0) for pid, n in counts.items()}
         batch = sorted(since, key=since.__getitem__, reverse=True)[:RSS_BATCH]
-        for pid, (rss, _) in self.usage.of(batch).items():
+        for pid, rss in self.usage.rss(batch).items():
             if rss is not None:
                 ev.rss.append(RssSample(now, pid, counts[pid], rss))
                 ev.read_jobs[pid] = counts[pid]
