@@ -203,10 +203,17 @@ def test_a_scale_down_undone_again_and_again_gets_a_longer_delay() -> None:
     targets = []
     for _ in range(6):  # each minute: down to 2 for 20 s, then back to 6
         targets += [6] * 40 + [2] * 20
-    flap = [PoolSample(float(i), t, 1, 1, t, 0.0, 0, t) for i, t in enumerate(targets)]
+    # Each time the need comes back, the oldest job has waited 12 s (past the 10 s target
+    # a pool without max_wait is judged by) until the workers are back.
+    late = {i for i, t in enumerate(targets) if t == 6 and i % 60 < 3}
+    flap = [PoolSample(float(i), t, 1, 1, t, 12.0 if i in late else 0.0, 0, t) for i, t in enumerate(targets)]
     (a,) = actionable(advise(Evidence("flap", s, samples=flap)))
     assert a.reason == "flapping" and a.change == {"scale_down_delay": 50}
-    assert a.figures["flaps"] == 5
+    assert a.figures["flaps"] == 5 and "waiting past 10 s" in a.text
+    # The same ups and downs with no job late for them: a start from the warm template undid
+    # each down at no wait, which a short delay is for.
+    cheap = [PoolSample(float(i), t, 1, 1, t, 0.5, 0, t) for i, t in enumerate(targets)]
+    assert reasons(Evidence("flap", s, samples=cheap)) == []
     # Downs that stay down are a load that went away: nothing to say.
     calm = [
         PoolSample(float(i), 6 if i < 200 else 2, 1, 1, 6 if i < 200 else 2, 0.0, 0, 2) for i in range(400)

@@ -46,7 +46,8 @@ GROWTH_ALLOWED = 64 * MIB  # a worker may grow this much over its baseline (or b
 # Bounds.
 DEFAULT_WAIT_TARGET = 10.0  # seconds, when the pool sets no max_wait
 HELD_SHARE = 0.1  # held at max with jobs late for this share of the window
-FLAPS = 3  # scale-downs undone within FLAP_GAP of each, in the window
+FLAPS = 3  # scale-downs undone within FLAP_GAP of each, with a job late for it, in the window
+FLAP_LATE_AFTER = 10.0  # seconds after the scale-up that undid a down in which a late job counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,23 +394,38 @@ def idle_min(ev: Evidence) -> Advice | None:
     )  # fmt: skip
 
 
+def _late(samples: Sequence[PoolSample], start: int, until: float, target: float) -> bool:
+    """Whether the pool's oldest job waited past `target` from sample `start` until `until`."""
+    for sample in samples[start:]:
+        if sample.at > until:
+            return False
+        if sample.oldest_age is not None and sample.oldest_age > target:
+            return True
+    return False
+
+
 def flapping(ev: Evidence) -> Advice | None:
-    """A scale-down the need undid soon after: the delay was too short for this load's lulls."""
+    """A scale-down the need undid soon after, and a job waited past the target for it: the
+    delay was too short for this load's lulls. A down undone at no wait costs only a start
+    from the warm template, which a short delay is for: nothing to say."""
     s = ev.settings
     got = _window(ev, FLAP_SECONDS)
     if got is None or not s.autoscale:
         return None
     samples, span = got
+    target = s.max_wait if s.max_wait is not None else DEFAULT_WAIT_TARGET
     gap = max(60.0, 2 * s.scale_down_delay)  # an up within this of a down undoes it
-    down_at: float | None = None
+    down: int | None = None  # the sample of the last scale-down
     undone: list[float] = []
-    for before, after in zip(samples, samples[1:], strict=False):
+    for i in range(1, len(samples)):
+        before, after = samples[i - 1], samples[i]
         if after.target < before.target:
-            down_at = after.at
-        elif after.target > before.target and down_at is not None:
-            if after.at - down_at <= gap:
-                undone.append(after.at - down_at)
-            down_at = None
+            down = i
+        elif after.target > before.target and down is not None:
+            lull = after.at - samples[down].at
+            if lull <= gap and _late(samples, down, after.at + FLAP_LATE_AFTER, target):
+                undone.append(lull)
+            down = None
     if len(undone) < FLAPS:
         return None
     undone.sort()
@@ -418,7 +434,8 @@ def flapping(ev: Evidence) -> Advice | None:
     advised = int(math.ceil((s.scale_down_delay + longest) / 10) * 10)
     text = (
         f"scaled down and back up {len(undone)} times in {span / 60:.0f} min, each within "
-        f"{longest:.0f} s of the scale-down: scale_down_delay = {advised} would ride out those lulls"
+        f"{longest:.0f} s of the scale-down and with a job waiting past {target:g} s: "
+        f"scale_down_delay = {advised} would ride out those lulls"
     )
     figures = {"flaps": len(undone), "gap": round(longest, 1), "advised": advised}
     return _said(
