@@ -177,7 +177,7 @@ def steady_threads(p: psutil.Process) -> int:
 
 def test_hurry_cuts_the_coalescing_pause_short() -> None:
     """The master reaping a worker has the hub read its last lines now, not after the pause a
-    busy fleet's lines pile up in (issue 19: the pause grows to 80 ms)."""
+    busy fleet's lines pile up in (issue 19: the pause grows to 250 ms)."""
     hub = PipeHub(coalesce=30.0)  # a pause far longer than anything below waits
     r, w = os.pipe()
     rec = Recorder()

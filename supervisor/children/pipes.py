@@ -27,7 +27,7 @@ from typing import Protocol
 CHUNK = 65536
 COALESCE = 0.005  # seconds the hub pauses after a pass that read anything
 BUSY_PIPES = 4  # pipes with something to read in one pass, above which the pause grows...
-COALESCE_MAX_FACTOR = 16.0  # ... to at most this many times COALESCE (80 ms, at 64 such pipes)
+COALESCE_MAX_FACTOR = 50.0  # ... to at most this many times COALESCE (250 ms, at 200 such pipes)
 QUIET_AFTER = 1.0  # seconds without a line that wakes the loop, after which the fleet is quiet...
 QUIET_COALESCE = 0.05  # ... and the pause is this long: its idle lines are read a batch at a time
 # While the master's loop is settled (it looks once a second: no worker or scheduler starting or
