@@ -52,6 +52,8 @@ def stuck_since(obs: Observations) -> float | None:
     own code (the earliest, in a threaded worker), or None."""
     if not obs.jobs:
         return None
+    if len(obs.jobs) == 1:  # one thread: asked of every busy worker that changed, each pass
+        return next(iter(obs.jobs.values())).stuck_since
     return min((h.stuck_since for h in obs.jobs.values() if h.stuck_since is not None), default=None)
 
 

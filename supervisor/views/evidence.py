@@ -62,7 +62,10 @@ class EvidenceKeeper:
         self._advised_at = float("-inf")
 
     def _of(self, pool: str) -> _PoolEvidence:
-        return self._pools.setdefault(pool, _PoolEvidence())
+        ev = self._pools.get(pool)  # not setdefault: that builds a new one (three rings) each call
+        if ev is None:
+            ev = self._pools[pool] = _PoolEvidence()
+        return ev
 
     def jobs(self, pool: str, done: Iterable[FinishedJob], now: float) -> None:
         ring = self._of(pool).jobs
