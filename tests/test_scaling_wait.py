@@ -91,3 +91,14 @@ def test_jobs_slower_than_the_target_get_a_worker_each_not_more():
     state = decide(state, Load(0.0, 2, 3), 3, 0.1, cfg)[1]
     decision, _ = decide(state, Load(1.0, 2, 3), 3, 0.1, cfg)
     assert decision.target == 5, decision
+
+
+def test_a_rate_too_large_to_multiply_holds_the_jobs_running():
+    # Regression. Counterexample found by the bounds property: one job over 2.2e-308 busy
+    # seconds pools to a rate of 4.5e307 jobs/s; 4 running jobs at that rate overflowed the
+    # arrival estimate to infinity, and math.floor(inf) raised OverflowError in decide().
+    cfg = ScaleConfig(floor=0, ceiling=10, max_wait=5.0, alpha=1.0)
+    state = learn_rate(ScaleState(), 1, 2.2250738585072014e-308, cfg)
+    state = decide(state, Load(0.0, 0, 0), 0, 0.0, cfg)[1]
+    decision, _ = decide(state, Load(0.1, 0, 4), 0, 0.0, cfg)
+    assert decision.target == 4  # the jobs running, each on a worker

@@ -188,7 +188,10 @@ def waiting_need(load: Load, arrival: float | None, rate: float | None, cfg: Sca
     if load.backlog <= 0 and load.running <= 0:
         return 0.0  # an empty queue and an idle fleet: nothing to keep (the delay still holds it)
     t = WAIT_SHARE * min(cfg.drain_target, cfg.max_wait)
-    busy = math.floor(max(0.0, arrival or 0.0) / rate + 1e-9)
+    keep = max(0.0, arrival or 0.0) / rate  # workers the arrivals keep busy
+    if not math.isfinite(keep):  # a rate too large to multiply (a vanishing busy time): the jobs running
+        keep = float(load.running)
+    busy = math.floor(keep + 1e-9)
     # A waiting job starts as soon as it has a worker: jobs slower than the target need one
     # each, never the many that would finish them all within it.
     drain = min(load.backlog / (rate * t), load.running + load.backlog)
