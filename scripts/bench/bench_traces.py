@@ -86,6 +86,7 @@ class Run:
     label: str
     figures: sim.Figures
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    tight: sim.Figures | None = None  # the same waits judged at the tight target (--tight)
 
 
 def policies(b: sim.Bounds, trace: sim.Trace) -> list[sim.Rule]:
@@ -112,7 +113,13 @@ def run(args: argparse.Namespace) -> int:
         meta = saved.pop("", {})
         results = {
             k: [
-                Run(r["name"], r["label"], sim.Figures(**r["figures"]), [tuple(p) for p in r["timeline"]])
+                Run(
+                    r["name"],
+                    r["label"],
+                    sim.Figures(**r["figures"]),
+                    [tuple(p) for p in r["timeline"]],
+                    sim.Figures(**r["tight"]) if r.get("tight") else None,
+                )
                 for r in v
             ]
             for k, v in saved.items()
@@ -153,7 +160,12 @@ def run(args: argparse.Namespace) -> int:
             for rule in rules:
                 o = sim.simulate(trace, rule, b)
                 runs.append(
-                    Run(o.name, o.label, sim.figures(o.waits, o.worker_seconds, o.scale_events, b.target))
+                    Run(
+                        o.name,
+                        o.label,
+                        sim.figures(o.waits, o.worker_seconds, o.scale_events, b.target),
+                        tight=sim.figures(o.waits, o.worker_seconds, o.scale_events, args.tight),
+                    )
                 )
                 runs[-1].timeline = o.timeline
         else:
@@ -266,7 +278,7 @@ def measure(
         stop.set()
         for t in threads:
             t.join(timeout=30)
-        runs = [collect(pair, trace, b) for pair in pairs]
+        runs = [collect(pair, trace, b, args.tight) for pair in pairs]
     finally:
         stop.set()
         end_pairs(procs, pairs)
@@ -347,7 +359,7 @@ def scaler(pair: Pair, t0: float, end: float, stop: threading.Event) -> None:
 SCALE_LINE = re.compile(r"scale: \d+ -> \d+ workers")
 
 
-def collect(pair: Pair, trace: sim.Trace, b: sim.Bounds) -> Run:
+def collect(pair: Pair, trace: sim.Trace, b: sim.Bounds, tight: float = TIGHT) -> Run:
     """The run's figures: each job's wait from RQ's timestamps (a job never started waits until
     the run ended), worker-seconds over the trace's length from the samples, scale events."""
     waits: list[float] = []
@@ -375,7 +387,13 @@ def collect(pair: Pair, trace: sim.Trace, b: sim.Bounds) -> Run:
     else:
         events = pair.scale_calls
     timeline = [(t, n, q) for t, n, q in pair.samples if t >= 0 and abs(t - round(t)) < SAMPLE / 2]
-    return Run(pair.rule.name, pair.rule.label, sim.figures(waits, ws, events, b.target), timeline)
+    return Run(
+        pair.rule.name,
+        pair.rule.label,
+        sim.figures(waits, ws, events, b.target),
+        timeline,
+        sim.figures(waits, ws, events, tight),
+    )
 
 
 def end_pairs(procs: Processes, pairs: list[Pair]) -> None:
@@ -467,12 +485,26 @@ def default_table(
 ) -> list[str]:
     """herder without a target against the oracle of its own service level (every job within
     `tight` seconds) and against the oracle of the wait target, per trace."""
-    rows = []
+    peers = ["judoscale", "judoscale-scaled", "hirefire", "hirefire-scaled", "keda", "keda-scaled"]
+    labels: dict[str, str] = {}
+    rows, verdicts = [], []
     for trace in traces:
         by = {r.name: r for r in results.get(trace.name, [])}
         if "herder" not in by or "oracle-tight" not in by:
             continue
         h, t = by["herder"].figures, by["oracle-tight"].figures
+        ht = by["herder"].tight
+        if ht is not None:
+            slack = 0.01 * len(trace.jobs)
+            cells = []
+            for p in peers:
+                peer = by.get(p)
+                if peer is not None and peer.tight is not None:
+                    labels[p] = peer.label
+                    cells.append(verdict(ht, peer.tight, slack))
+                else:
+                    cells.append("")
+            verdicts.append(f"| {trace.name} | {' | '.join(cells)} |")
         o = by.get("oracle")
         wide = f"{h.worker_seconds / o.figures.worker_seconds:.2f}x" if o and o.figures.worker_seconds else ""
         ratio = f"{h.worker_seconds / t.worker_seconds:.2f}x" if t.worker_seconds else ""
@@ -491,6 +523,19 @@ def default_table(
         f"| herder / it | herder / {b.target:g} s oracle |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *rows,
+        *(
+            [
+                "",
+                f"The same against each rule, judged at {tight:g} s (beats, ties, cheaper, late: as above,",
+                f"with the waiting over {tight:g} s in place of the waiting over the target):",
+                "",
+                f"| trace | {' | '.join(labels.get(p, p) for p in peers)} |",
+                "|---|" + "---|" * len(peers),
+                *verdicts,
+            ]
+            if verdicts
+            else []
+        ),
     ]
 
 
