@@ -504,7 +504,8 @@ def default_table(
                     cells.append(verdict(ht, peer.tight, slack))
                 else:
                     cells.append("")
-            verdicts.append(f"| {trace.name} | {' | '.join(cells)} |")
+            if any(cells):  # (a run of some policies only may have no rule to judge)
+                verdicts.append(f"| {trace.name} | {' | '.join(cells)} |")
         o = by.get("oracle")
         wide = f"{h.worker_seconds / o.figures.worker_seconds:.2f}x" if o and o.figures.worker_seconds else ""
         ratio = f"{h.worker_seconds / t.worker_seconds:.2f}x" if t.worker_seconds else ""
