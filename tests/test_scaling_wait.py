@@ -12,7 +12,18 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herder.supervisor.policy.scaling import Load, ScaleConfig, ScaleState, decide, learn_rate, pooled_rate
+from herder.supervisor.policy.scaling import (
+    DEFAULT_ARRIVAL_SPAN,
+    DEFAULT_WAIT,
+    WAIT_SHARE,
+    Load,
+    ScaleConfig,
+    ScaleState,
+    decide,
+    learn_rate,
+    pooled_rate,
+    smoothed_arrival,
+)
 
 
 def warm(cfg: ScaleConfig, samples: list[tuple[int, float]]) -> ScaleState:
@@ -34,9 +45,9 @@ def test_a_backlog_the_fleet_serves_within_the_target_waits_for_it():
     assert steady(20) == 4
     # Twice the backlog would start its newest job only after 5 s: a worker per 5 jobs.
     assert steady(40) == 8
-    # Without a target the same fleet drains every waiting job within the drain target at
-    # once: (8 jobs/s * 30 s + 20) / (2 * 30) = 4.33, 5 workers.
-    assert steady(20, ScaleConfig(floor=1, ceiling=20)) == 5
+    # Without a target the same fleet is sized for a 1 s wait: the newest of the 20 starts
+    # within half a second, 20 / (2 * 0.5) = 20 workers.
+    assert steady(20, ScaleConfig(floor=1, ceiling=20)) == 20
 
 
 def test_with_a_target_a_fleet_is_shed_half_a_target_after_its_queue_empties():
@@ -91,3 +102,49 @@ def test_jobs_slower_than_the_target_get_a_worker_each_not_more():
     state = decide(state, Load(0.0, 2, 3), 3, 0.1, cfg)[1]
     decision, _ = decide(state, Load(1.0, 2, 3), 3, 0.1, cfg)
     assert decision.target == 5, decision
+
+
+def test_a_rate_too_large_to_multiply_holds_the_jobs_running():
+    # Regression. Counterexample found by the bounds property: one job over 2.2e-308 busy
+    # seconds pools to a rate of 4.5e307 jobs/s; 4 running jobs at that rate overflowed the
+    # arrival estimate to infinity, and math.floor(inf) raised OverflowError in decide().
+    cfg = ScaleConfig(floor=0, ceiling=10, max_wait=5.0, alpha=1.0)
+    state = learn_rate(ScaleState(), 1, 2.2250738585072014e-308, cfg)
+    state = decide(state, Load(0.0, 0, 0), 0, 0.0, cfg)[1]
+    decision, _ = decide(state, Load(0.1, 0, 4), 0, 0.0, cfg)
+    assert decision.target == 4  # the jobs running, each on a worker
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.floats(0.05, 50.0),
+    backlog=st.integers(1, 5000),
+    running=st.integers(0, 200),
+    drain=st.floats(1.0, 300.0),
+)
+def test_without_a_target_the_newest_waiting_job_starts_within_half_a_second(rate, backlog, running, drain):
+    """Without `max_wait` the fleet is sized for DEFAULT_WAIT (1 s), whatever the drain target:
+    enough workers that the newest waiting job starts within half of it, or one per waiting job
+    when they are slower than that (the first rule drained the backlog within the drain target,
+    letting a job wait up to 30 s)."""
+    cfg = ScaleConfig(floor=0, ceiling=100_000, drain_target=drain)
+    state = warm(cfg, [(1000, 1000 / rate)])
+    decision, _ = decide(state, Load(0.0, backlog, running), running, running * rate, cfg)
+    wanted = min(backlog / (rate * WAIT_SHARE * DEFAULT_WAIT), running + backlog)
+    assert decision.target >= math.ceil(wanted - 1e-9), (decision, wanted)
+
+
+def test_without_a_target_a_job_older_than_a_second_adds_a_worker():
+    cfg = ScaleConfig(floor=1, ceiling=10)
+    state = warm(cfg, [(100, 10.0)] * 3)  # 10 jobs/s per worker: 2 waiting need no more than 1
+    state = decide(state, Load(0.0, 2, 1, 0.5), 1, 10.0, cfg)[1]
+    decision, _ = decide(state, Load(1.0, 2, 1, 1.5), 1, 10.0, cfg)
+    assert decision.target == 2 and "sized for 1 s without max_wait" in decision.reason, decision
+
+
+def test_the_first_arrival_estimate_starts_from_the_jobs_done_not_one_jump_of_the_backlog():
+    # 2 jobs/s done; the backlog jumps by 30 between the first two readings: 32 jobs/s taken as
+    # the arrival rate would keep 16 workers of 2 jobs/s busy. Smoothed from the jobs done over
+    # the span (5 s without a target), the jump weighs a sixth.
+    first = smoothed_arrival(None, Load(0.0, 10, 1), Load(1.0, 40, 1), 2.0, DEFAULT_ARRIVAL_SPAN)
+    assert first is not None and math.isclose(first, 2.0 + 30.0 / 6)

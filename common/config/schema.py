@@ -111,7 +111,7 @@ class Config:
         pool=True,
     )
     scale_down_delay: float = setting(
-        30.0,
+        2.0,
         "Seconds the need must stay low before workers stop (with max_wait: at most max_wait / 2).",
         reload=APPLY,
         pool=True,

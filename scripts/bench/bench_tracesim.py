@@ -642,6 +642,7 @@ COLOURS = {
     "keda": "#ff7f0e",
     "keda-scaled": "#ff7f0e",
     "oracle": "#000000",
+    "oracle-tight": "#8c564b",
 }
 
 
@@ -691,7 +692,7 @@ def svg_chart(title: str, series: list[tuple[str, str, list[tuple[float, int, in
                 if name in ("judoscale", "hirefire", "keda", "fixed-min", "fixed-max")
                 else ""
             )
-            width_ = 2.2 if name in ("herder", "herder-wait", "oracle") else 1.2
+            width_ = 2.2 if name in ("herder", "herder-wait", "oracle", "oracle-tight") else 1.2
             pts = " ".join(f"{x(s[0]):.1f},{y(s[key]):.1f}" for s in samples)
             out.append(
                 f'<polyline fill="none" stroke="{COLOURS.get(name, "#333")}" stroke-width="{width_}"'

@@ -1,32 +1,30 @@
 """The autoscaling policy: a pure function from what was observed to a worker count.
 
 No I/O and no clock of its own, so it is unit- and property-tested directly
-(tests/test_scaling_policy.py); docs/scaling.md explains the formula.
+(tests/test_scaling_policy.py, tests/test_scaling_wait.py); docs/scaling.md explains the formula.
 
-    need = running + ceil( (arrival_rate * T + backlog) / (rate_per_worker * T) )
+The fleet is sized for a wait: the target (`max_wait`), or without one DEFAULT_WAIT (1 s):
 
-where T is the drain target: enough workers for the jobs already running, plus enough
-to absorb what arrives *and* empty the current backlog within T seconds. Before the
-per-worker rate is known (cold start) every waiting job counts as one worker's worth,
-which errs towards draining fast. With a latency target (`max_wait`) T is at most that
-target, and a waiting job older than it adds a worker whatever the formula says.
-
-Up at once; down only after `need` has stayed below the current count for the whole
-scale-down delay, and then only to the highest need of that delay plus as much headroom
-as the need varied within it, and by a real step (DOWN_STEP), so a noisy load does not
-flap: a load that is truly gone varies by nothing and goes all the way down.
-
-With a wait target (`max_wait`) the policy sizes for the target instead of an empty queue:
-
-    need = max( floor(arrival / rate), min(backlog / (rate * WAIT_SHARE * T), running + backlog) )
+    need = max( floor(arrival / rate), min(backlog / (rate * WAIT_SHARE * W), running + backlog) )
 
 the whole workers the arrivals keep busy, or enough that the newest waiting job starts within
-a share of the target (FIFO: only the jobs ahead of it delay it), whichever is more. The queue
-is the buffer: a fraction of a worker's load waits in it instead of costing a whole worker.
-The arrival rate is smoothed over the target and the job rate pooled (jobs over busy seconds,
-each smoothed) so that a mix of fast and slow jobs is not misjudged by whichever finished last;
-a scale-down comes after at most half the target (WAIT_DOWN) of lower need, to the highest need seen
-then; and a job older than the target still adds a worker at every reading.
+a share of the wait W (FIFO: only the jobs ahead of it delay it), whichever is more; never more
+than one worker per job there is to do. The queue is the buffer: a fraction of a worker's load
+waits in it instead of costing a whole worker. The arrival rate is smoothed (over the target, or
+DEFAULT_ARRIVAL_SPAN without one) from the jobs done, and the job rate pooled (jobs over busy
+seconds, each smoothed) so that a mix of fast and slow jobs is not misjudged by whichever
+finished last; a waiting job older than W adds a worker at every reading. The drain target caps
+W (the backlog is emptied within it at the latest). Before the per-worker rate is known (cold
+start) every waiting job counts as one worker's worth, which errs towards draining fast.
+
+Up at once; down only after `need` has stayed below the current count for the scale-down delay
+(with a target, at most half of it: WAIT_DOWN), to the highest need of that time. Without a
+target also plus as much headroom as the need varied within it, and by a real step (DOWN_STEP),
+so a noisy load does not flap: a load that is truly gone varies by nothing and goes all the way
+down. (With a target the queue absorbs the noise and a late job adds a worker: no headroom.)
+
+`unrounded_need` is the first rule (empty the backlog within the drain target, arrivals counted
+on top of the jobs running); it now gives only the cold start's count.
 """
 
 from __future__ import annotations
@@ -42,14 +40,22 @@ from herder.supervisor.redis_side.load import Load  # the load reader's reading,
 # smaller step down is most likely the noise missing its peak for a while, and comes back.
 DOWN_STEP = 0.1
 
-# With a wait target: the newest waiting job should start within this share of it (the rest is
-# margin for a worker's start and for the estimates' error).
+# The newest waiting job should start within this share of the wait the fleet is sized for (the
+# rest is margin for a worker's start and for the estimates' error).
 WAIT_SHARE = 0.5
 # With a wait target: a scale-down waits at most this share of it (or the scale-down delay, if
 # shorter): the queue buffers the load's noise and a late job adds a worker at once, so a fleet
 # sized for a burst need not idle for the whole delay after it; a worker stopped too soon costs
 # a start from the warm template, well within the other half of the target.
 WAIT_DOWN = 0.5
+# Without a wait target the fleet is still sized for one, this tight (seconds): waits stay around
+# a second. (The drain target of the first rule, emptying the queue within 30 s of arrivals counted
+# on top of the jobs running, kept every worker a burst had started and spent 1.5x to 3.3x the
+# worker-seconds of the fewest that hold every job within a second, on the trace bench.)
+DEFAULT_WAIT = 1.0
+# Without a wait target: the arrival rate is smoothed over this many seconds (with one, over the
+# target), so that a jittery backlog is not read as arrivals that would keep whole workers busy.
+DEFAULT_ARRIVAL_SPAN = 5.0
 # Weight of the newest interval in the pooled job rate (jobs and busy seconds each smoothed).
 POOL_WEIGHT = 0.2
 
@@ -63,7 +69,7 @@ class ScaleConfig:
 
     floor: int  # job slots
     ceiling: int  # job slots
-    scale_down_delay: float = 30.0
+    scale_down_delay: float = 2.0
     drain_target: float = 30.0
     # The latency target (`max_wait`): no waiting job should wait longer than this; None: none.
     max_wait: float | None = None
@@ -167,32 +173,48 @@ def smoothed_arrival(
     previous: float | None, last: Load | None, load: Load, completions: float, tau: float
 ) -> float | None:
     """Jobs arriving per second (the backlog's change plus the jobs being done), smoothed over
-    `tau` seconds; None until two readings are known."""
+    `tau` seconds from the completions of the first pair of readings; None until then."""
     if last is None or not load.at > last.at:
         return previous
     dt = load.at - last.at
     # Not clamped at 0: a backlog that lands and then drains adds and takes back as much, so
     # a spike leaves no arrival rate behind once it is gone (the reader clamps the estimate).
     sample = (load.backlog - last.backlog) / dt + completions
-    if previous is None:
-        return sample
+    if previous is None:  # one interval's change of a jittery backlog is not a rate: start from the jobs done
+        previous = completions
     weight = dt / (dt + tau)
     return weight * sample + (1 - weight) * previous
 
 
+def sizing_wait(cfg: ScaleConfig) -> float:
+    """The wait the fleet is sized for: the target (`max_wait`), or without one DEFAULT_WAIT."""
+    return cfg.max_wait if cfg.max_wait is not None else DEFAULT_WAIT
+
+
 def waiting_need(load: Load, arrival: float | None, rate: float | None, cfg: ScaleConfig) -> float:
-    """Workers (unrounded) to hold the wait target: the formula in the module doc."""
+    """Workers (unrounded) to hold the wait the fleet is sized for: the formula in the module doc."""
     if rate is None or rate <= 0:
         return unrounded_need(load, 0.0, None, 0.0, cfg)  # cold start: one worker per waiting job
-    assert cfg.max_wait is not None
     if load.backlog <= 0 and load.running <= 0:
         return 0.0  # an empty queue and an idle fleet: nothing to keep (the delay still holds it)
-    t = WAIT_SHARE * min(cfg.drain_target, cfg.max_wait)
-    busy = math.floor(max(0.0, arrival or 0.0) / rate + 1e-9)
+    t = WAIT_SHARE * min(cfg.drain_target, sizing_wait(cfg))
+    keep = max(0.0, arrival or 0.0) / rate  # workers the arrivals keep busy
+    if not math.isfinite(keep):  # a rate too large to multiply (a vanishing busy time): the jobs running
+        keep = float(load.running)
+    # ... but never more than there are jobs to do: a jittery backlog of slow jobs reads as arrivals
+    # that would keep many workers busy.
+    busy = math.floor(min(keep, load.running + load.backlog) + 1e-9)
     # A waiting job starts as soon as it has a worker: jobs slower than the target need one
     # each, never the many that would finish them all within it.
     drain = min(load.backlog / (rate * t), load.running + load.backlog)
     return max(float(busy), drain)
+
+
+def wait_name(cfg: ScaleConfig) -> str:
+    """The wait the fleet is sized for, in the scale line's words."""
+    if cfg.max_wait is None:
+        return f"sized for {DEFAULT_WAIT:g} s without max_wait"
+    return f"max wait {cfg.max_wait:g} s"
 
 
 def down_delay(cfg: ScaleConfig) -> float:
@@ -217,14 +239,12 @@ def decide(
     if load is None:
         return Decision(clamp(current, cfg), current, "no load reading: holding"), state
     growth = smoothed_growth(state.growth, state.last, load, cfg.drain_target)
-    arrival = state.arrival
-    if cfg.max_wait is None:
-        raw = unrounded_need(load, growth, state.per_worker, completions_per_s, cfg)
-    else:  # sized for the wait target, with the pooled rate (also for the jobs being done)
-        rate = pooled_rate(state)
-        completions = completions_per_s if rate is None else load.running * rate
-        arrival = smoothed_arrival(state.arrival, state.last, load, completions, cfg.max_wait)
-        raw = waiting_need(load, arrival, rate, cfg)
+    # Sized for a wait (the target, or DEFAULT_WAIT), with the pooled rate (also for the jobs being done).
+    rate = pooled_rate(state)
+    completions = completions_per_s if rate is None else load.running * rate
+    span = cfg.max_wait if cfg.max_wait is not None else DEFAULT_ARRIVAL_SPAN
+    arrival = smoothed_arrival(state.arrival, state.last, load, completions, span)
+    raw = waiting_need(load, arrival, rate, cfg)
     demand = math.ceil(raw - 1e-9)
     need = clamp(demand, cfg)
     delay = down_delay(cfg)
@@ -232,14 +252,14 @@ def decide(
     recent = (*((at, n) for at, n in state.recent if at >= since), (load.at, raw))
     state = replace(state, last=load, growth=growth, recent=recent, arrival=arrival)
 
-    late = cfg.max_wait is not None and load.backlog > 0 and load.oldest_age > cfg.max_wait
+    late = load.backlog > 0 and load.oldest_age > sizing_wait(cfg)
     if late:  # a job already waits past the target, whatever the formula says: one more worker
         demand = max(demand, current + 1)
         need = clamp(max(need, current + 1), cfg)
     if need >= current:
         state = replace(state, low_since=None)
         reason = "scale up" if need > current else "steady"
-        waited = f", oldest job waited {load.oldest_age:.1f} s (max wait {cfg.max_wait:g} s)" if late else ""
+        waited = f", oldest job waited {load.oldest_age:.1f} s ({wait_name(cfg)})" if late else ""
         return Decision(
             need,
             need,
