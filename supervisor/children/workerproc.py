@@ -13,6 +13,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import threading
 import time
@@ -20,6 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
+
+import psutil
 
 from herder.common import handover, processes
 from herder.common.worker_protocol import ENV_POOL, PAUSE, RESUME, RETIRE, STOP, end_request
@@ -276,3 +279,22 @@ class _Changing:
         proc.lock.release()
         if not self.quiet:
             CHANGED.add(proc.popen.pid)  # the loop looks at it next pass (changes.py)
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss(pid: int) -> int | None:
+    """A process's resident set in bytes, or None if it is gone or unreadable (the one reading
+    recycling and the advice take): on Linux one small read of /proc, where psutil would make a
+    Process and read its stat file first."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                return int(f.read().split()[1]) * PAGE
+        except (OSError, ValueError, IndexError):
+            return None
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None

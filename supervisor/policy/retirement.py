@@ -33,13 +33,12 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-import psutil
-
 from herder.common.config import Config
 from herder.common.worker_protocol import RETIRING
 from herder.supervisor.children.fleet import Worker
 from herder.supervisor.children.observations import Observations
 from herder.supervisor.children.states import Cull, KillKind, Retire, change_cull
+from herder.supervisor.children.workerproc import rss
 from herder.supervisor.redis_side.budget import SlidingWindow
 from herder.supervisor.redis_side.recovery import Recovery
 
@@ -60,10 +59,8 @@ STILL_TAKING = 1.0  # seconds since its last job within which a worker still tak
 
 
 def rss_mb(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).memory_info().rss / MB
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
+    got = rss(pid)
+    return got / MB if got is not None else None
 
 
 class Retirement:

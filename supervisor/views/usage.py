@@ -4,12 +4,12 @@ sampling a second, not one a request. CPU percent is over the time since the las
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 
 import psutil
+
+from herder.supervisor.children.workerproc import rss
 
 EVERY = 1.0  # seconds between two samplings
 
@@ -38,7 +38,7 @@ class Usage:
         """pid -> RSS bytes now (None where unreadable), leaving the CPU sampling above alone:
         the advice's evidence reads a few workers at a time, and asking `of` for those would
         drop every other worker's kept process and its CPU measurement."""
-        return {pid: _rss(pid) for pid in pids}
+        return {pid: rss(pid) for pid in pids}
 
     def _sample(self, pid: int) -> tuple[int | None, float | None]:
         try:
@@ -48,24 +48,6 @@ class Usage:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             self._processes.pop(pid, None)
             return None, None
-
-
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _rss(pid: int) -> int | None:
-    """One process's RSS: on Linux one small read of /proc (psutil makes a Process and reads
-    its stat file first), elsewhere psutil's."""
-    if sys.platform.startswith("linux"):
-        try:
-            with open(f"/proc/{pid}/statm", "rb") as f:
-                return int(f.read().split()[1]) * PAGE
-        except (OSError, ValueError, IndexError):
-            return None
-    try:
-        return psutil.Process(pid).memory_info().rss
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
 
 
 SHARED = Usage(time.monotonic)  # the master's one sampler: status and the dashboard's snapshot
