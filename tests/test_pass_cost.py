@@ -56,6 +56,20 @@ def test_a_quiet_pass_looks_at_no_worker_and_a_busy_one_at_those_that_changed(cl
     assert len(looks(m)) == FLEET
 
 
+def test_an_idle_fleets_seconds_between_sweeps_look_at_no_worker(clock: FakeClock) -> None:
+    """The views' once-a-second sample and the advice's RSS readings (every 2 s) included: an
+    idle fleet whose workers only say they are alive costs no look at any of them until the
+    next sweep (or the first silence deadline: the fakes' heartbeat timeout is short)."""
+    m = settled(clock, heartbeat_timeout=60.0)
+    start = clock.t
+    while clock.t - start < SWEEP_EVERY - 0.5:
+        clock.t += 0.25
+        for proc in live(m).values():
+            proc.beat()  # type: ignore[attr-defined]
+        m.step()
+    assert looks(m) == {}, "an idle second looked at workers"
+
+
 def test_a_silent_worker_is_killed_at_its_heartbeat_timeout_though_nothing_changed(clock: FakeClock) -> None:
     m = settled(clock, n=8)
     procs = live(m)

@@ -3,10 +3,12 @@ seconds as they finish, each worker's RSS after its jobs, and the pool's figures
 over the last WINDOW seconds. Bounded: a pool keeps at most MAX_JOBS jobs and MAX_RSS readings.
 
 The loop hands each finished job over as it folds it (`jobs`) and calls `observe` each pass: a
-pass costs nothing between two samplings, O(workers) at one (once a second), and an RSS read
-of the workers that finished most jobs since their last reading (RSS_BATCH of them, once every
-RSS_EVERY). A pool whose settings change (a reload, `herder scale`) starts its evidence
-afresh: advice rests only on what was seen under the settings in force."""
+pass costs nothing between two samplings, a count of its live workers at one (once a second,
+no copy of what a worker of one thread said), and an RSS read of the workers that finished
+most jobs since their last reading (RSS_BATCH of them, once every RSS_EVERY), known as their
+jobs are folded, not by a walk of the fleet. A pool whose settings change (a reload, `herder
+scale`) starts its evidence afresh: advice rests only on what was seen under the settings in
+force."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from collections.abc import Iterable
 
 from herder.supervisor.children.fleet import Worker
 from herder.supervisor.children.observations import FinishedJob
+from herder.supervisor.children.states import WorkerState
 from herder.supervisor.policy.pool import Pool
 from herder.supervisor.views.advice import (
     Advice,
@@ -44,7 +47,7 @@ class _PoolEvidence:
         self.jobs: deque[JobSample] = deque(maxlen=MAX_JOBS)
         self.rss: deque[RssSample] = deque(maxlen=MAX_RSS)
         self.samples: deque[PoolSample] = deque(maxlen=int(WINDOW / SAMPLE_EVERY) + 1)
-        self.read_jobs: dict[int, int] = {}  # pid -> its jobs at its last RSS reading
+        self.unread: dict[int, int] = {}  # pid -> jobs it finished since its last RSS reading
 
     def trim(self, now: float) -> None:
         since = now - WINDOW
@@ -67,9 +70,12 @@ class EvidenceKeeper:
             ev = self._pools[pool] = _PoolEvidence()
         return ev
 
-    def jobs(self, pool: str, done: Iterable[FinishedJob], now: float) -> None:
-        ring = self._of(pool).jobs
-        ring.extend(JobSample(now, j.seconds, j.cpu, j.runq or 0.0) for j in done)
+    def jobs(self, w: Worker, done: list[FinishedJob], now: float) -> None:
+        """A worker's finished jobs, as the loop folds them: samples for the advice, and the
+        worker due an RSS reading (so a reading never walks the fleet for who worked)."""
+        ev = self._of(w.pool)
+        ev.jobs.extend(JobSample(now, j.seconds, j.cpu, j.runq or 0.0) for j in done)
+        ev.unread[w.pid] = ev.unread.get(w.pid, 0) + len(done)
 
     def observe(self, pools: Iterable[Pool], now: float) -> None:
         """The pools' figures, once a second; their workers' RSS, every RSS_EVERY."""
@@ -91,28 +97,22 @@ class EvidenceKeeper:
                 ev = self._pools[pool.name] = _PoolEvidence(under)
             ev.samples.append(_sample(pool, now))
             if read_rss:
-                self._read_rss(ev, list(pool.workers.values()), now)
+                self._read_rss(ev, pool.by_pid, now)
             ev.trim(now)
 
-    def _read_rss(self, ev: _PoolEvidence, workers: list[Worker], now: float) -> None:
-        """Each worker that finished a job since its last reading (an idle one's RSS says nothing
-        new about its jobs)."""
-        counts = {}
-        for w in workers:
-            o = w.proc.snapshot()
-            done = o.jobs_ok + o.jobs_failed
-            if done and ev.read_jobs.get(w.pid) != done:
-                counts[w.pid] = done
-        alive = {w.pid for w in workers}
-        ev.read_jobs = {pid: n for pid, n in ev.read_jobs.items() if pid in alive}
-        if not counts:
+    def _read_rss(self, ev: _PoolEvidence, alive: dict[int, Worker], now: float) -> None:
+        """The workers that finished most jobs since their last reading (an idle one's RSS says
+        nothing new about its jobs); the others wait their turn. Costs the workers that worked."""
+        if any(pid not in alive for pid in ev.unread):  # gone before its reading
+            ev.unread = {pid: n for pid, n in ev.unread.items() if pid in alive}
+        if not ev.unread:
             return
-        since = {pid: n - ev.read_jobs.get(pid, 0) for pid, n in counts.items()}
-        batch = sorted(since, key=since.__getitem__, reverse=True)[:RSS_BATCH]
+        batch = sorted(ev.unread, key=ev.unread.__getitem__, reverse=True)[:RSS_BATCH]
         for pid, rss in self.usage.rss(batch).items():
+            del ev.unread[pid]
             if rss is not None:
-                ev.rss.append(RssSample(now, pid, counts[pid], rss))
-                ev.read_jobs[pid] = counts[pid]
+                o = alive[pid].proc.snapshot()
+                ev.rss.append(RssSample(now, pid, o.jobs_ok + o.jobs_failed, rss))
 
     def evidence(self, pool: Pool, cap: int | None) -> Evidence:
         ev = self._of(pool.name)
@@ -152,7 +152,10 @@ def _sample(pool: Pool, now: float) -> PoolSample:
     alive = pool.live()
     busy = running = 0
     for w in alive:
-        n = len(w.proc.snapshot().jobs)
+        # A worker of one thread runs a job while BUSY (the loop's reading of its lines);
+        # only a threaded one's count needs its lines' record (a copy, for an idle worker that
+        # spoke since: its `idle` lines change it once a second).
+        n = len(w.proc.snapshot().jobs) if w.threads > 1 else int(w.life.state == WorkerState.BUSY)
         busy += n > 0
         running += n
     read = [pool.scaler.queues.get(q) for q in pool.cfg.queues]

@@ -129,7 +129,7 @@ class Views:
         done = w.proc.take_finished()
         if not done:
             return
-        self.snapshots.evidence.jobs(w.pool, done, self.sources.clock.monotonic() if now is None else now)
+        self.snapshots.evidence.jobs(w, done, self.sources.clock.monotonic() if now is None else now)
         if self.jobstats:
             pool = self.sources.pools.get(w.pool)
             self.jobstats.fold(w.pool, pool.cfg.queues if pool else (), done)
