@@ -148,6 +148,53 @@ def test_a_settled_pause_ends_for_a_start_or_stop_and_is_never_taken_for_a_chatt
         os.close(fd)
 
 
+class Busy(Quiet):
+    """A busy worker's lines (`busy`, `done`): each pass that reads them wakes the loop."""
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+        super().feed(chunk, now)
+        return True, None
+
+
+def passes_of_a_busy_fleet(settled: bool, chatty: bool = False) -> tuple[int, float]:
+    """40 pipes, each with a line every 10 ms for a second (one of them also 20 KB at a time if
+    `chatty`): how many passes the hub read them in, over how long."""
+    hub = PipeHub()
+    hub.settle(settled)
+    pipes = [os.pipe() for _ in range(40)]
+    readers = [Busy() for _ in pipes]
+    for (r, _), rec in zip(pipes, readers, strict=True):
+        hub.add(r, rec)
+    began = time.monotonic()
+    while time.monotonic() - began < 1.0:
+        for _, w in pipes:
+            os.write(w, b"done 1.0 1\n")
+        if chatty:
+            os.write(pipes[0][1], b"x" * 20_000 + b"\n")
+        time.sleep(0.01)
+    span = time.monotonic() - began
+    for _, w in pipes:
+        os.write(w, b"end\n")
+    ended = began + span
+    wait_for(lambda: all(rec.passes and rec.passes[-1] >= ended for rec in readers), 5, what="all read")
+    for r, w in pipes:
+        os.close(w)
+        os.close(r)
+    return len({t for rec in readers for t in rec.passes if t <= ended}), span
+
+
+def test_a_settled_busy_fleets_lines_are_read_in_fewer_passes_but_never_a_chatty_pipes() -> None:
+    """None starting or stopping, 40 busy pipes: the hub pauses 5 ms a pipe that had lines
+    (200 ms), not 5 ms per 4 (50 ms), so each read finds several jobs' lines. Not after a pass
+    in which a pipe had 16 KB or more: a job printing that much must not fill its pipe."""
+    settled, span = passes_of_a_busy_fleet(settled=True)
+    assert settled <= span / (pipes_mod.COALESCE * 40) + 3, (settled, span)
+    moving, _ = passes_of_a_busy_fleet(settled=False)
+    assert moving >= 2 * settled, (moving, settled)
+    chatty, _ = passes_of_a_busy_fleet(settled=True, chatty=True)
+    assert chatty >= 2 * settled, (chatty, settled)
+
+
 def test_a_paused_pipe_is_left_unread_until_its_time_then_read_again() -> None:
     hub = PipeHub()
     r, w = os.pipe()

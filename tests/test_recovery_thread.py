@@ -3,6 +3,8 @@ blocks the tasks behind it, and a move is atomic and counted."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from redis import Redis
 from rq import Queue
@@ -71,3 +73,27 @@ def test_past_max_requeues_the_job_fails_with_a_reason(conn: Redis, redis_url: s
     assert job.get_status() == "failed"
     assert "requeued" in (job.latest_result().exc_string or "")
     assert conn.llen("rq:queue:default") == 0
+
+
+def test_a_sweep_reads_an_entry_only_at_its_second_sighting_and_moves_an_orphan_as_soon_as_before(
+    conn: Redis, redis_url: str
+) -> None:
+    """A busy fleet's started entries are mostly gone by the next sweep: the first sweep that
+    sees an entry reads nothing of its job; the second reads it and, the grace run from the
+    first sighting, moves an orphan then, as when every entry was read at once."""
+    job_id = started(conn, "default")
+    conn.hdel(f"rq:job:{job_id}", "worker_name")  # its worker died before it put its name on it
+    r = RecoveryThread(conn, Config(redis_url=redis_url, sweep_interval=0.2))  # not started: swept here
+
+    def hgets() -> int:
+        return int(conn.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+    before = hgets()
+    r._sweep_once()
+    assert hgets() == before, "the first sighting read the job's hash"
+    assert conn.zcard("rq:wip:default") == 1
+    time.sleep(0.3)  # the grace: one sweep interval since the first sighting
+    r._sweep_once()
+    assert hgets() > before
+    assert conn.lrange("rq:queue:default", 0, -1) == [job_id.encode()], "the orphan was not moved"
+    assert conn.zcard("rq:wip:default") == 0

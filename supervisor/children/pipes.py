@@ -38,6 +38,13 @@ QUIET_COALESCE = 0.05  # ... and the pause is this long: its idle lines are read
 # busy fleet's lines) keeps the short pause: its pipe must not fill.
 SETTLED_COALESCE = 1.0
 SETTLED_CHUNK = 256  # bytes: the most a pipe may have had in a pass for the settled pause
+# A settled busy fleet (workers running jobs, none starting or stopping) pauses COALESCE per
+# pipe that had something, up to a second: at 256 workers each running a few jobs a second, a
+# read then finds several jobs' lines, not one, and a job costs the hub about the same at 256
+# workers as at 4. Not after a pass in which a pipe had SETTLED_BUSY_CHUNK or more (a job that
+# prints a lot): its pipe must not fill behind the pause.
+SETTLED_BUSY_MAX = 1.0
+SETTLED_BUSY_CHUNK = CHUNK // 4
 
 
 class PipeReader(Protocol):
@@ -155,6 +162,8 @@ class PipeHub:
                 # had something (a large busy fleet), so a read still finds a few lines, not one:
                 # the master's cost per job stays flat as the fleet grows. A poke ends it.
                 pause = self.coalesce * min(COALESCE_MAX_FACTOR, max(1.0, len(events) / BUSY_PIPES))
+                if self._settled and biggest < SETTLED_BUSY_CHUNK:
+                    pause = max(pause, min(SETTLED_BUSY_MAX, self.coalesce * len(events)))
                 if now - self._woke_at >= QUIET_AFTER:
                     # A quiet fleet: its `idle` lines (one a worker a second) read in batches,
                     # not one wake-up each. A `ready` or `stop` then waits up to this pause once;

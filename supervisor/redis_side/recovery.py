@@ -53,6 +53,7 @@ from herder.supervisor.redis_side.sweep import Fleet, Popped, Recover, Started, 
 log = logging.getLogger("herder")
 
 MAX_ATTEMPTS = 5
+Entry = tuple[str, str, str]  # (source: "wip" or "intermediate", queue, the entry in that list)
 RETRY_INITIAL, RETRY_MAX = 0.5, 10.0
 SCAN_LIMIT = 1000  # entries read per list per sweep: a huge backlog of orphans takes a few sweeps
 COUNT_FIELD = REQUEUES_FIELD  # in the job's hash: requeues so far, counted atomically
@@ -243,6 +244,8 @@ class RecoveryThread:
         self._endings: dict[str, int] = {}  # job id -> its give-up's number
         self._give_ups = 0
         self._first_seen: dict[tuple[str, str, str], float] = {}
+        self._entries: set[Entry] = set()  # what the last sweep saw
+        self._sighted: list[Entry] = []  # what this sweep saw first, unread
         self._next_sweep = 0.0
         self._trust_leases_at = time.monotonic() + cfg.lease_seconds  # others renew meanwhile
         self._outage_since: float | None = None
@@ -490,7 +493,7 @@ class RecoveryThread:
         self._next_sweep = now + self.cfg.sweep_interval
         try:
             self._vouch(fleet.live)
-            started, popped = self._read(self.queues)
+            started, popped = self._read(self.queues, fleet.held)
         except Exception as exc:
             if is_outage(exc):
                 if self._outage_since is None:
@@ -512,6 +515,8 @@ class RecoveryThread:
             trust_leases=now >= self._trust_leases_at,
             unknown_grace=self.cfg.progress_timeout,
         )
+        for key in self._sighted:  # not read yet: its grace runs from its first sighting
+            self._first_seen.setdefault(key, now)
         for move in moves:
             try:
                 outcome = self._move_one(move)
@@ -527,7 +532,10 @@ class RecoveryThread:
             return
         self._renew(keys=[lease_key(name) for name in live], args=[max(1, round(self.cfg.lease_seconds))])
 
-    def _read(self, queues: list[str]) -> tuple[list[Started], list[Popped]]:
+    def _read(self, queues: list[str], held: frozenset[str]) -> tuple[list[Started], list[Popped]]:
+        """The queues' started and popped entries, each with what its job's hash says; those
+        whose job this master's live workers hold are left out unread (`plan` passes them by):
+        a sweep of a busy fleet costs the jobs no worker of ours holds, not one read a worker."""
         c = self.connection
         with c.pipeline(transaction=False) as pipe:
             for q in queues:
@@ -542,8 +550,14 @@ class RecoveryThread:
                 if job_id not in known:
                     self._give_ups += 1
                 self._endings[job_id] = known.get(job_id, self._give_ups)
-        popped_ids = [(q, [x.decode() for x in replies[2 * i]]) for i, q in enumerate(queues)]
-        members = [(q, [x.decode() for x in replies[2 * i + 1]]) for i, q in enumerate(queues)]
+        # An entry is read only at its second sighting: a job moves only once it looked orphaned
+        # at two sweeps anyway (sweep.plan), and most entries of a busy fleet (jobs a worker just
+        # took, its master not told yet) are gone by the next sweep. The grace runs from its first
+        # sighting, so an orphan moves when it did when every entry was read at once.
+        before, self._entries, self._sighted = self._entries, set(), []
+        sighted, qs = self._second_sightings, queues
+        popped_ids = [(q, sighted("intermediate", q, replies[2 * i], held, before)) for i, q in enumerate(qs)]
+        members = [(q, sighted("wip", q, replies[2 * i + 1], held, before)) for i, q in enumerate(qs)]
         with c.pipeline(transaction=False) as pipe:
             for _, ids in popped_ids:
                 for job_id in ids:
@@ -559,6 +573,24 @@ class RecoveryThread:
             for m in ms
         ]
         return started, popped
+
+    def _second_sightings(
+        self, source: str, queue: str, raw: list[bytes], held: frozenset[str], before: set[Entry]
+    ) -> list[str]:
+        """The entries of one list to read: not a job this master's workers hold (`plan` passes
+        those by), and seen at the last sweep too; each entry not held is remembered as seen."""
+        out = []
+        for x in raw:
+            entry = x.decode()
+            if (entry.rsplit(":", 1)[0] if source == "wip" else entry) in held:
+                continue
+            key = (source, queue, entry)
+            self._entries.add(key)
+            if key in before:
+                out.append(entry)
+            else:
+                self._sighted.append(key)
+        return out
 
     def _move_one(self, r: Recover, workers: tuple[str, ...] = ()) -> str:
         """One atomic move (MOVE); logs and counts what happened. `workers`: a started job is
