@@ -87,12 +87,13 @@ def test_notify_ready_watchdog_stopping_in_order(herder, systemd, jobs):
     # The fleet's size goes out at the master's first pass that has it (the watchdog sends the
     # newest text once a second).
     wait_for(lambda: any(f.startswith("STATUS=2/2 workers") for _, f in systemd.messages), 3, what="2/2")
-    # STATUS= goes out at most once a second, the newest text: a 1.5 s job is still running
-    # when its "busy" text's turn comes, however soon after the last STATUS= it starts (a
-    # shorter one could start and end between two turns, and nothing would change); then
-    # the idle text waits for its turn and goes out although nothing changes any more.
+    # STATUS= goes out at most once a second, the newest text: a 2 s job is still running
+    # when its "busy" text's turn comes, however soon after the last STATUS= it starts and
+    # however late its `busy` is read (up to half a second in a quiet fleet, pipes.py); a
+    # shorter one could start and end between two turns, and nothing would change. Then the
+    # idle text waits for its turn and goes out although nothing changes any more.
     before = len(systemd.fields("STATUS="))
-    jobs.enqueue("record", "blip", 1.5)
+    jobs.enqueue("record", "blip", 2.0)
     wait_for(lambda: jobs.finished("blip"), 10, what="the job")
     idle = "STATUS=2/2 workers, 0 busy, 0 queued"
     wait_for(lambda: systemd.fields("STATUS=")[-1][1] == idle, 5, what="the newest status")

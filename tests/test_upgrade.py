@@ -190,6 +190,8 @@ def test_upgrades_under_load_never_dip_and_run_every_job_once(
     st = status(h, builds.herder)
     assert (st["master"]["pid"], st["version"], st["watchdog"]["pid"]) == (master, BUMPED, watchdog)
     time.sleep(0.5)  # the master serves on after the refusal
+    # The load ends once it has been more than a few jobs (faster upgrades leave fewer).
+    wait_for(lambda: len(load.ids) > 100, 30, what="over 100 jobs enqueued")
     ended = time.monotonic()
     load.done.set()
     load.join()

@@ -31,12 +31,13 @@ COALESCE_MAX_FACTOR = 50.0  # ... to at most this many times COALESCE (250 ms, a
 QUIET_AFTER = 1.0  # seconds without a line that wakes the loop, after which the fleet is quiet...
 QUIET_COALESCE = 0.05  # ... and the pause is this long: its idle lines are read a batch at a time
 # While the master's loop is settled (it looks once a second: no worker or scheduler starting or
-# stopping), a quiet fleet's lines are read once a second, if each pipe had no more than a line
-# or two. A wake-up costs far more than a line: after a pause the hub's code runs cold, about
-# 0.4 ms a pass against a few us a line (perf on a hub of 1 to 256 idle pipes), so one pass a
-# second, not four, is most of an idle fleet's cost saved. A chatty pipe (a job's prints, a
-# busy fleet's lines) keeps the short pause: its pipe must not fill.
-SETTLED_COALESCE = 1.0
+# stopping), a quiet fleet's lines are read twice a second, if each pipe had no more than a line
+# or two. A wake-up costs far more than a line: after a pause the hub's code runs cold, 0.2 to
+# 0.5 ms a pass against a few us a line (perf on a hub of 1 to 256 idle pipes), so two passes a
+# second, not four, halve an idle fleet's cost; a quiet fleet's first `busy` then shows within
+# half a second. A chatty pipe (a job's prints, a busy fleet's lines) keeps the short pause: its
+# pipe must not fill.
+SETTLED_COALESCE = 0.5
 SETTLED_CHUNK = 256  # bytes: the most a pipe may have had in a pass for the settled pause
 # A settled busy fleet (workers running jobs, none starting or stopping) pauses COALESCE per
 # pipe that had something, up to a second: at 256 workers each running a few jobs a second, a
