@@ -38,7 +38,7 @@ TARGET_CPU_GROWTH = 1.5
 # the workers); the master idle under this share of a core at the largest size.
 TARGET_CPU_GROWTH_BIG = 1.3
 TARGET_READY_GROWTH = 4.5
-TARGET_IDLE_CPU = 0.02
+TARGET_IDLE_CPU = 0.01
 TARGET_THREADS = 8
 
 
