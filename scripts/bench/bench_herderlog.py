@@ -15,7 +15,9 @@ from pathlib import Path
 
 LOG_TS = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) herder\[\d+\] \w+ slot \d+ pid (\d+): "
 SPAWNED_RE = re.compile(LOG_TS + r"spawned -> ")
-READY_RE = re.compile(LOG_TS + r"starting -> idle \(ready\)")
+# Ready: `starting -> idle (ready)`, or `starting -> busy` when its `ready` and its first job's
+# `busy` came in one read (a busy queue: the worker takes a job within a millisecond of ready).
+READY_RE = re.compile(LOG_TS + r"starting -> (idle \(ready\)|busy\b)")
 STOP_SENT_RE = re.compile(LOG_TS + r"\w+ -> stopping\b")  # the master has sent `stop` (or SIGTERM)
 STOPPED_RE = re.compile(LOG_TS + r"\w+ -> exited \([^;]*; stopped as asked;")  # a graceful exit after a stop
 
