@@ -156,12 +156,12 @@ class Busy(Quiet):
         return True, None
 
 
-def passes_of_a_busy_fleet(settled: bool, chatty: bool = False) -> tuple[int, float]:
-    """40 pipes, each with a line every 10 ms for a second (one of them also 20 KB at a time if
+def passes_of_a_busy_fleet(settled: bool, chatty: bool = False, n: int = 40) -> tuple[int, float]:
+    """n pipes, each with a line every 10 ms for a second (one of them also 20 KB at a time if
     `chatty`): how many passes the hub read them in, over how long."""
     hub = PipeHub()
     hub.settle(settled)
-    pipes = [os.pipe() for _ in range(40)]
+    pipes = [os.pipe() for _ in range(n)]
     readers = [Busy() for _ in pipes]
     for (r, _), rec in zip(pipes, readers, strict=True):
         hub.add(r, rec)
@@ -183,16 +183,20 @@ def passes_of_a_busy_fleet(settled: bool, chatty: bool = False) -> tuple[int, fl
     return len({t for rec in readers for t in rec.passes if t <= ended}), span
 
 
-def test_a_settled_busy_fleets_lines_are_read_in_fewer_passes_but_never_a_chatty_pipes() -> None:
+def test_a_settled_big_busy_fleets_lines_are_read_in_fewer_passes_but_never_a_chatty_pipes() -> None:
     """None starting or stopping, 40 busy pipes: the hub pauses 5 ms a pipe that had lines
     (200 ms), not 5 ms per 4 (50 ms), so each read finds several jobs' lines. Not after a pass
-    in which a pipe had 16 KB or more: a job printing that much must not fill its pipe."""
+    in which a pipe had 16 KB or more: a job printing that much must not fill its pipe. And not
+    for a small fleet (8 pipes): its lines are read as often as when it is not settled."""
     settled, span = passes_of_a_busy_fleet(settled=True)
     assert settled <= span / (pipes_mod.COALESCE * 40) + 3, (settled, span)
     moving, _ = passes_of_a_busy_fleet(settled=False)
     assert moving >= 2 * settled, (moving, settled)
     chatty, _ = passes_of_a_busy_fleet(settled=True, chatty=True)
     assert chatty >= 2 * settled, (chatty, settled)
+    small_settled, _ = passes_of_a_busy_fleet(settled=True, n=8)
+    small_moving, _ = passes_of_a_busy_fleet(settled=False, n=8)
+    assert small_settled >= small_moving / 2, (small_settled, small_moving)
 
 
 def test_a_paused_pipe_is_left_unread_until_its_time_then_read_again() -> None:

@@ -39,11 +39,14 @@ QUIET_COALESCE = 0.05  # ... and the pause is this long: its idle lines are read
 # pipe must not fill.
 SETTLED_COALESCE = 0.5
 SETTLED_CHUNK = 256  # bytes: the most a pipe may have had in a pass for the settled pause
-# A settled busy fleet (workers running jobs, none starting or stopping) pauses COALESCE per
-# pipe that had something, up to a second: at 256 workers each running a few jobs a second, a
-# read then finds several jobs' lines, not one, and a job costs the hub about the same at 256
-# workers as at 4. Not after a pass in which a pipe had SETTLED_BUSY_CHUNK or more (a job that
-# prints a lot): its pipe must not fill behind the pause.
+# A settled big busy fleet (workers running jobs, none starting or stopping; SETTLED_BUSY_PIPES
+# or more pipes with lines in a pass) pauses COALESCE per pipe that had something, up to a
+# second: at 256 workers each running a few jobs a second, a read then finds several jobs'
+# lines, not one, and a job costs the hub about the same at 256 workers as at 4. Not a small
+# fleet: its reads find many jobs each already, and a longer pause only held its lines back
+# (a replacement among 4 printing workers came 30 ms later at p90). Not after a pass in which
+# a pipe had SETTLED_BUSY_CHUNK or more (a job that prints a lot): its pipe must not fill.
+SETTLED_BUSY_PIPES = 32
 SETTLED_BUSY_MAX = 1.0
 SETTLED_BUSY_CHUNK = CHUNK // 4
 
@@ -163,7 +166,7 @@ class PipeHub:
                 # had something (a large busy fleet), so a read still finds a few lines, not one:
                 # the master's cost per job stays flat as the fleet grows. A poke ends it.
                 pause = self.coalesce * min(COALESCE_MAX_FACTOR, max(1.0, len(events) / BUSY_PIPES))
-                if self._settled and biggest < SETTLED_BUSY_CHUNK:
+                if self._settled and len(events) >= SETTLED_BUSY_PIPES and biggest < SETTLED_BUSY_CHUNK:
                     pause = max(pause, min(SETTLED_BUSY_MAX, self.coalesce * len(events)))
                 if now - self._woke_at >= QUIET_AFTER:
                     # A quiet fleet: its `idle` lines (one a worker a second) read in batches,
