@@ -39,8 +39,8 @@ QUIET_COALESCE = 0.05  # ... and the pause is this long: its idle lines are read
 # pipe must not fill.
 SETTLED_COALESCE = 0.5
 SETTLED_CHUNK = 256  # bytes: the most a pipe may have had in a pass for the settled pause
-# A settled big busy fleet (workers running jobs, none starting or stopping; SETTLED_BUSY_PIPES
-# or more pipes with lines in a pass) pauses COALESCE per pipe that had something, up to a
+# A settled big busy fleet (workers running jobs, none starting or stopping; the hub reads
+# SETTLED_BUSY_PIPES pipes or more, 16 workers) pauses COALESCE per pipe that had something, up to a
 # second: at 256 workers each running a few jobs a second, a read then finds several jobs'
 # lines, not one, and a job costs the hub about the same at 256 workers as at 4. Not a small
 # fleet: its reads find many jobs each already, and a longer pause only held its lines back
@@ -166,7 +166,8 @@ class PipeHub:
                 # had something (a large busy fleet), so a read still finds a few lines, not one:
                 # the master's cost per job stays flat as the fleet grows. A poke ends it.
                 pause = self.coalesce * min(COALESCE_MAX_FACTOR, max(1.0, len(events) / BUSY_PIPES))
-                if self._settled and len(events) >= SETTLED_BUSY_PIPES and biggest < SETTLED_BUSY_CHUNK:
+                big = len(self._sel.get_map()) > SETTLED_BUSY_PIPES  # its pipes, and the poke pipe
+                if self._settled and big and biggest < SETTLED_BUSY_CHUNK:
                     pause = max(pause, min(SETTLED_BUSY_MAX, self.coalesce * len(events)))
                 if now - self._woke_at >= QUIET_AFTER:
                     # A quiet fleet: its `idle` lines (one a worker a second) read in batches,
