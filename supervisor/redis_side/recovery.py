@@ -243,9 +243,8 @@ class RecoveryThread:
         self._state = _State()
         self._endings: dict[str, int] = {}  # job id -> its give-up's number
         self._give_ups = 0
-        self._first_seen: dict[tuple[str, str, str], float] = {}
+        self._first_seen: dict[Entry, float] = {}
         self._entries: set[Entry] = set()  # what the last sweep saw
-        self._sighted: list[Entry] = []  # what this sweep saw first, unread
         self._next_sweep = 0.0
         self._trust_leases_at = time.monotonic() + cfg.lease_seconds  # others renew meanwhile
         self._outage_since: float | None = None
@@ -493,7 +492,7 @@ class RecoveryThread:
         self._next_sweep = now + self.cfg.sweep_interval
         try:
             self._vouch(fleet.live)
-            started, popped = self._read(self.queues, fleet.held)
+            started, popped, sighted = self._read(self.queues, fleet.held)
         except Exception as exc:
             if is_outage(exc):
                 if self._outage_since is None:
@@ -515,7 +514,7 @@ class RecoveryThread:
             trust_leases=now >= self._trust_leases_at,
             unknown_grace=self.cfg.progress_timeout,
         )
-        for key in self._sighted:  # not read yet: its grace runs from its first sighting
+        for key in sighted:  # not read yet: its grace runs from its first sighting
             self._first_seen.setdefault(key, now)
         for move in moves:
             try:
@@ -532,10 +531,13 @@ class RecoveryThread:
             return
         self._renew(keys=[lease_key(name) for name in live], args=[max(1, round(self.cfg.lease_seconds))])
 
-    def _read(self, queues: list[str], held: frozenset[str]) -> tuple[list[Started], list[Popped]]:
-        """The queues' started and popped entries, each with what its job's hash says; those
-        whose job this master's live workers hold are left out unread (`plan` passes them by):
-        a sweep of a busy fleet costs the jobs no worker of ours holds, not one read a worker."""
+    def _read(
+        self, queues: list[str], held: frozenset[str]
+    ) -> tuple[list[Started], list[Popped], list[Entry]]:
+        """The queues' started and popped entries seen at the last sweep too, each with what its
+        job's hash says, and the entries seen for the first time (left unread). Those whose job
+        this master's live workers hold are left out (`plan` passes them by): a sweep of a busy
+        fleet costs the jobs no worker of ours holds, not one read a worker."""
         c = self.connection
         with c.pipeline(transaction=False) as pipe:
             for q in queues:
@@ -554,10 +556,15 @@ class RecoveryThread:
         # at two sweeps anyway (sweep.plan), and most entries of a busy fleet (jobs a worker just
         # took, its master not told yet) are gone by the next sweep. The grace runs from its first
         # sighting, so an orphan moves when it did when every entry was read at once.
-        before, self._entries, self._sighted = self._entries, set(), []
-        sighted, qs = self._second_sightings, queues
-        popped_ids = [(q, sighted("intermediate", q, replies[2 * i], held, before)) for i, q in enumerate(qs)]
-        members = [(q, sighted("wip", q, replies[2 * i + 1], held, before)) for i, q in enumerate(qs)]
+        before, self._entries = self._entries, set()
+        sighted: list[Entry] = []
+        popped_ids: list[tuple[str, list[str]]] = []
+        members: list[tuple[str, list[str]]] = []
+        for i, q in enumerate(queues):
+            popped_ids.append(
+                (q, self._second_sightings("intermediate", q, replies[2 * i], held, before, sighted))
+            )
+            members.append((q, self._second_sightings("wip", q, replies[2 * i + 1], held, before, sighted)))
         with c.pipeline(transaction=False) as pipe:
             for _, ids in popped_ids:
                 for job_id in ids:
@@ -572,13 +579,20 @@ class RecoveryThread:
             for q, ms in members
             for m in ms
         ]
-        return started, popped
+        return started, popped, sighted
 
     def _second_sightings(
-        self, source: str, queue: str, raw: list[bytes], held: frozenset[str], before: set[Entry]
+        self,
+        source: str,
+        queue: str,
+        raw: list[bytes],
+        held: frozenset[str],
+        before: set[Entry],
+        first: list[Entry],
     ) -> list[str]:
         """The entries of one list to read: not a job this master's workers hold (`plan` passes
-        those by), and seen at the last sweep too; each entry not held is remembered as seen."""
+        those by), and seen at the last sweep too; each entry not held is remembered as seen,
+        and one seen for the first time goes to `first`."""
         out = []
         for x in raw:
             entry = x.decode()
@@ -589,7 +603,7 @@ class RecoveryThread:
             if key in before:
                 out.append(entry)
             else:
-                self._sighted.append(key)
+                first.append(key)
         return out
 
     def _move_one(self, r: Recover, workers: tuple[str, ...] = ()) -> str:
