@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness import wait_for
+from harness import living, wait_for
 from herder.supervisor.events import DUPLICATE_SIGNAL_WINDOW
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_hung_master_is_replaced_after_its_heartbeat_deadline(herder, jobs):
     assert {w.pid for w in h.workers(new_master)} == {w.pid for w in h.workers()}
     # The old workers noticed their master died and left by themselves.
     wait_for(
-        lambda: not any(w.is_running() and w.status() != "zombie" for w in old_workers),
+        lambda: not any(living(w) for w in old_workers),
         10,
         what="old workers to exit",
     )
