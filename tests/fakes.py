@@ -90,7 +90,10 @@ class FakeProc:
             self.exit(-sig)
 
     def has_exited(self) -> bool:
+        self.exit_asked += 1  # a waitid, for a real worker
         return self.code is not None
+
+    exit_asked = 0
 
     def reap(self) -> int:
         assert self.code is not None
@@ -119,7 +122,8 @@ class FakeProc:
     def exit(self, code: int) -> None:
         if self.code is None:
             self.code = code
-            self.told()  # its stdout's EOF
+            self.obs.stdout_eof, self.obs.eof_at = True, self.clock.t  # its stdout's EOF
+            self.told()
 
 
 class FakeLauncher(Launcher):

@@ -30,7 +30,7 @@ def settled(clock: FakeClock, n: int = FLEET, **settings: object) -> Master:
     m.sweeps.ask()
     m.step()
     for proc in live(m).values():
-        proc.looks = 0
+        proc.looks = proc.exit_asked = 0  # type: ignore[attr-defined]
     return m
 
 
@@ -114,6 +114,74 @@ def test_a_death_whose_line_never_came_is_reaped_at_its_sigchld(clock: FakeClock
     m.events.child_exited = True  # what the SIGCHLD handler records
     m.step()
     assert all(w.proc is not proc for w in m.workers.values()), "the dead worker was not reaped"
+
+
+def busy_pass(m: Master, clock: FakeClock) -> None:
+    """Every worker finishes a job and starts the next, as a busy fleet's do between passes."""
+    clock.t += 0.5
+    for slot, proc in live(m).items():
+        proc.done()  # type: ignore[attr-defined]
+        proc.busy(f"job-{slot}-{clock.t}", timeout=180)  # type: ignore[attr-defined]
+    m.step()
+
+
+def test_a_busy_fleets_workers_are_asked_whether_they_exited_only_once_their_stdout_closed(
+    clock: FakeClock,
+) -> None:
+    """Each busy worker changes every pass; its exit is its stdout's EOF (or a SIGCHLD's sweep),
+    so a pass asks no live worker (a waitid each) whether it exited."""
+    m = settled(clock)
+    busy_pass(m, clock)
+    procs = live(m)
+    assert sum(p.exit_asked for p in procs.values()) == 0  # type: ignore[attr-defined]
+    procs[7].exit(-signal.SIGKILL)  # type: ignore[attr-defined]
+    busy_pass(m, clock)
+    assert m.workers[7].proc is not procs[7], "the worker whose stdout closed was not reaped"
+    assert sum(p.exit_asked for p in procs.values()) == 1  # type: ignore[attr-defined]
+
+
+def test_a_busy_fleets_workers_are_judged_only_when_a_deadline_comes(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new job moves a worker's deadlines, which murder arms again; it asks for a verdict only
+    once one could be due (liveness.next_verdict_at), as a silent worker's shows."""
+    from herder.supervisor.policy import murder
+
+    m = settled(clock)
+    judged: list[int] = []
+    real = murder.judge
+    monkeypatch.setattr(murder, "judge", lambda w, *rest: judged.append(w.slot) or real(w, *rest))
+    busy_pass(m, clock)
+    busy_pass(m, clock)
+    assert judged == [], "workers with no deadline come were judged"
+    silent = live(m)[9]
+    until = clock.t + m.cfg.heartbeat_timeout + 1
+    while clock.t < until and m.workers[9].proc is silent:
+        for proc in live(m).values():
+            if proc is not silent:
+                proc.beat()  # type: ignore[attr-defined]
+        clock.t += 0.25
+        m.step()
+    assert 9 in judged and signal.SIGTERM in silent.signals  # type: ignore[attr-defined]
+
+
+def test_a_busy_pass_counts_the_recycles_under_way_only_when_one_is_due(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The room for recycles (a walk of the pool) is counted when a worker's recycle is due,
+    not for every pass that a worker changed in."""
+    from herder.supervisor.children.fleet import Worker
+
+    m = settled(clock, max_jobs=3, max_jobs_jitter=0)
+    walked: list[int] = []
+    real = Worker.recycling
+    monkeypatch.setattr(Worker, "recycling", property(lambda w: walked.append(w.slot) or real.fget(w)))
+    busy_pass(m, clock)
+    assert walked == [], "a pass with no recycle due walked the pool"
+    busy_pass(m, clock)
+    busy_pass(m, clock)  # the third job done: every worker is due
+    assert walked, "recycles were planned without counting those under way"
+    assert any(w.limits.retire is not None for w in m.workers.values())
 
 
 def test_a_still_pool_is_planned_again_only_when_what_its_plan_reads_moved(

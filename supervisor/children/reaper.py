@@ -60,13 +60,15 @@ class Reaper:
         wake: Callable[[], None],
         changed: set[int] | None = None,
     ) -> None:
-        """The workers that exited, among those that changed (their stdout's EOF is a change;
-        every worker at a sweep, which a SIGCHLD asks for)."""
+        """The workers that exited: among those that changed, the ones whose stdout closed (a
+        busy fleet's lines change every worker each pass: no waitid for those); every worker at
+        a sweep, which a SIGCHLD asks for."""
         for pool in list(self.pools.values()):
             if changed is None:
                 look = list(pool.workers.values())
             else:
-                look = [w for pid in changed if (w := pool.by_pid.get(pid)) is not None]
+                ended = (w for pid in changed if (w := pool.by_pid.get(pid)) is not None)
+                look = [w for w in ended if w.proc.snapshot().stdout_eof]
             for w in look:
                 if w.proc.has_exited():
                     pool.leave(w)  # it leaves its pool

@@ -73,7 +73,10 @@ class Murderer:
                 lifecycle.escalate(w, now, cfg.kill_timeout)
                 self._arm_kill(w, cfg.kill_timeout)
                 continue
-            verdict = judge(w, obs, now, cfg)
+            # No verdict can come before its next deadline (a property test holds the two to
+            # that): a busy fleet's workers change each pass, and are judged only when due.
+            at = next_verdict_at(w, obs, cfg)
+            verdict = judge(w, obs, now, cfg) if at <= now else None
             if verdict is not None and read_late(verdict, w):
                 # Its lines wait in the pipe: the master's reader is behind (starved of CPU by
                 # a busy fleet), the worker is not silent. Never kill on the master's own lag.
@@ -87,7 +90,7 @@ class Murderer:
                 continue
             if verdict is None:
                 self.guard.responsive(w)
-                self._arm(w.pid, next_verdict_at(w, obs, cfg))
+                self._arm(w.pid, at)
             elif not verdict.judged_hung or self.guard.allow(w, verdict.reason, self.fleet(), now_wall()):
                 self.kill(w, verdict.reason, verdict.kind)  # the fleet size: counted only for a verdict
                 self._arm_kill(w, cfg.kill_timeout)

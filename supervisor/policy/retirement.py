@@ -83,7 +83,6 @@ class Retirement:
         self.degraded = ""  # why health is degraded (the cull budget is spent), or ""
         self.recycled: Counter[str] = Counter()  # planned recycles and culls (Retire), hard kills
         self.start_seconds = START_GUESS  # how long this pool's workers take to be ready, lately
-        self._asking = 0  # cull tokens asked for and not yet answered
         # When the next review of every worker is due (time moves age and memory, not lines).
         self._whole_at = float("-inf")
         self._deferred = False  # a worker waited for room: every pass reviews all until none does
@@ -130,9 +129,7 @@ class Retirement:
             return
         else:
             self._whole_at = min(self._whole_at, self._next_whole(look, now))
-        self._asking = sum(1 for w in live if w.culling.cull == Cull.ASKED)
-        planned = sum(1 for w in live if w.recycling)
-        room = max(1, math.floor(self.cfg.recycle_share * target)) - planned
+        room: int | None = None  # counted (a walk of the pool) only when a plan is due
         self._deferred = False
         for w in look:
             obs, culling = w.proc.snapshot(), w.culling
@@ -149,22 +146,24 @@ class Retirement:
                 kill(w, hard, KillKind.MEMORY_HARD)
                 continue
             if culling.failures or culling.cull == Cull.DENIED:  # else no failure to cull for, none denied
-                self._consider_cull(w, now, wall)
-            # Room is for replacements started ahead: one that takes no more jobs is due, room or not.
+                self._consider_cull(w, now, wall, live)
             if w.retiring:
                 continue
-            if room <= 0 and obs.paused != RETIRING:
-                self._deferred = True  # looked at again when room frees, though it may not change
-                continue
             planned = self.planned(w, obs, now)
-            if planned is not None:
-                limits = w.limits
-                limits.retire, limits.retire_reason = planned
-                self.recycled[limits.retire] += 1
-                room -= 1
-                log.info(
-                    "slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, limits.retire_reason
-                )
+            if planned is None:
+                continue
+            if room is None:
+                planned_already = sum(1 for x in live if x.recycling)
+                room = max(1, math.floor(self.cfg.recycle_share * target)) - planned_already
+            # Room is for replacements started ahead: one that takes no more jobs is due, room or not.
+            if room <= 0 and obs.paused != RETIRING:
+                self._deferred = True  # looked at again when room frees
+                continue
+            limits = w.limits
+            limits.retire, limits.retire_reason = planned
+            self.recycled[limits.retire] += 1
+            room -= 1
+            log.info("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, limits.retire_reason)
         if self.degraded and not any(w.culling.cull == Cull.DENIED for w in live):
             log.warning("health ok again: no worker is waiting on the cull budget")
             self.degraded = ""
@@ -234,7 +233,7 @@ class Retirement:
             return f"RSS {limits.rss:.0f} MB over the hard memory limit of {hard:g} MB"
         return ""
 
-    def _consider_cull(self, w: Worker, now: float, wall: float) -> None:
+    def _consider_cull(self, w: Worker, now: float, wall: float, live: list[Worker]) -> None:
         cfg, culling = self.cfg, w.culling
         failing = cfg.cull_failures > 0 and len(culling.failures) >= cfg.cull_failures
         if not failing:
@@ -244,18 +243,17 @@ class Retirement:
         if culling.cull == Cull.ASKED or (culling.cull == Cull.DENIED and now - culling.asked_at < ASK_AGAIN):
             return
         culling.asked_at = now
-        if self.local.count(wall) + self._asking + 1 > cfg.cull_budget:  # asks in flight count
+        asking = sum(1 for x in live if x.culling.cull == Cull.ASKED)  # asks in flight count
+        if self.local.count(wall) + asking + 1 > cfg.cull_budget:
             self._deny(w, "on this host")
         elif self.recovery is None:
             self._answered(w, True, now, wall)
         else:
             change_cull(w, Cull.ASKED)
             culling.ticket = next(self.tickets)
-            self._asking += 1
             self.recovery.ask_cull(culling.ticket, wall)
 
     def _answered(self, w: Worker, granted: bool, now: float, wall: float) -> None:
-        self._asking -= w.culling.cull == Cull.ASKED
         if not granted:
             self._deny(w, "cluster-wide (or Redis did not answer)")
             return
