@@ -97,7 +97,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the peers among --scale-contenders (all but herder's variants) run only at pool sizes up to "
         "this (0: at every size); herder's variants run at every size",
     )
-    p.add_argument("--scale-jobs-min", type=int, default=2000, help="scaling: jobs per run, at least")
+    p.add_argument(
+        "--scale-runs",
+        type=int,
+        default=3,
+        help="scaling: runs of each size for herder's variants, in rounds (the peers run once); a row "
+        "is the median run, a target the median of the rounds' ratios",
+    )
+    p.add_argument(
+        "--scale-jobs-min",
+        type=int,
+        default=10000,
+        help="scaling: jobs per run, at least (enough for a few seconds at any size: the master's "
+        "once-a-second and every-few-seconds work falls into every size's run)",
+    )
     p.add_argument(
         "--scale-jobs-per-worker", type=int, default=100, help="scaling: jobs per run, per worker (if more)"
     )
@@ -181,9 +194,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> None:
     """What argparse cannot check alone; fills in --skip-scaling."""
-    if min(args.workers, args.jobs, args.rounds, args.kills, args.load_kills, args.idle_runs) < 1:
+    counts = (
+        args.workers,
+        args.jobs,
+        args.rounds,
+        args.kills,
+        args.load_kills,
+        args.idle_runs,
+        args.scale_runs,
+    )
+    if min(counts) < 1:
         raise UsageError(
-            "--workers, --jobs, --rounds, --kills, --load-kills and --idle-runs must be at least 1"
+            "--workers, --jobs, --rounds, --kills, --load-kills, --idle-runs and --scale-runs "
+            "must be at least 1"
         )
     if args.scale_peers_max < 0:
         raise UsageError("--scale-peers-max must be 0 (no limit) or more")

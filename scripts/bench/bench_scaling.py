@@ -5,6 +5,11 @@ worker` interpreters take minutes to start on a small machine); herder runs at e
 with `--workers-limit N` above 16 (bench_contenders.py), as its default limit is
 min(16 x CPUs, memory / 64 MiB).
 
+herder's variants run --scale-runs times (default 3), in rounds: each round runs every size
+once, back to back, so a ratio between two sizes compares runs of the same minutes (a shared
+machine's speed drifts from one half hour to the next). A row of the table is the median run;
+the targets' ratios are each round's, and the median of those. The peers run once.
+
 Each run: enqueue the jobs on a side list (max(--scale-jobs-min, --scale-jobs-per-worker x N));
 launch the pool of N on the empty queue; time until all N workers are registered; let it idle
 (--idle-settle) and read memory and the supervising process's thread count; move all the jobs
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 
 import psutil
@@ -46,35 +52,44 @@ class ScalingTest(Scenario):
 
     def run(self) -> dict[str, dict[int, dict]]:
         contenders = self.contenders()
-        results: dict[str, dict[int, dict]] = {c.key: {} for c in contenders}
-        for size in self.args.scale_sizes:
-            for c in contenders:
-                if self.skipped(c, size):
-                    say(f"scaling: {c.label}, {size} workers: skipped (above --scale-peers-max)")
-                    continue
-                say(f"scaling: {c.label}, {size} workers, {self.jobs_for(size)} jobs")
-                res = self.attempt(
-                    f"scaling, {c.label}, {size} workers", lambda c=c, size=size: self.run_one(c, size)
-                )
-                if res is None:
-                    continue
-                results[c.key][size] = res
-                say(
-                    f"  all registered {res['ready']:.2f} s after launch; {res['jobs_per_s']:.0f} jobs/s; "
-                    f"supervisor CPU {res['sup_cpu_per_1000'] * 1000:.0f} ms per 1,000 jobs, "
-                    f"RSS {res['memory']['sup_rss']:.1f} MB, "
-                    f"threads {res['threads_idle']}/{res['threads_peak']}; "
-                    f"worker USS {res['memory']['worker_uss']:.1f} MB; stopped in {res['stop'].seconds:.1f} s"
-                )
-        return results
+        runs: dict[str, dict[int, list[dict]]] = {c.key: {} for c in contenders}
+        rounds = self.args.scale_runs
+        for turn in range(1, rounds + 1):
+            for size in self.args.scale_sizes:
+                for c in contenders:
+                    if turn > 1 and not c.is_herder:
+                        continue  # the peers' figures are context, not targets: one run each
+                    if self.skipped(c, size):
+                        if turn == 1:
+                            say(f"scaling: {c.label}, {size} workers: skipped (above --scale-peers-max)")
+                        continue
+                    res = self.run_logged(c, size, turn)
+                    if res is not None:
+                        res["round"] = turn
+                        runs[c.key].setdefault(size, []).append(res)
+        return {key: {size: median_run(rs) for size, rs in by_size.items()} for key, by_size in runs.items()}
 
-    def run_one(self, c: Contender, size: int) -> dict:
+    def run_logged(self, c: Contender, size: int, turn: int) -> dict | None:
+        which = f" (round {turn} of {self.args.scale_runs})" if c.is_herder else ""
+        say(f"scaling: {c.label}, {size} workers, {self.jobs_for(size)} jobs{which}")
+        res = self.attempt(f"scaling, {c.label}, {size} workers", lambda: self.run_one(c, size, turn))
+        if res is not None:
+            say(
+                f"  all registered {res['ready']:.2f} s after launch; {res['jobs_per_s']:.0f} jobs/s; "
+                f"supervisor CPU {res['sup_cpu_per_1000'] * 1000:.0f} ms per 1,000 jobs, "
+                f"RSS {res['memory']['sup_rss']:.1f} MB, "
+                f"threads {res['threads_idle']}/{res['threads_peak']}; "
+                f"worker USS {res['memory']['worker_uss']:.1f} MB; stopped in {res['stop'].seconds:.1f} s"
+            )
+        return res
+
+    def run_one(self, c: Contender, size: int, turn: int = 1) -> dict:
         n = self.jobs_for(size)
         self.noise.wait_quiet()
         meter = CpuMeter()
         self.redis.flushdb()
         ids = enqueue(self.redis, n, staged=True)
-        pool = self.launcher.launch(c, f"scale-{c.key}-{size}", size)
+        pool = self.launcher.launch(c, f"scale-{c.key}-{size}" + (f"-{turn}" if turn > 1 else ""), size)
         try:
             pool.wait_ready(self.redis, timeout=60 + 2 * size, interval=0.02)
             ready = time.monotonic() - pool.launched_mono
@@ -124,3 +139,18 @@ class ScalingTest(Scenario):
             "other_load": other_load,
             "steal": meter.steal,
         }
+
+
+MEDIAN_FIELDS = ("ready", "jobs_per_s", "sup_cpu_per_1000", "sup_idle_cpu")
+
+
+def median_run(runs: list[dict]) -> dict:
+    """A size's runs as one row: the median of each timed figure, the most threads seen, and the
+    run of the median CPU for the rest (memory, stop); every run kept under "runs"."""
+    mid = sorted(runs, key=lambda r: r["sup_cpu_per_1000"])[len(runs) // 2]
+    row = dict(mid, runs=runs)
+    for name in MEDIAN_FIELDS:
+        row[name] = statistics.median(r[name] for r in runs)
+    row["threads_idle"] = max(r["threads_idle"] for r in runs)
+    row["threads_peak"] = max(r["threads_peak"] for r in runs)
+    return row
