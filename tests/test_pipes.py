@@ -19,6 +19,7 @@ from herder.supervisor.children.pipes import QUIET_AFTER, QUIET_COALESCE, SETTLE
 
 class Recorder:
     order = 0
+    active = True  # what it is fed is more than heartbeats
 
     def __init__(self, pause_after: int | None = None) -> None:
         self.data = b""
@@ -61,6 +62,8 @@ def test_one_thread_reads_many_pipes_and_says_eof() -> None:
 
 class Quiet(Recorder):
     """A worker's `idle` lines: nothing that wakes the loop. Records each pass it was read in."""
+
+    active = False  # heartbeats only
 
     def __init__(self) -> None:
         super().__init__()
@@ -148,8 +151,40 @@ def test_a_settled_pause_ends_for_a_start_or_stop_and_is_never_taken_for_a_chatt
         os.close(fd)
 
 
+class Working(Quiet):
+    """A worker running slow jobs: its `busy` and `done` lines wake nobody, but they are more
+    than heartbeats."""
+
+    active = True
+
+
+def test_a_settled_small_fleet_running_jobs_has_its_lines_read_without_the_settled_pause() -> None:
+    """One worker, settled, a job's line every 50 ms for 1.5 s after a quiet second (nothing
+    wakes the loop): its lines are read within about QUIET_COALESCE, never held SETTLED_COALESCE
+    as a fleet's heartbeats are (the master counted a leaking worker's jobs half a second late)."""
+    hub = PipeHub()
+    hub.settle(True)
+    r, w = os.pipe()
+    rec = Working()
+    hub.add(r, rec)
+    time.sleep(QUIET_AFTER + 0.1)
+    written: list[float] = []
+    began = time.monotonic()
+    while time.monotonic() - began < 1.5:
+        written.append(time.monotonic())
+        os.write(w, b"done 1.0 1\n")
+        time.sleep(0.05)
+    wait_for(lambda: rec.passes and rec.passes[-1] >= written[-1], 5, what="every line read")
+    late = max(min(t for t in rec.passes if t >= at) - at for at in written)
+    assert late < SETTLED_COALESCE / 2, f"a job's line waited {late * 1000:.0f} ms to be read"
+    os.close(w)
+    os.close(r)
+
+
 class Busy(Quiet):
     """A busy worker's lines (`busy`, `done`): each pass that reads them wakes the loop."""
+
+    active = True
 
     def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
         super().feed(chunk, now)

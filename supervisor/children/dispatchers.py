@@ -66,14 +66,17 @@ class StdoutReader:
 
     def __init__(self, proc: Piped, wake: Callable[[], None]) -> None:
         self.proc, self.wake = proc, wake
+        self.active = False  # the last chunk had a line other than a plain `idle` (pipes.PipeReader)
         self.splitter = LineSplitter(MAX_LINE_BYTES)
         self.window_start, self.lines = time.monotonic(), 0
 
     def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
         proc, important = self.proc, False
+        self.active = False
         for raw, truncated in self.splitter.feed(chunk):
             self.lines += 1
             if truncated:
+                self.active = True
                 with proc.changing() as obs:
                     obs.oversized += 1
                     obs.last_error = f"line longer than {MAX_LINE_BYTES} bytes"
@@ -93,6 +96,7 @@ class StdoutReader:
         try:
             msg = parse_line(raw)
         except ProtocolError as exc:
+            self.active = True
             with proc.changing() as obs:
                 obs.malformed += 1
                 obs.last_error = str(exc)
@@ -106,6 +110,7 @@ class StdoutReader:
             change.quiet = msg.verb == "idle" and obs.waiting is None and obs.paused == msg.paused
             important = record(obs, proc.finished, msg, time.monotonic())
             news = wait_to_log(obs) if msg.verb == "wait" else None
+        self.active = self.active or not change.quiet
         if news is not None:
             log.warning("%s: waiting for %s", proc.label, news)
         return important
@@ -127,6 +132,7 @@ class StderrReader:
     def __init__(self, proc: Piped) -> None:
         self.proc = proc
         self.wake: Callable[[], None] = _nothing  # stderr never needs the loop's attention
+        self.active = True  # what it reads is a job's or the worker's own output, never a heartbeat
         self.splitter = LineSplitter(MAX_LINE_BYTES)
         self.window_start, self.logged = time.monotonic(), 0
 

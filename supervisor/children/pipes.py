@@ -35,8 +35,9 @@ QUIET_COALESCE = 0.05  # ... and the pause is this long: its idle lines are read
 # or two. A wake-up costs far more than a line: after a pause the hub's code runs cold, 0.2 to
 # 0.5 ms a pass against a few us a line (perf on a hub of 1 to 256 idle pipes), so two passes a
 # second, not four, halve an idle fleet's cost; a quiet fleet's first `busy` then shows within
-# half a second. A chatty pipe (a job's prints, a busy fleet's lines) keeps the short pause: its
-# pipe must not fill.
+# half a second. A pass that read more than heartbeats (a job's `busy` or `done`, its prints: a
+# reader's `active`) keeps the short pause, so a small busy fleet's lines are not held half a
+# second; so does a pass that found more than a line or two in a pipe, which must not fill.
 SETTLED_COALESCE = 0.5
 SETTLED_CHUNK = 256  # bytes: the most a pipe may have had in a pass for the settled pause
 # A settled big busy fleet (workers running jobs, none starting or stopping; the hub reads
@@ -56,6 +57,9 @@ class PipeReader(Protocol):
     # Read first within a pass, lowest first: a worker's stdout (`busy <job>`) before its
     # stderr (the job's own lines), so a relayed line knows the job it came from.
     order: int
+    # Whether the chunk it was last fed said more than "alive" (an `idle` heartbeat): a job's
+    # line, what a job printed. A pass that heard only heartbeats may take the settled pause.
+    active: bool
 
     def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
         """Take a chunk; (the master should look now, pause the pipe until this monotonic time)."""
@@ -124,7 +128,7 @@ class PipeHub:
             events = sorted(self._sel.select(timeout), key=lambda e: e[0].data.order if e[0].data else -1)
             now = time.monotonic()
             wakes: set[Callable[[], None]] = set()
-            read_any = False
+            read_any = active = False
             biggest = 0  # the most one pipe had, in bytes
             for key, _ in events:
                 if key.data is None:
@@ -146,6 +150,7 @@ class PipeHub:
                 read_any = True
                 biggest = max(biggest, len(chunk))
                 important, pause_until = reader.feed(chunk, now)
+                active = active or reader.active
                 if important:
                     wakes.add(reader.wake)
                 if pause_until is not None and key.fd not in self._draining:
@@ -173,7 +178,7 @@ class PipeHub:
                     # A quiet fleet: its `idle` lines (one a worker a second) read in batches,
                     # not one wake-up each. A `ready` or `stop` then waits up to this pause once;
                     # a death does not (the reap pokes).
-                    settled = self._settled and biggest <= SETTLED_CHUNK
+                    settled = self._settled and not active and biggest <= SETTLED_CHUNK
                     pause = max(pause, SETTLED_COALESCE if settled else QUIET_COALESCE)
                 self._pause.select(pause)
 
