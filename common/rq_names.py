@@ -1,6 +1,6 @@
 """How herder names its things in RQ's Redis: its workers, and the leases that say a worker
-process is alive. The worker writes its lease, its master vouches for it too, and any
-master's recovery sweep reads it (herder.supervisor.redis_side.recovery). Stdlib only.
+process is alive. The worker writes its lease, its master vouches for it too while it holds
+a job, and any master's recovery sweep reads it (herder.supervisor.redis_side.recovery). Stdlib only.
 """
 
 from __future__ import annotations

@@ -262,6 +262,22 @@ def unanswered_port() -> Iterator[int]:
             s.close()
 
 
+class RoundTrips:
+    """Counts the requests a client sends to Redis, each one round trip: a command, or a
+    pipeline of them (each takes a connection from the client's pool once)."""
+
+    def __init__(self, client: Redis) -> None:
+        self.count = 0
+        pool = client.connection_pool
+        take = pool.get_connection
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return take(*args, **kwargs)
+
+        pool.get_connection = counted  # type: ignore[method-assign]
+
+
 def wait_until_redis_answers(client: Redis, timeout: float = 10) -> None:
     def up() -> bool:
         try:

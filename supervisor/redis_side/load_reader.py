@@ -86,6 +86,7 @@ class LoadReader:
         self._outage_since: float | None = None
         self._host: dict[str, Any] | None = None  # this host's record for the host list (hosts.py)
         self._hosts: tuple[float, list[dict[str, Any]]] = (0.0, [])  # (read at, wall; records)
+        self._host_ids: list[bytes] = []  # the index as last read: their records ride along next time
         self._reserve = connection.register_script(RESERVE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-reader", daemon=True)
@@ -167,11 +168,15 @@ class LoadReader:
             self._wake()
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
-    def _read_hosts(self, ids: list[bytes]) -> None:
-        """Every host's record named in the index (one more round trip)."""
-        if not ids:
-            return
-        values = self.connection.mget(hosts.record_keys(ids))
+    def _read_hosts(self, ids: list[bytes], values: list[bytes | None] | None) -> None:
+        """Every host's record named in the index: `values`, the records of the index as last
+        read (read in the same round trip), if it names the same hosts; else one more round trip."""
+        if values is None or set(ids) != set(self._host_ids):
+            values = self.connection.mget(hosts.record_keys(ids)) if ids else []
+        else:  # the same hosts: newest first, as the index has them now
+            by_id = dict(zip(self._host_ids, values, strict=True))
+            values = [by_id[i] for i in ids]
+        self._host_ids = ids
         self._hosts = (time.time(), hosts.parse(values))
 
     def _ages(self, heads: list[bytes | None]) -> list[float]:
@@ -218,11 +223,15 @@ class LoadReader:
                     args=[c.host_id, target, running, c.ttl, c.cap],
                     client=pipe,
                 )
+            known = self._host_ids
             if host is not None:
                 hosts.publish(pipe, host, read_at)
+                if known:
+                    pipe.mget(hosts.record_keys(known))
             replies = pipe.execute()
             if host is not None:
-                self._read_hosts(replies.pop())
+                values = replies.pop() if known else None
+                self._read_hosts(replies.pop(), values)
                 del replies[-4:]  # the record's set and the index's upkeep
         except Exception as exc:
             if self._outage_since is None:

@@ -5,7 +5,9 @@ Jobs are herder's responsibility until they finish. This thread:
   waits on Redis, which can hang for a socket timeout at a time);
 - sweeps herder's queues every `sweep_interval` seconds, and at once after a worker died
   unexpectedly or Redis came back, for jobs no live worker holds (sweep.py decides);
-- vouches for this master's live workers (renews their leases) on every sweep;
+- vouches for this master's live workers that hold a job (renews their leases) on every
+  sweep: a lease is looked at only for the job of a worker named in it, and an idle worker
+  renews its own, as it does in the very call that takes a job;
 - unregisters dead RQ workers, counts kills for the cluster-wide kill budget, and takes
   tokens from the cluster-wide cull budget (failing closed: no answer from Redis, no cull).
 
@@ -32,10 +34,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.defaults import DEFAULT_FAILURE_TTL
 from rq.job import Job
@@ -58,8 +61,9 @@ RETRY_INITIAL, RETRY_MAX = 0.5, 10.0
 SCAN_LIMIT = 1000  # entries read per list per sweep: a huge backlog of orphans takes a few sweeps
 COUNT_FIELD = REQUEUES_FIELD  # in the job's hash: requeues so far, counted atomically
 
-# A sweep renews every live worker's lease in one call: a pipeline of one SET each cost the
-# master a command to pack and a reply to parse per worker per second (0.8% of a core at 256).
+# A sweep renews the leases of the live workers that hold a job in one call: a pipeline of one
+# SET each cost the master a command to pack and a reply to parse per worker per second (0.8%
+# of a core at 256 busy workers).
 RENEW = """
 for _, key in ipairs(KEYS) do redis.call('SET', key, '1', 'EX', ARGV[1]) end
 return #KEYS
@@ -491,8 +495,8 @@ class RecoveryThread:
             fleet = Fleet(known.live, frozenset(self._state.dead), known.held, known.holding)
         self._next_sweep = now + self.cfg.sweep_interval
         try:
-            self._vouch(fleet.live)
-            started, popped, sighted = self._read(self.queues, fleet.held)
+            holders = frozenset(name for name, job in fleet.holding.items() if job)
+            started, popped, sighted = self._read(self.queues, fleet.held, holders)
         except Exception as exc:
             if is_outage(exc):
                 if self._outage_since is None:
@@ -525,26 +529,41 @@ class RecoveryThread:
             if outcome in ("requeued", "over"):
                 self.counts.swept += 1
 
-    def _vouch(self, live: frozenset[str]) -> None:
-        """Renew the leases of this master's live workers: alive as long as it says so."""
-        if not live:
-            return
-        self._renew(keys=[lease_key(name) for name in live], args=[max(1, round(self.cfg.lease_seconds))])
+    def _first_look(self, queues: list[str], holders: frozenset[str]) -> list[Any]:
+        """One round trip: renew the leases of this master's live workers that hold a job
+        (alive as long as it says so), then read each queue's intermediate list and started
+        registry, and the endings."""
+        c = self.connection
+        keys = [lease_key(name) for name in holders]
+        ttl = max(1, round(self.cfg.lease_seconds))
+
+        def look() -> list[Any]:
+            with c.pipeline(transaction=False) as pipe:
+                if keys:  # EVALSHA, not the Script: a Script in a pipeline asks SCRIPT EXISTS first
+                    pipe.evalsha(self._renew.sha, len(keys), *keys, ttl)
+                for q in queues:
+                    pipe.lrange(Queue(q, connection=c).intermediate_queue_key, 0, SCAN_LIMIT - 1)
+                    pipe.zrange(StartedJobRegistry(q, connection=c).key, 0, SCAN_LIMIT - 1)
+                pipe.hkeys(ENDINGS_KEY)  # given up, ending not done yet (any host's: a master died?)
+                replies = pipe.execute()
+            return replies[1:] if keys else replies
+
+        try:
+            return look()
+        except NoScriptError:  # a restarted or flushed Redis forgot the script: load it, again
+            c.script_load(RENEW)
+            return look()
 
     def _read(
-        self, queues: list[str], held: frozenset[str]
+        self, queues: list[str], held: frozenset[str], holders: frozenset[str]
     ) -> tuple[list[Started], list[Popped], list[Entry]]:
-        """The queues' started and popped entries seen at the last sweep too, each with what its
-        job's hash says, and the entries seen for the first time (left unread). Those whose job
-        this master's live workers hold are left out (`plan` passes them by): a sweep of a busy
-        fleet costs the jobs no worker of ours holds, not one read a worker."""
+        """Having renewed the leases of `holders` (_first_look), the queues' started and popped
+        entries seen at the last sweep too, each with what its job's hash says, and the entries
+        seen for the first time (left unread). Those whose job this master's live workers hold
+        are left out (`plan` passes them by): a sweep of a busy fleet costs the jobs no worker
+        of ours holds, not one read a worker."""
         c = self.connection
-        with c.pipeline(transaction=False) as pipe:
-            for q in queues:
-                pipe.lrange(Queue(q, connection=c).intermediate_queue_key, 0, SCAN_LIMIT - 1)
-                pipe.zrange(StartedJobRegistry(q, connection=c).key, 0, SCAN_LIMIT - 1)
-            pipe.hkeys(ENDINGS_KEY)  # given up, ending not done yet (any host's: a master died?)
-            *replies, endings = pipe.execute()
+        *replies, endings = self._first_look(queues, holders)
         with self._cond:  # what Redis says waits; a give-up keeps its number, one found anew gets one
             known = self._endings
             self._endings = {}

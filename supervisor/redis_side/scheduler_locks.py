@@ -6,7 +6,8 @@ A thread, so the reconcile loop never waits on Redis. It
   replacement or another host's standby takes over within a tick instead of a lock TTL;
 - reads, every INTERVAL, which scheduler holds each queue's lock (rq:scheduler-lock:<queue>)
   and the cron lock (herder:cron-lock), and that scheduler's record (rq:scheduler:<name>:
-  host, pid), for `herder status`.
+  host, pid), for `herder status`. A herder scheduler's name is new with each process, so its
+  record is read once, when the name first holds a lock: a reading is then one round trip.
 
 A release waits and retries while Redis is unreachable; it is never dropped for that (the
 lock's TTL is the backstop if the master exits first).
@@ -58,6 +59,7 @@ class SchedulerLocks:
         self._queues = list(queues)
         self._pending: list[tuple[str, tuple[str, ...]]] = []  # (scheduler name, its queues)
         self._reading: LockReading | None = None
+        self._holders: dict[str, Holder] = {}  # a holding scheduler's name -> its record, read once
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="scheduler-locks", daemon=True)
 
@@ -143,17 +145,23 @@ class SchedulerLocks:
             queues = list(self._queues)
         keys = [RQScheduler.get_locking_key(q) for q in queues] + [CRON_LOCK_KEY]
         *names, cron_name = [_text(n) or None for n in self.connection.mget(keys)]
-        known = sorted({n for n in [*names, cron_name] if n})
-        pipe = self.connection.pipeline(transaction=False)
-        for n in known:
-            pipe.hmget(SCHEDULER_KEY_TEMPLATE % n, ["herder_host", "hostname", "pid"])
-        records = dict(zip(known, pipe.execute(), strict=True)) if known else {}
+        holding = {n for n in [*names, cron_name] if n}
+        records = {n: h for n, h in self._holders.items() if n in holding}
+        new = sorted(holding - records.keys())
+        if new:
+            pipe = self.connection.pipeline(transaction=False)
+            for n in new:
+                pipe.hmget(SCHEDULER_KEY_TEMPLATE % n, ["herder_host", "hostname", "pid"])
+            for n, record in zip(new, pipe.execute(), strict=True):
+                host, hostname, pid = (_text(x) for x in record)
+                records[n] = Holder(n, host, hostname, int(pid) if pid.isdigit() else None)
+        # Kept for the next reading: a herder scheduler's record, once written (a lock may show
+        # before it; herder_host comes in the same write as the pid). Another's is read each
+        # time: RQ's own scheduler may come back under the same name.
+        self._holders = {n: h for n, h in records.items() if h.host_id}
 
         def holder(n: str | None) -> Holder | None:
-            if n is None:
-                return None
-            host, hostname, pid = (_text(x) for x in records[n])
-            return Holder(n, host, hostname, int(pid) if pid.isdigit() else None)
+            return None if n is None else records[n]
 
         holders = {q: holder(n) for q, n in zip(queues, names, strict=True)}
         return LockReading(holders, time.monotonic(), holder(cron_name))

@@ -1,0 +1,106 @@
+"""The master's readings of Redis that repeat every second or so, on a real Redis: when
+nothing changed, each costs one round trip (an idle master at 256 workers wakes for each),
+and what changed is still read at once."""
+
+from __future__ import annotations
+
+import time
+
+from redis import Redis
+from rq.scheduler import SCHEDULER_KEY_TEMPLATE, RQScheduler
+
+from harness import RoundTrips
+from herder.common.config import Config
+from herder.common.rq_names import lease_key, rq_scheduler_name
+from herder.supervisor.redis_side import hosts
+from herder.supervisor.redis_side.load_reader import LoadReader
+from herder.supervisor.redis_side.recovery import RecoveryThread
+from herder.supervisor.redis_side.scheduler_locks import SchedulerLocks
+
+
+def test_a_sweep_renews_the_leases_of_the_workers_holding_a_job_in_the_round_trip_that_reads(
+    conn: Redis, redis_url: str
+) -> None:
+    """The leases ride with the sweep's first read, and only those of workers that hold a job
+    (an idle worker renews its own; nobody looks at it until it takes a job, which renews it
+    too). An idle fleet's sweep sends no renewal at all. A Redis that forgot the renewal script
+    (a restart, SCRIPT FLUSH) has it loaded again, and the leases are still renewed."""
+    cfg = Config(redis_url=redis_url)
+    r = RecoveryThread(Redis.from_url(redis_url), cfg)  # not started: swept here
+    busy, idle = ["herder.host.0.1", "herder.host.1.2"], ["herder.host.2.3"]
+    r.tell({**{n: f"job-{n}" for n in busy}, **{n: None for n in idle}})
+    trips = RoundTrips(r.connection)
+    r._sweep_once()  # the first loads the script
+    before = trips.count
+    r._sweep_once()
+    assert trips.count - before == 1, f"a sweep took {trips.count - before} round trips"
+    for n in busy:
+        assert 0 < conn.ttl(lease_key(n)) <= cfg.lease_seconds
+    assert not conn.exists(lease_key(idle[0])), "an idle worker's lease was renewed by its master"
+    conn.delete(*(lease_key(n) for n in busy))
+    conn.script_flush()
+    r._sweep_once()
+    assert all(conn.ttl(lease_key(n)) > 0 for n in busy), "no lease renewed after SCRIPT FLUSH"
+
+    def evalshas() -> int:
+        return int(conn.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    r.tell({n: None for n in busy + idle})
+    calls = evalshas()
+    r._sweep_once()
+    assert evalshas() == calls, "an idle fleet's sweep renewed leases"
+
+
+def test_the_host_list_is_read_with_the_load_and_a_new_host_shows_at_the_next_reading(
+    conn: Redis, redis_url: str
+) -> None:
+    reader = LoadReader(Redis.from_url(redis_url), ["default"], 1.0)  # not started: read here
+    reader.tell_host({"host_id": "a", "hostname": "box-a"})
+    trips = RoundTrips(reader.connection)
+    reader._read()
+    assert [h["host_id"] for h in reader.host_records()[1]] == ["a"]
+    before = trips.count
+    reader._read()
+    assert trips.count - before == 1, "the same hosts' records took a round trip of their own"
+    with conn.pipeline(transaction=False) as pipe:  # another host writes its record, later
+        hosts.publish(pipe, {"host_id": "b", "hostname": "box-b"}, time.time() + 1)
+        pipe.execute()
+    reader._read()
+    assert [h["host_id"] for h in reader.host_records()[1]] == ["b", "a"]  # newest first
+
+
+def test_a_herder_schedulers_record_is_read_once_and_a_new_holder_at_once(conn: Redis) -> None:
+    locks = SchedulerLocks(conn, ["default"])  # not started: read here
+    lock = RQScheduler.get_locking_key("default")
+
+    def hold(name: str, pid: int | None, host: str = "h1") -> None:
+        conn.set(lock, name)
+        if pid is not None:
+            record = {"herder_host": host, "hostname": "box", "pid": pid}
+            conn.hset(SCHEDULER_KEY_TEMPLATE % name, mapping=record)
+
+    def hmgets() -> int:
+        return int(conn.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
+
+    first = rq_scheduler_name("h1", "one")
+    hold(first, 41)
+    assert locks._read().holders["default"].pid == 41
+    before = hmgets()
+    for _ in range(3):
+        holder = locks._read().holders["default"]
+        assert (holder.name, holder.host_id, holder.pid) == (first, "h1", 41)
+    assert hmgets() == before, "a known scheduler's record was read again"
+
+    second = rq_scheduler_name("h2", "two")  # it took the lock before writing its record
+    hold(second, None)
+    holder = locks._read().holders["default"]
+    assert (holder.name, holder.pid) == (second, None)
+    hold(second, 42, "h2")
+    assert locks._read().holders["default"].pid == 42
+
+    hold("rq-own", 43, host="")  # RQ's own scheduler may come back under its name: read each time
+    assert locks._read().holders["default"].pid == 43
+    conn.hset(SCHEDULER_KEY_TEMPLATE % "rq-own", "pid", 44)
+    assert locks._read().holders["default"].pid == 44
+    conn.delete(lock)
+    assert locks._read().holders["default"] is None
