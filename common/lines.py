@@ -52,6 +52,11 @@ class LineSplitter:
             start = nl + 1
         return out
 
+    @property
+    def empty(self) -> bool:
+        """No part of a line held: the next chunk starts a line."""
+        return not self._buf and not self._discarding
+
     def flush(self) -> bytes | None:
         """At EOF: the unterminated tail, if any."""
         if self._buf and not self._discarding:

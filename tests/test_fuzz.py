@@ -43,6 +43,7 @@ from herder.common.worker_protocol import (
     parse_line,
     ready_line,
     stop_line,
+    wait_line,
 )
 from herder.supervisor.children.dispatchers import StdoutReader
 from herder.supervisor.children.observations import Observations
@@ -173,6 +174,49 @@ def test_any_bytes_on_a_workers_stdout_are_parsed_or_counted(valid, garbage, rng
     assert state_of(noisy.obs) == state_of(clean.obs)
     long_ones = sum(len(g) > MAX_LINE_BYTES for g in garbage)
     assert noisy.obs.malformed + noisy.obs.oversized == len(garbage) + clean.obs.malformed, (long_ones,)
+
+
+# An `idle` line in every shape a worker or a stray write may give it, valid or not.
+idle_like = st.one_of(
+    st.builds(idle_line, stamps, st.sampled_from([None, "paused", "suspended"])),
+    st.sampled_from(["nan", "-1", "-0", "inf", "1e3", "1_0", " 1", "1 ", "1\t", "0x1", "\u0661", ""]).map(
+        lambda ts: f"idle {ts}\n".encode()
+    ),
+    st.binary(max_size=24).map(lambda rest: b"idle " + rest.replace(b"\n", b" ") + b"\n"),
+    st.binary(max_size=24).map(lambda rest: b"idle " + rest),  # a line cut by the pipe, or two
+)
+before_idle = st.lists(
+    st.one_of(valid_lines, st.builds(wait_line, stamps, seconds, st.sampled_from(["Redis", "a name"]))),
+    max_size=4,
+)
+
+
+@budget(300)
+@given(before_idle, st.binary(max_size=6), idle_like)
+def test_an_idle_line_read_the_short_way_changes_what_the_general_way_does(
+    before: list[bytes], tail: bytes, chunk: bytes
+) -> None:
+    """The stdout reader's short way for an idle fleet's `idle <ts>` (alive) against every line
+    parsed and recorded (record): the same state, counters, error, answer and activity, after
+    any lines, a wait or a pause, and a piece of a line already held."""
+
+    def read(short: bool) -> tuple[Any, ...]:
+        worker = FakeWorker()
+        reader = StdoutReader(worker, lambda: None)
+        if not short:
+            reader.alive = lambda chunk: False  # type: ignore[method-assign]
+        for line in before:
+            reader.feed(line.rstrip(b"\n") + b"\n", now=0.0)
+        reader.feed(tail.replace(b"\n", b" "), now=0.0)
+        worker.obs.last_seen = -1.0
+        answer = reader.feed(chunk, now=0.0)
+        obs, said = worker.obs, (answer, reader.active, reader.lines)
+        state = state_of(obs)
+        if state["waiting"]:
+            state["waiting"].pop("since")  # a receipt time, of each run's own clock
+        return state, obs.last_seen >= 0, obs.malformed, obs.last_error, said
+
+    assert read(short=True) == read(short=False)
 
 
 @budget(500)
