@@ -298,7 +298,8 @@ class Master:
         moving = self.murderer.moving_count()
         self.views.publish(Loop(self.cfg, self.phase, self.ever_ready), self.floor, moving)
         self.reaper.tell_recovery(self.workers, changed)  # what the next sweep must not touch
-        pipes.settle(not self.in_motion())  # a settled loop's workers' lines: read in fewer batches
+        # A settled loop's workers' lines: read in fewer batches, a quiet fleet's seconds apart.
+        pipes.settle(not self.in_motion(), pipes.long_pause([p.cfg for p in self.pool_list()]))
 
     @property
     def sched_cfg(self) -> Config:

@@ -8,13 +8,21 @@ import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from harness import HERDER, wait_for
+from herder.common.doorbell import Bell, Ringer
 from herder.supervisor.children import pipes as pipes_mod
-from herder.supervisor.children.pipes import QUIET_AFTER, QUIET_COALESCE, SETTLED_COALESCE, PipeHub
+from herder.supervisor.children.pipes import (
+    LONG_AFTER,
+    QUIET_AFTER,
+    QUIET_COALESCE,
+    SETTLED_COALESCE,
+    PipeHub,
+)
 
 
 class Recorder:
@@ -149,6 +157,99 @@ def test_a_settled_pause_ends_for_a_start_or_stop_and_is_never_taken_for_a_chatt
     assert late < 5.0, f"read {late:.1f} s after it was written: the 30 s settled pause was taken"
     for fd in (ra, wa, rb, wb):
         os.close(fd)
+
+
+def first_read_after(rec: Quiet, written: float, timeout: float) -> float:
+    """Seconds from `written` to the first pass that read `rec` since; waited for past
+    `timeout` rather than failing there, so the assert says how late it was."""
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: rec.passes and rec.passes[-1] >= written, timeout, what="the line read")
+    later = [t for t in rec.passes if t >= written]
+    assert later, "the line was never read"
+    return later[0] - written
+
+
+def test_a_quiet_fleets_pipes_wait_the_long_pause_which_a_ring_ends(tmp_path: Path) -> None:
+    """Settled, a long pause of 30 s (to be sure of what ends it), a fleet quiet for longer
+    than LONG_AFTER: an `idle` line waits out the pause (the settled pause alone reads it
+    within SETTLED_COALESCE); a `busy` line with a ring of the doorbell is read at once."""
+    bell = Bell(str(tmp_path))
+    hub = PipeHub(bell=bell)
+    hub.settle(True, 30.0)
+    (ra, wa), (rb, wb) = os.pipe(), os.pipe()
+    a, b = Quiet(), Working()
+    hub.add(ra, a)
+    hub.add(rb, b)
+    os.write(wa, b"idle 1.0\n")
+    wait_for(lambda: a.passes, 5, what="the first line read")
+    time.sleep(max(QUIET_AFTER, LONG_AFTER) + 0.1)  # quiet: the hub's next pause is the long one
+    os.write(wa, b"idle 2.0\n")  # the long pause began at the last pass: this one waits
+    written = time.monotonic()
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: len(a.passes) > 1, 3 * SETTLED_COALESCE, what="the second line read")
+    assert len(a.passes) == 1, "read within the settled pause: no long pause was taken"
+    os.write(wb, b"busy j1 3.0 none\n")
+    rang = time.monotonic()
+    Ringer(bell.path).ring()
+    late = first_read_after(b, rang, 35)
+    assert late < SETTLED_COALESCE, f"the rung line was read {late:.2f} s after the ring"
+    assert a.passes[-1] >= written  # the pass the ring began read every pipe
+    for fd in (ra, wa, rb, wb):
+        os.close(fd)
+
+
+def test_a_workers_news_that_does_not_ring_is_never_held_the_long_pause(tmp_path: Path) -> None:
+    """A worker rings only with news after RING_AFTER without news (doorbell.py): one running a
+    job every 0.3 s never rings. The rest of the fleet's `idle` lines come between its lines, so
+    the hub has passes that read nothing but "alive"; it takes the long pause only after
+    LONG_AFTER without news from anyone, so each of the job lines is read within the settled
+    pause, never held the long one."""
+    hub = PipeHub(bell=Bell(str(tmp_path)))
+    hub.settle(True, 30.0)
+    (ra, wa), (rb, wb) = os.pipe(), os.pipe()
+    idle, working = Quiet(), Working()
+    hub.add(ra, idle)
+    hub.add(rb, working)
+    time.sleep(max(QUIET_AFTER, LONG_AFTER) + 0.1)
+    written = []
+    for i in range(8):
+        written.append(time.monotonic())
+        os.write(wb, f"done j{i} 1.0 ok\n".encode())  # no ring: the last news was 0.3 s ago
+        time.sleep(0.15)
+        os.write(wa, b"idle 1.0\n")  # a pass of "alive" only: the next pause may be settled
+        time.sleep(0.15)
+    late = max(first_read_after(working, at, 35) for at in written)
+    assert late < 2 * SETTLED_COALESCE, f"a job's line waited {late:.2f} s to be read"
+    for fd in (ra, wa, rb, wb):
+        os.close(fd)
+
+
+def test_without_a_doorbell_there_is_no_long_pause() -> None:
+    """No doorbell (a state dir too long for a socket's path): a long pause asked for is not
+    taken; the settled pause reads."""
+    hub = PipeHub()
+    hub.settle(True, 30.0)
+    r, w = os.pipe()
+    rec = Quiet()
+    hub.add(r, rec)
+    os.write(w, b"idle 1.0\n")
+    wait_for(lambda: rec.passes, 5, what="the first line read")
+    time.sleep(max(QUIET_AFTER, LONG_AFTER) + 0.1)
+    os.write(w, b"idle 2.0\n")
+    late = first_read_after(rec, time.monotonic(), 35)
+    assert late < 2 * SETTLED_COALESCE, f"read {late:.2f} s after it was written"
+    os.close(w)
+    os.close(r)
+
+
+def test_the_long_pause_is_a_quarter_of_the_heartbeat_timeout_and_none_for_a_worker_command() -> None:
+    from herder.common.config import Config
+
+    assert pipes_mod.long_pause([Config(heartbeat_timeout=3.0)]) == 0.75
+    assert pipes_mod.long_pause([Config(), Config(heartbeat_timeout=4.0)]) == 1.0  # the least of the pools'
+    assert pipes_mod.long_pause([Config(heartbeat_timeout=600.0)]) == pipes_mod.LONG_PAUSE_MAX
+    assert pipes_mod.long_pause([Config(), Config(worker_command=["my-worker"])]) is None
+    assert pipes_mod.long_pause([]) is None
 
 
 class Working(Quiet):

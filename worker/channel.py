@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 
 from herder.common import worker_protocol as wp
+from herder.common.doorbell import RING_AFTER, Ringer
 from herder.common.lines import LineSplitter
 
 
@@ -134,6 +135,10 @@ class Channel(Progress):
         # A `done` whose job's next `busy` follows at once (hold=True): both go in one write,
         # one wake-up of the master instead of two. Any line sent, or send_held(), takes it along.
         self._held = b""
+        # The master's doorbell (herder.common.doorbell): rung beside news after a quiet spell,
+        # so a settled master reading its quiet fleet's pipes every few seconds reads it at once.
+        self._bell = Ringer.from_env()
+        self._said_at = -math.inf  # monotonic: the last line other than a plain `idle`
         # The master; a worker the fork server made may still be its middle process's child.
         parents = [int(p) for p in os.environ.get(wp.ENV_PARENT_PIDS, "").split(",") if p]
         self._parent = parents[0] if parents else os.getppid()
@@ -145,6 +150,7 @@ class Channel(Progress):
         # What the worker waits for (`waiting()`): (what, since, set at, said), monotonic times.
         self._wait: tuple[str, float, float, bool] | None = None
         self._last_wait = 0.0  # monotonic: the last `wait` line
+        self._wait_ended = False  # the next `idle` says a wait ended: news
         # A ready worker between jobs: what its loop waits for when it has made no progress for
         # stall_after seconds (its Redis call has not answered); set by the RQ worker's attach.
         self.stall: str | None = None
@@ -168,7 +174,10 @@ class Channel(Progress):
 
     # ---- lines to the master -------------------------------------------------
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, news: bool = False, alive: bool = False) -> None:
+        """One write of `data` (and a held line before it). `news`: the master should read it
+        now (it rings the doorbell if nothing but plain `idle` lines went for RING_AFTER);
+        `alive`: a plain `idle`, which the master may read seconds later; neither: a `beat`."""
         with self._lock:
             held, self._held = self._held, b""
             if self._orphaned:
@@ -178,6 +187,13 @@ class Channel(Progress):
                     os.write(self._fd, held + data if held else data)
             except (BrokenPipeError, OSError):
                 self._master_gone("protocol pipe closed")
+                return
+            if alive and not held:
+                return
+            now = time.monotonic()
+            if (news or held) and now - self._said_at >= RING_AFTER:
+                self._bell.ring()
+            self._said_at = now
 
     def start(self) -> None:
         """Start watching the master (stdin, parent pid) and beating while busy."""
@@ -186,7 +202,7 @@ class Channel(Progress):
     def ready(self) -> None:
         self.progress()
         self._said_ready = True
-        self._send(wp.ready_line(os.getpid(), time.time()))
+        self._send(wp.ready_line(os.getpid(), time.time()), news=True)
 
     def idle(self, paused: str | None = None) -> None:
         """The main loop's heartbeat; at most twice per interval, however often it is called,
@@ -196,9 +212,10 @@ class Channel(Progress):
         if self._wait is not None:
             self._say_wait(now)
             return
-        if now - self._last_idle >= self.heartbeat_interval / 2 or paused != self._last_paused:
-            self._last_idle, self._last_paused = now, paused
-            self._send(wp.idle_line(time.time(), paused))
+        changed = paused != self._last_paused or self._wait_ended
+        if now - self._last_idle >= self.heartbeat_interval / 2 or changed:
+            self._last_idle, self._last_paused, self._wait_ended = now, paused, False
+            self._send(wp.idle_line(time.time(), paused), news=changed, alive=not changed)
 
     def waiting(self, what: str, since: float, say: bool = True) -> None:
         """The main loop waits for `what` ("Redis at host:6379: connection refused") since
@@ -215,6 +232,7 @@ class Channel(Progress):
     def waited(self) -> None:
         """It waits no more (Redis answered): its next line, `idle` or `ready`, says so."""
         with self._lock:
+            self._wait_ended = self._wait_ended or self._wait is not None
             self._wait = None
 
     def _say_wait(self, now: float, force: bool = False) -> None:
@@ -225,7 +243,7 @@ class Channel(Progress):
                 return
             self._wait = (wait[0], wait[1], wait[2], True)
             self._last_wait = now
-        self._send(wp.wait_line(time.time(), now - wait[1], wait[0]))
+        self._send(wp.wait_line(time.time(), now - wait[1], wait[0]), news=force)
 
     def _speak_for_wait(self) -> None:
         """The sentinel's `wait`, while the main loop is in an attempt that has not answered (a
@@ -237,7 +255,7 @@ class Channel(Progress):
         if wait is None and self.stall and self._said_ready and now - moved > self.stall_after:
             if not any(t._job_id for t in self.threads or [self]) and self._stop_reason is None:
                 # Between jobs, a call that has not answered for two slices: Redis does not answer.
-                self._send(wp.wait_line(time.time(), now - moved, self.stall))
+                self._send(wp.wait_line(time.time(), now - moved, self.stall), news=True)
             return
         if wait is not None and (wait[3] or now - wait[2] >= self.heartbeat_interval / 2):
             self._say_wait(now)
@@ -266,15 +284,15 @@ class Channel(Progress):
                 self._held += line
         owner.progress()
         if not hold:
-            self._send(line)
+            self._send(line, news=True)
 
     def send_held(self) -> None:
         """A held `done` out now (its `busy` did not follow)."""
         if self._held:
-            self._send(b"")
+            self._send(b"", news=True)
 
     def stopped(self) -> None:
-        self._send(wp.stop_line(time.time()))
+        self._send(wp.stop_line(time.time()), news=True)
 
     # ---- requests from the master ---------------------------------------------
 

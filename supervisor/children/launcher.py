@@ -16,6 +16,8 @@ from typing import Protocol
 
 from herder.common import worker_protocol as wp
 from herder.common.config import ENV_RESOLVED, Config
+from herder.common.doorbell import ENV_DOORBELL
+from herder.supervisor.children import pipes
 from herder.supervisor.children.fleet import ProcessHandle
 from herder.supervisor.children.workerproc import WorkerProcess
 
@@ -109,4 +111,7 @@ def worker_env(
     )
     if cfg.redis_url and cfg.worker_command:
         env[wp.ENV_REDIS_URL] = cfg.redis_url
+    env.pop(ENV_DOORBELL, None)  # a master's own, from a master that started this one: not ours
+    if not cfg.worker_command and (bell := pipes.doorbell_name(cfg.state_dir)):
+        env[ENV_DOORBELL] = bell
     return env

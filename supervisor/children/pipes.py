@@ -13,6 +13,11 @@ lines it must read first) and a new pipe end it at once; `hurry(fd)` also takes 
 a flood's pause. A reader may ask to be paused (a
 flooding worker): its pipe leaves the selector until then, and the worker blocks on its full
 pipe (back-pressure), never the master.
+
+A settled, quiet fleet says nothing but "alive" for seconds on end: the hub then reads its
+pipes only every few seconds (the long pause, a quarter of heartbeat_timeout at most), and the
+master's doorbell (herder.common.doorbell), which a worker rings beside news that follows a
+quiet spell, ends that pause the moment a job starts or a worker pauses.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+from herder.common.config import Config
+from herder.common.doorbell import RING_AFTER, Bell, open_bell
 
 CHUNK = 65536
 COALESCE = 0.005  # seconds the hub pauses after a pass that read anything
@@ -50,6 +58,13 @@ SETTLED_CHUNK = 256  # bytes: the most a pipe may have had in a pass for the set
 SETTLED_BUSY_PIPES = 32
 SETTLED_BUSY_MAX = 1.0
 SETTLED_BUSY_CHUNK = CHUNK // 4
+# A settled fleet that has said nothing but "alive" for LONG_AFTER: its pipes are read every
+# long pause, which the doorbell ends for news. Why not always: an idle master's cost is its
+# wake-ups (two passes a second were a third of it at 256 workers, docs/benchmarks.md). A
+# quarter of heartbeat_timeout at most, so a silent worker's silence is seen in time; without
+# a doorbell (not Linux, or a --worker-command program, which does not ring) there is none.
+LONG_PAUSE_MAX = 2.5
+LONG_AFTER = 2 * RING_AFTER  # a worker rings news after RING_AFTER quiet (doorbell.py)
 
 
 class PipeReader(Protocol):
@@ -70,9 +85,20 @@ class PipeReader(Protocol):
         ...
 
 
+def long_pause(cfgs: list[Config]) -> float | None:
+    """The long pause for a fleet run with these configs (its pools'), or None for none: any
+    --worker-command program may not ring the doorbell."""
+    if not cfgs or any(c.worker_command for c in cfgs):
+        return None
+    return min(LONG_PAUSE_MAX, min(c.heartbeat_timeout for c in cfgs) / 4)
+
+
 class PipeHub:
-    def __init__(self, coalesce: float = COALESCE) -> None:
+    def __init__(self, coalesce: float = COALESCE, bell: Bell | None = None) -> None:
         self.coalesce = coalesce
+        self._bell = bell
+        self._long_pause: float | None = None  # settle(): the master's, for a quiet fleet
+        self._active_at = 0.0  # monotonic: the last pass that read more than "alive"
         self._sel = selectors.DefaultSelector()
         self._poke_r, self._poke_w = os.pipe()
         os.set_blocking(self._poke_r, False)
@@ -80,6 +106,10 @@ class PipeHub:
         self._sel.register(self._poke_r, selectors.EVENT_READ, None)
         self._pause = selectors.DefaultSelector()  # the coalescing pause: a poke ends it early
         self._pause.register(self._poke_r, selectors.EVENT_READ)
+        self._long = selectors.DefaultSelector()  # the long pause: a poke or a ring ends it
+        self._long.register(self._poke_r, selectors.EVENT_READ)
+        if bell is not None:
+            self._long.register(bell.fileno(), selectors.EVENT_READ)
         self._lock = threading.Lock()
         self._new: list[tuple[int, PipeReader]] = []
         self._resume: set[int] = set()  # fds hurry() asked to read to their end, paused or not
@@ -107,9 +137,11 @@ class PipeHub:
                 self._resume.add(fd)
         self._poke()
 
-    def settle(self, settled: bool) -> None:
+    def settle(self, settled: bool, long_pause: float | None = None) -> None:
         """The master's loop is settled, or no longer is (any thread): no longer ends a settled
-        pause at once, as a worker's start or stop needs its lines read promptly."""
+        pause at once, as a worker's start or stop needs its lines read promptly. `long_pause`:
+        how long a settled quiet fleet's pipes may go unread (long_pause()), None for never."""
+        self._long_pause = long_pause if self._bell is not None else None
         was, self._settled = self._settled, settled
         if was and not settled:
             self._poke()
@@ -174,13 +206,32 @@ class PipeHub:
                 big = len(self._sel.get_map()) > SETTLED_BUSY_PIPES  # its pipes, and the poke pipe
                 if self._settled and big and biggest < SETTLED_BUSY_CHUNK:
                     pause = max(pause, min(SETTLED_BUSY_MAX, self.coalesce * len(events)))
+                if active:
+                    self._active_at = now
                 if now - self._woke_at >= QUIET_AFTER:
                     # A quiet fleet: its `idle` lines (one a worker a second) read in batches,
                     # not one wake-up each. A `ready` or `stop` then waits up to this pause once;
                     # a death does not (the reap pokes).
                     settled = self._settled and not active and biggest <= SETTLED_CHUNK
                     pause = max(pause, SETTLED_COALESCE if settled else QUIET_COALESCE)
+                    if settled and self._long_wait(now, pause):
+                        continue
                 self._pause.select(pause)
+
+    def _long_wait(self, now: float, pause: float) -> bool:
+        """The long pause, if the fleet has said nothing but "alive" for LONG_AFTER and no ring
+        waits (a ring taken here may be for a line not read yet: the short pause, then). Capped
+        at a flooding pipe's return. False: not taken."""
+        long_pause, bell = self._long_pause, self._bell
+        if long_pause is None or bell is None or now - self._active_at < LONG_AFTER or bell.drain():
+            return False
+        if self._paused:
+            long_pause = min(long_pause, min(at for at, _ in self._paused.values()) - now)
+        if long_pause <= pause:
+            return False
+        self._long.select(long_pause)
+        bell.drain()  # what rang is in the pipes, read next
+        return True
 
     def _take_new(self) -> None:
         try:
@@ -204,12 +255,31 @@ class PipeHub:
 
 _hub: PipeHub | None = None
 _hub_lock = threading.Lock()
+_bell: Bell | None = None
+_bell_made = False
 
 
-def settle(settled: bool) -> None:
+def settle(settled: bool, long: float | None = None) -> None:
     """PipeHub.settle on the process's hub, if it has one (a master on fakes has none)."""
     if _hub is not None:
-        _hub.settle(settled)
+        _hub.settle(settled, long)
+
+
+def doorbell_name(state_dir: str) -> str | None:
+    """The path of the doorbell the process's hub waits on (made here, in `state_dir`, without
+    the hub's thread: the master forks its first fork server while it has none), for the
+    workers' environment; None without one."""
+    with _hub_lock:
+        bell = _the_bell(state_dir)
+        return bell.path if bell else None
+
+
+def _the_bell(state_dir: str | None) -> Bell | None:
+    """The process's doorbell: made once, on the first call with a state dir."""
+    global _bell, _bell_made
+    if not _bell_made and state_dir:
+        _bell, _bell_made = open_bell(state_dir), True
+    return _bell
 
 
 def hub() -> PipeHub:
@@ -217,5 +287,5 @@ def hub() -> PipeHub:
     global _hub
     with _hub_lock:
         if _hub is None:
-            _hub = PipeHub()
+            _hub = PipeHub(bell=_the_bell(None))
         return _hub
