@@ -340,6 +340,7 @@ def main() -> int:
         interval = min(pc.scale_interval for pc in pools.values())
         reader = LoadReader(client(), all_queues(cfg), interval, clusters=clusters)
         locks = SchedulerLocks(client(), all_queues(cfg))  # also read with the setting off: status says who
+        locks.ride_with(reader)  # its reading in the load's: one wake-up, one round trip for both
     # The loop waits for the GIL after each wake-up while the pipe hub parses a busy fleet's
     # lines: a millisecond at most, not Python's default five (a death is handled at once).
     sys.setswitchinterval(SWITCH_INTERVAL)

@@ -104,3 +104,27 @@ def test_a_herder_schedulers_record_is_read_once_and_a_new_holder_at_once(conn: 
     assert locks._read().holders["default"].pid == 44
     conn.delete(lock)
     assert locks._read().holders["default"] is None
+
+
+def test_the_scheduler_locks_reading_rides_with_the_load_in_one_round_trip(
+    conn: Redis, redis_url: str
+) -> None:
+    """In a master the lock holders are read in the load reader's pipeline: one wake-up and one
+    round trip a second for both, none on the locks' own connection."""
+    reader = LoadReader(Redis.from_url(redis_url), ["default"], 1.0)  # not started: read here
+    locks = SchedulerLocks(Redis.from_url(redis_url), ["default"])
+    locks.ride_with(reader)
+    name = rq_scheduler_name("h1", "one")
+    conn.set(RQScheduler.get_locking_key("default"), name)
+    conn.hset(SCHEDULER_KEY_TEMPLATE % name, mapping={"herder_host": "h1", "hostname": "box", "pid": 41})
+    load_trips, lock_trips = RoundTrips(reader.connection), RoundTrips(locks.connection)
+    reader._read()  # a new holder: its record read in one more round trip
+    holder = locks.reading().holders["default"]
+    assert (holder.name, holder.pid) == (name, 41)
+    before = load_trips.count
+    reader._read()
+    assert load_trips.count - before == 1, "the lock holders took a round trip of their own"
+    assert lock_trips.count == 1  # the new holder's record, once; never the locks
+    conn.delete(RQScheduler.get_locking_key("default"))
+    reader._read()
+    assert locks.reading().holders["default"] is None

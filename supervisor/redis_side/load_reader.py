@@ -3,7 +3,9 @@ pipelined round trip.
 
 A thread, so a slow or unreachable Redis never stalls the reconcile loop: the loop
 reads the latest reading (or None: hold the count) and decides. When a cluster cap is
-set, the same round trip also renews this host and its reservation (cluster.py).
+set, the same round trip also renews this host and its reservation (cluster.py). Another
+once-a-second reading may ride along (`carry`: the scheduler locks'): an idle master's cost is
+its wake-ups, so two readings in one wake-up and one round trip cost about what one does.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from redis import Redis
+from redis.client import Pipeline
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
@@ -64,6 +67,18 @@ class ClusterSettings:
     kill_window: float = 60.0
 
 
+class Rider(Protocol):
+    """A reading that rides along with the load's, in its pipeline, on its thread."""
+
+    def ride(self, pipe: Pipeline) -> None:
+        """Queue its one command on the reading's pipeline."""
+        ...
+
+    def arrived(self, reply: Any) -> None:
+        """Its command's reply (not called when the reading failed: the last one stands)."""
+        ...
+
+
 class LoadReader:
     def __init__(
         self,
@@ -88,6 +103,7 @@ class LoadReader:
         self._hosts: tuple[float, list[dict[str, Any]]] = (0.0, [])  # (read at, wall; records)
         self._host_ids: list[bytes] = []  # the index as last read: their records ride along next time
         self._reserve = connection.register_script(RESERVE)
+        self._riders: list[Rider] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-reader", daemon=True)
 
@@ -103,6 +119,11 @@ class LoadReader:
         ]
         with self._lock:
             self.queues, self._keys = queues, keys
+
+    def carry(self, rider: Rider) -> None:
+        """Take `rider`'s reading along with each of the load's, from the next one on."""
+        with self._lock:
+            self._riders = [*self._riders, rider]
 
     def set_interval(self, seconds: float) -> None:
         """A reload's scale interval, from the next reading on."""
@@ -206,9 +227,12 @@ class LoadReader:
         now_redis = time.time()  # for ZCOUNT of unexpired started entries; skew only blurs abandoned ones
         with self._lock:
             told, keys, clusters, host = dict(self._told), self._keys, dict(self.clusters), self._host
+            riders = self._riders
         cluster = next(iter(clusters.values()), None)  # the kill budget's window: the host's
         try:
             pipe = self.connection.pipeline(transaction=False)
+            for rider in riders:
+                rider.ride(pipe)
             for _, queue_key, wip_key in keys:
                 pipe.llen(queue_key)
                 pipe.zcount(wip_key, now_redis, "+inf")
@@ -229,6 +253,7 @@ class LoadReader:
                 if known:
                     pipe.mget(hosts.record_keys(known))
             replies = pipe.execute()
+            carried, replies = replies[: len(riders)], replies[len(riders) :]
             if host is not None:
                 values = replies.pop() if known else None
                 self._read_hosts(replies.pop(), values)
@@ -248,6 +273,8 @@ class LoadReader:
                 "Redis answers again after %.1f s: scaling resumes", time.monotonic() - self._outage_since
             )
             self._outage_since = None
+        for rider, reply in zip(riders, carried, strict=True):
+            rider.arrived(reply)
         heads = [replies[3 * i + 2] for i in range(len(keys))]
         ages = self._ages(heads)
         per_queue = tuple(

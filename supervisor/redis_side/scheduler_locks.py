@@ -8,6 +8,8 @@ A thread, so the reconcile loop never waits on Redis. It
   and the cron lock (herder:cron-lock), and that scheduler's record (rq:scheduler:<name>:
   host, pid), for `herder status`. A herder scheduler's name is new with each process, so its
   record is read once, when the name first holds a lock: a reading is then one round trip.
+  In a master the reading rides along with the load reader's (load_reader.Rider, once a scale
+  interval): one wake-up and one round trip for both; this thread then wakes only to release.
 
 A release waits and retries while Redis is unreachable; it is never dropped for that (the
 lock's TTL is the backstop if the master exits first).
@@ -21,10 +23,12 @@ import time
 from dataclasses import dataclass
 
 from redis import Redis
+from redis.client import Pipeline
 from rq.scheduler import SCHEDULER_KEY_TEMPLATE, RQScheduler
 from rq.scripts import RELEASE_LOCK_SCRIPT
 
 from herder.common.rq_names import CRON_LOCK_KEY
+from herder.supervisor.redis_side.load_reader import LoadReader
 
 log = logging.getLogger("herder")
 
@@ -60,6 +64,8 @@ class SchedulerLocks:
         self._pending: list[tuple[str, tuple[str, ...]]] = []  # (scheduler name, its queues)
         self._reading: LockReading | None = None
         self._holders: dict[str, Holder] = {}  # a holding scheduler's name -> its record, read once
+        self._riding: list[str] | None = None  # the queues of the reading riding along (ride())
+        self.carried = False  # read with the load reader's readings (ride_with()), not by this thread
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="scheduler-locks", daemon=True)
 
@@ -116,7 +122,7 @@ class SchedulerLocks:
                     failed = True
                     break
             now = time.monotonic()
-            if now >= next_read and not self._stop:
+            if now >= next_read and not self._stop and not self.carried:
                 next_read = now + INTERVAL
                 try:
                     reading = self._read()
@@ -126,7 +132,8 @@ class SchedulerLocks:
                     self._reading = reading or self._reading
             with self._cond:
                 if not self._pending or failed:
-                    self._cond.wait(RETRY if failed else max(0.0, next_read - time.monotonic()))
+                    wait = None if self.carried else max(0.0, next_read - time.monotonic())
+                    self._cond.wait(RETRY if failed else wait)
 
     def _free(self, name: str, queues: tuple[str, ...]) -> None:
         pipe = self.connection.pipeline(transaction=False)
@@ -140,11 +147,39 @@ class SchedulerLocks:
         if freed:
             log.info("released scheduler %s's lock of %s", name, ", ".join(freed))
 
+    # ---- the reading, riding along with the load reader's (load_reader.Rider) ----------------
+
+    def ride_with(self, reader: LoadReader) -> None:
+        """Be read with `reader`'s readings from now on, not by this thread (before start())."""
+        self.carried = True
+        reader.carry(self)
+
+    def ride(self, pipe: Pipeline) -> None:
+        with self._cond:
+            self._riding = list(self._queues)
+        pipe.mget(self._keys(self._riding))
+
+    def arrived(self, reply: list[bytes | None]) -> None:
+        queues = self._riding or []
+        try:
+            reading = self._holders_of(queues, reply)
+        except Exception:  # a holder's record unread: the next reading may succeed
+            return
+        with self._cond:
+            self._reading = reading
+
+    def _keys(self, queues: list[str]) -> list[str]:
+        return [RQScheduler.get_locking_key(q) for q in queues] + [CRON_LOCK_KEY]
+
     def _read(self) -> LockReading:
         with self._cond:
             queues = list(self._queues)
-        keys = [RQScheduler.get_locking_key(q) for q in queues] + [CRON_LOCK_KEY]
-        *names, cron_name = [_text(n) or None for n in self.connection.mget(keys)]
+        return self._holders_of(queues, self.connection.mget(self._keys(queues)))
+
+    def _holders_of(self, queues: list[str], values: list[bytes | None]) -> LockReading:
+        """Who holds each lock, from the locks' values (an MGET of _keys(queues)); a new holder's
+        record read in one more round trip."""
+        *names, cron_name = [_text(n) or None for n in values]
         holding = {n for n in [*names, cron_name] if n}
         records = {n: h for n, h in self._holders.items() if n in holding}
         new = sorted(holding - records.keys())
