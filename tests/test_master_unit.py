@@ -468,14 +468,22 @@ def test_a_settled_fleet_ticks_slowly_and_a_start_or_stop_quickly(
 ) -> None:
     """A pass reads every worker: a settled fleet's loop looks once a second (gunicorn's and
     supervisord's tick); while a worker starts or stops, four times a second. Each pass tells
-    the pipe hub which (a settled loop's quiet lines are read in fewer batches)."""
+    the pipe hub which (a settled loop's quiet lines are read in fewer batches), and how long a
+    quiet fleet's pipes may go unread (a quarter of its heartbeat_timeout)."""
     told: list[bool] = []
-    monkeypatch.setattr(pipes, "settle", told.append)
+    longs: list[float | None] = []
+
+    def settle(settled: bool, long: float | None = None) -> None:
+        told.append(settled)
+        longs.append(long)
+
+    monkeypatch.setattr(pipes, "settle", settle)
     m, launcher, _ = make(clock, workers=3)
     m.step()
     assert m.next_wait() == TICK_IN_MOTION and told[-1] is False  # three workers starting
     all_ready(m)
     assert m.next_wait() == TICK == 1.0 and told[-1] is True
+    assert longs[-1] == min(pipes.LONG_PAUSE_MAX, m.cfg.heartbeat_timeout / 4)
     m.workers[0].proc.busy("job-1")  # type: ignore[attr-defined]
     m.step()
     assert m.next_wait() == TICK and told[-1] is True  # a busy worker is settled too

@@ -9,7 +9,7 @@ import time
 from redis import Redis
 from rq.scheduler import SCHEDULER_KEY_TEMPLATE, RQScheduler
 
-from harness import RoundTrips
+from harness import RoundTrips, wait_for
 from herder.common.config import Config
 from herder.common.rq_names import lease_key, rq_scheduler_name
 from herder.supervisor.redis_side import hosts
@@ -128,3 +128,25 @@ def test_the_scheduler_locks_reading_rides_with_the_load_in_one_round_trip(
     conn.delete(RQScheduler.get_locking_key("default"))
     reader._read()
     assert locks.reading().holders["default"] is None
+
+
+def test_the_load_reader_wakes_the_loop_only_for_a_reading_that_says_something_new(
+    conn: Redis, redis_url: str
+) -> None:
+    """An idle fleet's readings say the same second after second: the loop takes the newest at
+    its own tick instead of being woken for each; a job queued is news at the next reading."""
+    wakes: list[float] = []
+    reader = LoadReader(Redis.from_url(redis_url), ["default"], 0.05)
+    reader.start(lambda: wakes.append(time.monotonic()))
+    try:
+        wait_for(lambda: reader.take() is not None, 5, what="a first reading")
+        began = time.monotonic()
+        wait_for(lambda: reader.take() is not None and time.monotonic() - began > 0.5, 5, what="readings")
+        assert len(wakes) == 1, f"{len(wakes)} wake-ups for readings that said nothing new"
+        conn.rpush("rq:queue:default", "job-1")
+        wait_for(lambda: len(wakes) == 2, 5, what="a wake-up for the queued job")
+        reading = reader.take()
+        assert reading is not None and reading.load is not None and reading.load.backlog == 1
+    finally:
+        reader.stop()
+        conn.delete("rq:queue:default")

@@ -40,6 +40,21 @@ class Reading:
     kills: tuple[int, int, float] | None = None  # cluster kill counters: current, previous, read at
     grants: dict[str, Grant] = field(default_factory=dict)  # by pool, for the pools with a cluster cap
 
+    def says_as_much_as(self, other: Reading | None) -> bool:
+        """Whether it says what `other` said, but when it was read: the loop may take it at its
+        next tick rather than be woken for it."""
+        if other is None or (self.load is None) != (other.load is None):
+            return False
+        load, was = self.load, other.load
+        kills, before = self.kills, other.kills
+        return (
+            (load is None or was is None or replace(load, at=0.0) == replace(was, at=0.0))
+            and self.per_queue == other.per_queue
+            and self.grant == other.grant
+            and self.grants == other.grants
+            and (kills[:2] if kills else None) == (before[:2] if before else None)
+        )
+
     def for_pool(self, pool: str, queues: list[str]) -> Reading:
         """What one pool sees: its queues' figures and its own cluster grant."""
         if self.load is None:
@@ -181,12 +196,17 @@ class LoadReader:
             return reading
 
     def _run(self) -> None:
+        last: Reading | None = None
         while not self._stop.is_set():
             started = time.monotonic()
             reading = self._read()
             with self._lock:
                 self._reading = reading
-            self._wake()
+            # A reading that says what the last did (an idle fleet's, second after second) waits
+            # for the loop's next tick: an idle master's cost is its wake-ups.
+            if not reading.says_as_much_as(last):
+                self._wake()
+            last = reading
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
     def _read_hosts(self, ids: list[bytes], values: list[bytes | None] | None) -> None:
