@@ -59,10 +59,11 @@ SETTLED_BUSY_PIPES = 32
 SETTLED_BUSY_MAX = 1.0
 SETTLED_BUSY_CHUNK = CHUNK // 4
 # A settled fleet that has said nothing but "alive" for LONG_AFTER: its pipes are read every
-# long pause, which the doorbell ends for news. Why not always: an idle master's cost is its
-# wake-ups (two passes a second were a third of it at 256 workers, docs/benchmarks.md). A
-# quarter of heartbeat_timeout at most, so a silent worker's silence is seen in time; without
-# a doorbell (not Linux, or a --worker-command program, which does not ring) there is none.
+# long pause, which the doorbell ends for news. Why: an idle master's cost is its wake-ups (two
+# passes a second were about two fifths of it at 256 workers, docs/benchmarks.md). A quarter of
+# heartbeat_timeout at most, so a silent worker's silence is seen at most that late. None
+# without a doorbell (a state dir too long for its path), nor for a --worker-command program,
+# which does not ring.
 LONG_PAUSE_MAX = 2.5
 LONG_AFTER = 2 * RING_AFTER  # a worker rings news after RING_AFTER quiet (doorbell.py)
 
