@@ -176,8 +176,9 @@ class Channel(Progress):
 
     def _send(self, data: bytes, news: bool = False, alive: bool = False) -> None:
         """One write of `data` (and a held line before it). `news`: the master should read it
-        now (it rings the doorbell if nothing but plain `idle` lines went for RING_AFTER);
-        `alive`: a plain `idle`, which the master may read seconds later; neither: a `beat`."""
+        now (it rings the doorbell if nothing but `alive` lines went for RING_AFTER); `alive`: an
+        `idle` that says what the last one did, which the master may read seconds later; neither:
+        a `beat` or a repeated `wait`, which keep the master reading promptly (pipes.py)."""
         with self._lock:
             held, self._held = self._held, b""
             if self._orphaned:
