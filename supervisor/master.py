@@ -316,7 +316,7 @@ class Master:
                 look = [w for pid in changed if (w := pool.by_pid.get(pid)) and w.life.state not in LEAVING]
                 if not look:
                     continue  # none of its workers changed, and time moves none of them yet
-            pool.retirement.review(pool.live(), pool.target, now, wall, self.murderer.kill, answers, look)
+            pool.retirement.review(pool.live, pool.target, now, wall, self.murderer.kill, answers, look)
 
     def next_wait(self) -> float:
         """Until the next tick, or sooner if a slot's backoff ends first (0.1 s, not a tick) or a
@@ -325,7 +325,8 @@ class Master:
         due = [
             p.slots[i].next_spawn_at - now
             for p in self.pool_list()
-            for i in p.slots.keys() - p.workers.keys()  # the empty slots: few, found in C
+            if len(p.slots) > len(p.workers)  # a slot with no worker in it: few, often none
+            for i in p.slots.keys() - p.workers.keys()
         ]
         due.append(self.murderer.next_deadline() - now)
         soon = [fleet.SPAWN_AGAIN] if self.spawner.pending else []  # paced spawns left for the next pass
@@ -493,7 +494,7 @@ class Master:
             if changed is not None and pool.still_at == key:
                 continue
             plan = pool.plan(share, wall)
-            pool.still_at = key if plan.still else None
+            pool.planned(key, plan)
             self.spawner.carry_out(pool, plan, self.cfg.limit)
         self.murderer.moving.update(self.spawner.moved)  # starting or stopping from now on
 

@@ -184,6 +184,29 @@ def test_a_busy_pass_counts_the_recycles_under_way_only_when_one_is_due(
     assert any(w.limits.retire is not None for w in m.workers.values())
 
 
+def test_a_pass_where_a_few_of_a_big_fleets_workers_change_walks_no_pool(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers of 256 take jobs and finish them, pass after pass, ms apart: neither the
+    pool's plan nor the retirement review lists the pool's workers (a walk of 256, each pass).
+    The views' once-a-second sample may fall among them: one walk at most."""
+    m = settled(clock)
+    walks: list[int] = []
+    real = Pool.live
+    monkeypatch.setattr(Pool, "live", lambda self: walks.append(1) or real(self))
+    procs = live(m)
+    for turn in range(6):
+        clock.t += 0.005
+        for slot in (3, 200):
+            if turn % 2:
+                procs[slot].done()  # type: ignore[attr-defined]
+            else:
+                procs[slot].busy(f"job-{slot}-{turn}")  # type: ignore[attr-defined]
+        m.step()
+        assert m.workers[3].life.state == (WorkerState.IDLE if turn % 2 else WorkerState.BUSY)
+    assert len(walks) <= 1, f"{len(walks)} walks of the pool in 6 passes"
+
+
 def test_a_still_pool_is_planned_again_only_when_what_its_plan_reads_moved(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,11 +218,22 @@ def test_a_still_pool_is_planned_again_only_when_what_its_plan_reads_moved(
     clock.t += 0.1
     m.step()
     assert plans == [], "a still pool with nothing changed was planned again"
-    live(m)[3].busy("job")  # type: ignore[attr-defined]
+    procs = live(m)
+    for slot, proc in procs.items():  # every worker takes a job: idle to busy
+        proc.busy(f"job-{slot}")  # type: ignore[attr-defined]
     clock.t += 0.1
     m.step()
-    assert len(plans) == 1  # a worker's state moved: its pool's plan reads it
+    assert all(w.life.state == WorkerState.BUSY for w in m.workers.values())
+    assert plans == [], "a move between idle and busy planned a pool at its target again"
     pool.target = 15  # as the autoscaler or `herder scale` sets it
     clock.t += 0.1
     m.step()
-    assert len(plans) == 2 and sum(w.life.state == WorkerState.STOPPING for w in m.workers.values()) == 1
+    assert len(plans) == 1, "a new target did not plan the pool"
+    assert not any(w.life.state == WorkerState.STOPPING for w in m.workers.values()), "a busy worker stopped"
+    # The scale-down waits for an idle worker: its plan told idle from busy, so a worker that
+    # finishes its job plans the pool again, and that worker goes.
+    procs[5].done()  # type: ignore[attr-defined]
+    clock.t += 0.1
+    m.step()
+    assert len(plans) == 2
+    assert [w.slot for w in m.workers.values() if w.life.state == WorkerState.STOPPING] == [5]

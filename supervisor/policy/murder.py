@@ -63,8 +63,9 @@ class Murderer:
             obs, cfg = w.proc.snapshot(), self.pools[w.pool].cfg  # judged by its pool's deadlines
             state = derived_state(w, obs)
             if state != w.life.state:  # the reason is built only for a change
+                was = w.life.state
                 change_state(w, state, f"job {obs.job_id}" if obs.job_id else "ready")
-                self.pools[w.pool].touch()  # its pool's plan reads it
+                self.pools[w.pool].worker_moved(was, state)  # its pool's plan may read it
             if w.life.state in WORKING:
                 self.moving.discard(w.pid)
             else:

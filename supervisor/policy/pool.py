@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from herder.common.config import Config
 from herder.common.transitions import move
 from herder.supervisor.children.fleet import Slot, Worker
-from herder.supervisor.children.states import LEAVING, Retire, WorkerState
+from herder.supervisor.children.states import LEAVING, WORKING, Retire, WorkerState
 from herder.supervisor.policy.autoscaler import Autoscaler
 from herder.supervisor.policy.retirement import Retirement, working_to_its_limit
 from herder.supervisor.policy.scaling import pick_idle_to_stop
@@ -76,6 +76,9 @@ class Plan:
     stops: tuple[Stop, ...] = ()
     spawn: int = 0
     rolling: bool = False  # workers of an older generation or marked to retire are being replaced
+    # It told idle workers from busy ones (a scale-down stops idle ones only; a rolling step
+    # stops idle old ones first): a worker moving between the two may change the next plan.
+    by_idleness: bool = False
 
     @property
     def still(self) -> bool:
@@ -113,9 +116,23 @@ class Pool:
     # neither this nor the pool's own inputs moved (`plan_key`): a pass costs what changed.
     version: int = 0
     still_at: tuple[object, ...] | None = None  # the inputs of the last plan, when it was still
+    by_idleness: bool = True  # the last plan told idle workers from busy ones (Plan.by_idleness)
 
     def touch(self) -> None:
         self.version += 1
+
+    def planned(self, key: tuple[object, ...], plan: Plan) -> None:
+        """The master made `plan` from the inputs `key` (plan_key)."""
+        self.still_at = key if plan.still else None
+        self.by_idleness = plan.by_idleness
+
+    def worker_moved(self, was: WorkerState, now: WorkerState) -> None:
+        """One of its workers changed state (the master saw it: murder.py). The plan is made
+        afresh, but for a move between idle and busy when the last plan did not tell the two
+        apart (a pool at its target, nothing to roll): a busy fleet's passes plan no pool."""
+        if was in WORKING and now in WORKING and not self.by_idleness:
+            return
+        self.touch()
 
     def admit(self, w: Worker) -> None:
         """A worker joins at its spawn (spawner.py)."""
@@ -267,7 +284,7 @@ class Pool:
             states = {w.slot: w.life.state for w in live}
             for slot in pick_idle_to_stop(states, len(live) - target):
                 stops.append(Stop(self.workers[slot], f"scale down to {target}"))
-            return Plan(tuple(retire), tuple(stops))
+            return Plan(tuple(retire), tuple(stops), by_idleness=True)
         # A cluster grant counts every process still running, stopping ones included.
         room = target - len(live)
         if self.scaler.grant is not None:
@@ -304,7 +321,7 @@ class Pool:
             idle = [w for w in old if w.life.state == WorkerState.IDLE and all(w is not x for x in leaving)]
             for w in idle[:1]:
                 stops.append(Stop(w, "rolling restart at the workers limit: making room"))
-        return Plan(plan.retire, tuple(stops), max(0, room), rolling=True)
+        return Plan(plan.retire, tuple(stops), max(0, room), rolling=True, by_idleness=True)
 
     @property
     def launch_key(self) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -109,7 +109,7 @@ class Retirement:
 
     def review(
         self,
-        live: list[Worker],
+        live_of: Callable[[], list[Worker]],
         target: int,
         now: float,
         wall: float,
@@ -118,13 +118,22 @@ class Retirement:
         look: list[Worker] | None = None,
     ) -> None:
         """Decide retirements for the live (not yet leaving) workers: those in `look` (the ones
-        that changed), or all of them. `answers`: the cull tickets the recovery thread answered
-        (the master takes them once for every pool)."""
+        that changed), or all of them (`live_of()`, walked otherwise only when a decision counts
+        over the pool: a recycle's room, a cull's budget). `answers`: the cull tickets the
+        recovery thread answered (the master takes them once for every pool)."""
         if answers is None:
             answers = self.recovery.answers() if self.recovery else {}
+        walked: list[Worker] | None = None
+
+        def live() -> list[Worker]:
+            nonlocal walked
+            if walked is None:
+                walked = live_of()
+            return walked
+
         if look is None:
-            look = live
-            self._whole_at = self._next_whole(live, now)
+            look = live()
+            self._whole_at = self._next_whole(look, now)
         elif not look:
             return
         else:
@@ -146,14 +155,14 @@ class Retirement:
                 kill(w, hard, KillKind.MEMORY_HARD)
                 continue
             if culling.failures or culling.cull == Cull.DENIED:  # else no failure to cull for, none denied
-                self._consider_cull(w, now, wall, live)
+                self._consider_cull(w, now, wall, live())
             if w.retiring:
                 continue
             planned = self.planned(w, obs, now)
             if planned is None:
                 continue
             if room is None:
-                planned_already = sum(1 for x in live if x.recycling)
+                planned_already = sum(1 for x in live() if x.recycling)
                 room = max(1, math.floor(self.cfg.recycle_share * target)) - planned_already
             # Room is for replacements started ahead: one that takes no more jobs is due, room or not.
             if room <= 0 and obs.paused != RETIRING:
@@ -164,7 +173,7 @@ class Retirement:
             self.recycled[limits.retire] += 1
             room -= 1
             log.info("slot %d pid %d: %s; its replacement starts first", w.slot, w.pid, limits.retire_reason)
-        if self.degraded and not any(w.culling.cull == Cull.DENIED for w in live):
+        if self.degraded and not any(w.culling.cull == Cull.DENIED for w in live()):
             log.warning("health ok again: no worker is waiting on the cull budget")
             self.degraded = ""
 
