@@ -26,6 +26,7 @@ would take meanwhile would fail (and spend that job's RQ retries), so it is no c
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -123,14 +124,7 @@ class Retirement:
         recovery thread answered (the master takes them once for every pool)."""
         if answers is None:
             answers = self.recovery.answers() if self.recovery else {}
-        walked: list[Worker] | None = None
-
-        def live() -> list[Worker]:
-            nonlocal walked
-            if walked is None:
-                walked = live_of()
-            return walked
-
+        live = functools.cache(live_of)  # the pool listed once at most, and only when needed
         if look is None:
             look = live()
             self._whole_at = self._next_whole(look, now)
