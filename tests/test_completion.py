@@ -58,6 +58,7 @@ def test_bash_completes_a_commands_options() -> None:
     assert all(word.startswith("--") for word in offered), offered
 
 
+@pytest.mark.slow
 def test_the_bash_script_completes_in_bash() -> None:
     """The script as a user sources it, its function run as bash runs it on <Tab>: the words
     land in COMPREPLY, and herder is the command the function is registered for."""

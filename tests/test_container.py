@@ -195,6 +195,7 @@ def test_manifests_parse_and_name_each_other() -> None:
     assert docs["ScaledObject"]["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
 
 
+@pytest.mark.slow
 def test_manifests_are_valid_kubernetes_objects_for_every_version_the_validator_ships() -> None:
     """Each built-in object against the API's own schema, strictly (an unknown or misspelt
     field fails), offline: kubernetes-validate ships the schemas of Kubernetes 1.25 on. KEDA's

@@ -79,6 +79,7 @@ STEPS = [
 ]
 
 
+@pytest.mark.slow
 def test_a_worker_rings_with_news_after_a_quiet_spell_and_never_for_heartbeats(tmp_path: Path) -> None:
     bell = Bell(str(tmp_path))
     proc = subprocess.Popen(

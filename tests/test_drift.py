@@ -482,6 +482,7 @@ def missing_sections() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_every_named_module_class_function_and_file_exists() -> None:
     found = unresolved() + missing_sections()
     stale = [(where, name) for where, name in found if (where.split(":")[0], name) not in PENDING]

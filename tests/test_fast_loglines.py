@@ -244,6 +244,7 @@ open(sys.argv[4], "w").write(str(len(hits)))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("description", ["description", "id"])
 def test_a_workers_lines_are_the_same_bytes(tmp_path: Path, description: str) -> None:
     """A worker's whole stderr over jobs of several kinds (the first of a kind finished by RQ's

@@ -144,6 +144,7 @@ def is_malformed(line: bytes) -> bool:
     return False
 
 
+@pytest.mark.slow
 @budget(300)
 @given(
     st.lists(st.one_of(valid_lines, threaded_lines), max_size=30),
@@ -191,6 +192,7 @@ before_idle = st.lists(
 )
 
 
+@pytest.mark.slow
 @budget(300)
 @given(before_idle, st.binary(max_size=6), idle_like)
 def test_an_idle_line_read_the_short_way_changes_what_the_general_way_does(
@@ -299,6 +301,7 @@ def assert_valid_or_78(result: Any) -> None:
         assert re.search(r"config key ('[^']*'|\"[^\"]*\") from ", result.output), result.output
 
 
+@pytest.mark.slow
 @budget(300)
 @given(text=config_files())
 @example(text='[herder]\n[pools."\'"]\n')  # found by a long run: a quote in a pool's name
@@ -313,6 +316,7 @@ flag_keys = sorted(k for k in cfg_module.KEYS if k not in ("pools",))
 BOOLEAN_KEYS = {k for k in flag_keys if isinstance(getattr(cfg_module.Config(), k), bool)}
 
 
+@pytest.mark.slow
 @budget(300)
 @given(
     st.lists(

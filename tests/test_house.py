@@ -82,12 +82,14 @@ def protocols() -> Iterator[tuple[Path, ast.ClassDef]]:
                 yield path, node
 
 
+@pytest.mark.slow
 def test_the_rule_sees_the_masters_protocols() -> None:
     """The check below finds what it looks for: the protocols the master implements."""
     of_master = [cls.name for _, cls in protocols() if members(cls) and members(cls) <= master_members()]
     assert {"Operable", "Reloadable"} <= set(of_master), of_master
 
 
+@pytest.mark.slow
 def test_no_protocol_of_the_masters_insides_is_wider_than_a_handful() -> None:
     """A Protocol every member of which the master has is the master seen through a keyhole:
     a wide one is the master as a hub again."""
@@ -108,6 +110,7 @@ def test_the_masters_constructor_takes_a_handful_of_collaborators() -> None:
     assert len(args) <= MAX_CONSTRUCTOR_ARGS, [a.arg for a in args]
 
 
+@pytest.mark.slow
 def test_no_test_module_imports_another() -> None:
     test_modules = {p.stem for p in TESTS.glob("test_*.py")}
     bad = []
@@ -264,6 +267,7 @@ def class_lengths(roots: list[Path]) -> dict[tuple[str, str], int]:
     }
 
 
+@pytest.mark.slow
 def test_every_class_is_a_room_a_reader_holds_in_one_sitting() -> None:
     """A class is a room a reader holds in one sitting: its methods' names on a screen or
     two, its story read from start to end (gunicorn's arbiter; RQ's worker pool does its one

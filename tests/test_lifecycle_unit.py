@@ -337,6 +337,7 @@ def test_systemd_is_fed_while_a_starved_master_is_spared_not_for_a_frozen_one(tm
             proc.wait()
 
 
+@pytest.mark.slow
 def test_the_watchdog_spares_a_master_starved_of_cpu_for_a_while_but_not_a_hung_one() -> None:
     """A master silent because it waits on a run queue (a host overloaded by its own busy
     workers) is not killed until 4 heartbeat timeouts: killing it would stop the whole fleet.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,6 +59,7 @@ def cases(draw: st.DrawFn) -> tuple[Worker, Observations, Config]:
     return w, obs, cfg
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(cases(), st.lists(st.floats(min_value=0.0, max_value=200.0, allow_nan=False), min_size=1, max_size=20))
 def test_no_verdict_comes_before_the_moment_murder_looks_again(case, moments) -> None:  # noqa: ANN001
@@ -68,6 +70,7 @@ def test_no_verdict_comes_before_the_moment_murder_looks_again(case, moments) ->
             assert judge(w, obs, now, cfg) is None, (now, at)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(cases())
 def test_the_moment_is_the_first_verdict_not_a_guess(case) -> None:  # noqa: ANN001

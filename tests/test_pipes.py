@@ -82,6 +82,7 @@ class Quiet(Recorder):
         return False, None
 
 
+@pytest.mark.slow
 def test_a_quiet_fleets_lines_are_read_in_batches() -> None:
     """Lines that wake nobody (`idle`), one from each of 20 pipes 5 ms apart, after a quiet
     second: the hub reads them a batch at a time (a 5 ms pause would take about one pass a line)."""
@@ -104,6 +105,7 @@ def test_a_quiet_fleets_lines_are_read_in_batches() -> None:
         os.close(r)
 
 
+@pytest.mark.slow
 def test_a_settled_masters_quiet_lines_are_read_a_few_times_a_second() -> None:
     """The master's loop settled (it looks once a second): 20 idle lines 25 ms apart are read
     in about one pass per SETTLED_COALESCE, where the quiet pause alone takes one per 50 ms."""
@@ -127,6 +129,7 @@ def test_a_settled_masters_quiet_lines_are_read_a_few_times_a_second() -> None:
         os.close(r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["the loop is no longer settled", "a chatty pipe"])
 def test_a_settled_pause_ends_for_a_start_or_stop_and_is_never_taken_for_a_chatty_pipe(
     how: str, monkeypatch: pytest.MonkeyPatch
@@ -169,6 +172,7 @@ def first_read_after(rec: Quiet, written: float, timeout: float) -> float:
     return later[0] - written
 
 
+@pytest.mark.slow
 def test_a_quiet_fleets_pipes_wait_the_long_pause_which_a_ring_ends(tmp_path: Path) -> None:
     """Settled, a long pause of 30 s (to be sure of what ends it), a fleet quiet for longer
     than LONG_AFTER: an `idle` line waits out the pause (the settled pause alone reads it
@@ -198,6 +202,7 @@ def test_a_quiet_fleets_pipes_wait_the_long_pause_which_a_ring_ends(tmp_path: Pa
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_workers_news_that_does_not_ring_is_never_held_the_long_pause(tmp_path: Path) -> None:
     """A worker rings only with news after RING_AFTER without news (doorbell.py): one running a
     job every 0.3 s never rings. The rest of the fleet's `idle` lines come between its lines, so
@@ -224,6 +229,7 @@ def test_a_workers_news_that_does_not_ring_is_never_held_the_long_pause(tmp_path
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_without_a_doorbell_there_is_no_long_pause() -> None:
     """No doorbell (a state dir too long for a socket's path): a long pause asked for is not
     taken; the settled pause reads."""
@@ -259,6 +265,7 @@ class Working(Quiet):
     active = True
 
 
+@pytest.mark.slow
 def test_a_settled_small_fleet_running_jobs_has_its_lines_read_without_the_settled_pause() -> None:
     """One worker, settled, a job's line every 50 ms for 1.5 s after a quiet second (nothing
     wakes the loop): its lines are read within about QUIET_COALESCE, never held SETTLED_COALESCE
@@ -319,6 +326,7 @@ def passes_of_a_busy_fleet(settled: bool, chatty: bool = False, n: int = 40) -> 
     return len({t for rec in readers for t in rec.passes if t <= ended}), span
 
 
+@pytest.mark.slow
 def test_a_settled_big_busy_fleets_lines_are_read_in_fewer_passes_but_never_a_chatty_pipes() -> None:
     """None starting or stopping, 40 busy pipes: the hub pauses 5 ms a pipe that had lines
     (200 ms), not 5 ms per 4 (50 ms), so each read finds several jobs' lines. Not after a pass

@@ -101,6 +101,7 @@ def installed_version_line(herder: str | Path, cwd: Path) -> re.Match[str]:
     return m
 
 
+@pytest.mark.slow
 def test_version_names_herder_rq_redis_py_and_python(tmp_path: Path) -> None:
     """From this environment (a checkout's editable install, or the sdist's venv below): from a
     checkout, a development version names the checkout's commit."""

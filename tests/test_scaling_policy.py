@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import pairwise
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -156,6 +157,7 @@ def changes(desired: list[int], start: int = 1) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- 1. always within bounds
 
 
+@pytest.mark.slow
 @MANY_EXAMPLES
 @given(
     cfg=configs(),
@@ -243,6 +245,7 @@ def test_pick_idle_to_stop_examples():
 # ---------------------------------------------------------------- 3. up fast
 
 
+@pytest.mark.slow
 @MANY_EXAMPLES
 @given(cfg=configs(), data=st.data())
 def test_big_backlog_step_reaches_max_at_once(cfg, data):
@@ -350,6 +353,7 @@ def test_after_the_load_drops_to_zero_hold_for_the_delay_then_min(cfg, rate, pre
     assert desired[reach:] == [cfg.floor] * 5, (reach, desired)
 
 
+@pytest.mark.slow
 @MANY_EXAMPLES
 @given(
     cfg=configs(),
@@ -422,6 +426,7 @@ def noisy_scenarios(draw: st.DrawFn, workers_from_backlog: float):
     return cfg, rate, draw(st.integers(0, 50)), level, draw(st.integers(0, 2**32))
 
 
+@pytest.mark.slow
 @MANY_EXAMPLES
 @given(scenario=noisy_scenarios(workers_from_backlog=10.0))
 def test_noisy_constant_load_changes_desired_only_a_few_times(scenario):
@@ -434,6 +439,7 @@ def test_noisy_constant_load_changes_desired_only_a_few_times(scenario):
     assert all(direction > 0 for _, direction in later), (later, desired)
 
 
+@pytest.mark.slow
 @MANY_EXAMPLES
 @given(scenario=noisy_scenarios(workers_from_backlog=200.0), data=st.data())
 def test_noisy_load_never_goes_up_down_up_within_a_delay(scenario, data):
@@ -469,6 +475,7 @@ def test_noisy_load_regression():
 # ---------------------------------------------------------------- 6. monotone in backlog
 
 
+@pytest.mark.slow
 @MANY_EXAMPLES
 @given(
     cfg=configs(),

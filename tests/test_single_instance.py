@@ -172,6 +172,7 @@ def _asleep(thread: threading.Thread) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_an_idle_control_server_sleeps_until_a_connection_or_its_close(tmp_path: Path):
     """An idle master's accepting thread does not wake on a timer (a poll every fraction of a
     second, times every master on a host); a connection, a yield or a close wakes it."""

@@ -122,6 +122,7 @@ def test_a_dead_workers_requeue_leaves_a_run_another_host_took_since(conn: Redis
     assert r.counts.requeued == 1
 
 
+@pytest.mark.slow
 def test_a_dead_workers_self_deleted_job_is_neither_requeued_nor_made_again(
     conn: Redis, redis_url: str
 ) -> None:

@@ -100,6 +100,7 @@ def waits(lines: Lines) -> list[tuple[float, float, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_name_that_does_not_resolve_in_time_is_said_and_tried_again() -> None:
     lines, stderr = run_waiter("resolve", f"redis://:{PASSWORD}@stall.invalid:16390/0", 3.5)
     said = waits(lines)
@@ -118,6 +119,7 @@ def test_a_name_that_does_not_resolve_in_time_is_said_and_tried_again() -> None:
     assert PASSWORD not in stderr and not any(PASSWORD in line for _, line in lines)
 
 
+@pytest.mark.slow
 def test_a_main_thread_held_in_a_call_is_said_until_the_bound_then_goes_silent() -> None:
     port = free_port()
     lines, _ = run_waiter("ping-blocks", f"redis://:{PASSWORD}@127.0.0.1:{port}/0", 3.5, bound=1.5)
@@ -129,6 +131,7 @@ def test_a_main_thread_held_in_a_call_is_said_until_the_bound_then_goes_silent()
     assert said[-1][0] < 2.2 and said[-1][1] >= 1.0, said
 
 
+@pytest.mark.slow
 def test_a_refused_connection_is_said_as_such() -> None:
     port = free_port()  # nobody listens
     lines, stderr = run_waiter("refused", f"redis://:{PASSWORD}@127.0.0.1:{port}/0", 1.5)
