@@ -7,6 +7,7 @@ measures the same on real workers (docs/benchmarks.md); this holds the policy to
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def test_herder_with_a_wait_target_beats_each_rule_that_waits_no_longer(trace: s
     assert not lost, lost
 
 
-@pytest.mark.slow  # the oracle searches for a minute
+@pytest.mark.slow  # the oracle searches for seconds a trace
 def test_herder_with_a_wait_target_stays_within_1_5x_of_the_oracle() -> None:
     ratios = {}
     for trace in TRACES:
@@ -56,7 +57,7 @@ def test_herder_with_a_wait_target_stays_within_1_5x_of_the_oracle() -> None:
     assert all(r <= 1.5 for r in ratios.values()), ratios
 
 
-@pytest.mark.slow  # the oracle searches for a minute
+@pytest.mark.slow  # the oracle searches for seconds a trace
 def test_herder_without_a_target_stays_within_1_5x_of_the_oracle_at_a_second() -> None:
     """herder's default keeps waits around a second (p99 under 1.6 s but on the spike, which no
     fleet within the bounds serves in time), at no more than 1.5x the worker-seconds of the
@@ -69,3 +70,31 @@ def test_herder_without_a_target_stays_within_1_5x_of_the_oracle_at_a_second() -
         figures[trace.name] = (round(herder.worker_seconds / oracle.worker_seconds, 2), herder.p99)
     assert all(ratio <= 1.5 for ratio, _ in figures.values()), figures
     assert all(p99 <= 1.6 for name, (_, p99) in figures.items() if name != "spike"), figures
+
+
+def first_late(waits: list[float], allowed: list[float]) -> int | None:
+    return next((j for j, w in enumerate(waits) if w > allowed[j]), None)
+
+
+@pytest.mark.parametrize("name", ["spike", "mix"])
+def test_the_oracles_resumed_fleet_judges_a_schedule_as_a_whole_replay_does(name: str) -> None:
+    """The oracle's search asks whether a schedule leaves a job late from the fleet as it was at
+    a changed second, kept from the schedules asked about before; its answer is the whole
+    replay's, for schedules that change one second at a time up and down as the search's do."""
+    trace = next(t for t in TRACES if t.name == name)
+    rng = random.Random(7)
+    steps = int((trace.length + 60) / sim.ORACLE_STEP)
+    b = sim.Bounds(1, 10, 1.0)
+    allowed = [max(b.target, w) + 1e-6 for w in sim.replay(trace, [b.ceiling] * steps, b, 0.5)]
+    counts = [b.ceiling] * steps  # no job late; the changes below make some late, and undo some
+    fleet = sim._Fleet(trace, 0.5, allowed)
+    answers = set()
+    for _ in range(40):
+        s = rng.randrange(steps)
+        at_s = fleet.at_step(counts, s)
+        counts[s] = b.clamp(counts[s] + rng.choice([-9, -5, -2, 2, 5]))
+        got = fleet.late(counts, at_s)
+        assert got == first_late(sim.replay(trace, counts, b, 0.5), allowed), (s, counts)
+        answers.add(got is None)
+        fleet.forget_after(s)
+    assert answers == {True, False}  # both answers were asked for

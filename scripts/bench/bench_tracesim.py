@@ -457,6 +457,19 @@ def simulate(
 # ---------------------------------------------------------------- the oracle
 
 
+def _sized(workers: list[float], want: int, now: float, start_delay: float) -> list[float]:
+    """The fleet (when each worker is free) at `want` workers, sorted: new ones free once
+    started, and only idle ones stopped (a busy one finishes its job first)."""
+    if len(workers) < want:
+        workers = workers + [now + start_delay] * (want - len(workers))
+    elif len(workers) > want:
+        workers = sorted(workers)
+        idle = sum(1 for w in workers if w <= now)
+        workers = workers[min(idle, len(workers) - want) :]
+    workers.sort()
+    return workers
+
+
 def replay(trace: Trace, counts: list[int], b: Bounds, start_delay: float) -> list[float]:
     """A fast FIFO replay of `counts` (one per ORACLE_STEP): each job's wait, in trace order
     (a job not started by the end of `counts` waits until then)."""
@@ -473,14 +486,9 @@ def replay(trace: Trace, counts: list[int], b: Bounds, start_delay: float) -> li
         while k < len(jobs) and jobs[k].at <= now:
             queue.append(k)
             k += 1
-        want = counts[min(len(counts) - 1, int(now / ORACLE_STEP + 1e-9))]
-        if len(workers) < want:
-            workers += [now + start_delay] * (want - len(workers))
-        elif len(workers) > want:
-            workers.sort()
-            idle = sum(1 for w in workers if w <= now)
-            workers = workers[min(idle, len(workers) - want) :]
-        workers.sort()
+        workers = _sized(
+            workers, counts[min(len(counts) - 1, int(now / ORACLE_STEP + 1e-9))], now, start_delay
+        )
         for w, free in enumerate(workers):
             if not queue:
                 break
@@ -537,12 +545,14 @@ def _greedy(trace: Trace, steps: int, b: Bounds, start_delay: float, allowed: li
     """Second by second, the least count after which the maximum from the next second on still
     keeps every job that arrived by then within what it is allowed: workers as late as they can be."""
     counts = [b.ceiling] * steps
+    fleet = _Fleet(trace, start_delay, allowed)
     for s in range(steps):
+        at_s = fleet.at_step(counts, s)
         lo, hi = b.floor, b.ceiling
         while lo < hi:
             mid = (lo + hi) // 2
             counts[s] = mid
-            if _late(trace, counts, b, start_delay, allowed) is None:
+            if fleet.late(counts, at_s) is None:
                 hi = mid
             else:
                 lo = mid + 1
@@ -550,18 +560,14 @@ def _greedy(trace: Trace, steps: int, b: Bounds, start_delay: float, allowed: li
     return counts
 
 
-def _late(trace: Trace, counts: list[int], b: Bounds, start_delay: float, allowed: list[float]) -> int | None:
-    """The first job (in arrival order) that waits longer than it is allowed, or None."""
-    waits = replay(trace, counts, b, start_delay)
-    return next((j for j, w in enumerate(waits) if w > allowed[j]), None)
-
-
 def _repair(
     trace: Trace, counts: list[int], b: Bounds, start_delay: float, allowed: list[float]
 ) -> list[int]:
     """One more worker, ready by the first late job's deadline, until no job is late."""
     counts = list(counts)
-    while (j := _late(trace, counts, b, start_delay, allowed)) is not None:
+    fleet = _Fleet(trace, start_delay, allowed)
+    s = 0
+    while (j := fleet.late(counts, fleet.at_step(counts, s))) is not None:
         deadline = trace.jobs[j].at + allowed[j]
         s = max(0, min(len(counts) - 1, int(deadline / ORACLE_STEP)))  # keep or start one then
         while s >= 0 and counts[s] >= b.ceiling:
@@ -569,25 +575,115 @@ def _repair(
         if s < 0:
             break  # cannot be helped within the bounds
         counts[s] += 1
+        fleet.forget_after(s)
     return counts
 
 
 def _trim(trace: Trace, counts: list[int], b: Bounds, start_delay: float, allowed: list[float]) -> list[int]:
     """One fewer worker in any second where no job then waits longer than it is allowed."""
     counts = list(counts)
+    fleet = _Fleet(trace, start_delay, allowed)
     for _ in range(2):
         changed = False
         for s in sorted(range(len(counts)), key=lambda i: -counts[i]):
             if counts[s] <= b.floor:
                 continue
+            at_s = fleet.at_step(counts, s)
             counts[s] -= 1
-            if _late(trace, counts, b, start_delay, allowed) is None:
+            if fleet.late(counts, at_s) is None:
                 changed = True
+                fleet.forget_after(s)
             else:
                 counts[s] += 1
         if not changed:
             break
     return counts
+
+
+@dataclass
+class _State:
+    """replay's state at the start of a tick: what the ticks before it left."""
+
+    tick: int = 0
+    arrived: int = 0  # jobs arrived so far (they arrive in trace order)
+    queue: deque[int] = field(default_factory=deque)
+    workers: list[float] = field(default_factory=list)  # when each is free
+    late: int | None = None  # the first job the ticks before it left waiting too long
+
+    def copy(self) -> _State:
+        return _State(self.tick, self.arrived, deque(self.queue), list(self.workers), self.late)
+
+
+class _Fleet:
+    """replay's fleet for the oracle's search, which asks again and again whether a schedule
+    leaves a job late, each time with one second's count changed. The ticks before a second do
+    not read its count, so a question resumes from the fleet as it was at that second (kept
+    for the schedule last asked about) and ends at the first late job. Same ticks, same
+    answers as replay's waits compared with what each job is allowed."""
+
+    def __init__(self, trace: Trace, start_delay: float, allowed: list[float]) -> None:
+        self.jobs, self.start_delay, self.allowed = trace.jobs, start_delay, allowed
+        self.kept: dict[int, _State] = {0: _State()}  # second -> the fleet at its start
+
+    def forget_after(self, s: int) -> None:
+        """The schedule changed at second s: what was kept from later seconds no longer holds."""
+        self.kept = {k: v for k, v in self.kept.items() if k <= s}
+
+    def at_step(self, counts: list[int], s: int) -> _State:
+        """The fleet at the start of second s under `counts` (whose seconds before s are those
+        of every schedule asked about since the last forget_after at or before s)."""
+        if s not in self.kept:
+            start = max(k for k in self.kept if k < s)
+            self._run(counts, self.kept[start].copy(), until=s)
+        return self.kept[s]
+
+    def late(self, counts: list[int], at: _State) -> int | None:
+        """The first job (in arrival order) that waits longer than it is allowed under `counts`,
+        or None, from the fleet `at` (unchanged: the run works on a copy)."""
+        return at.late if at.late is not None else self._run(counts, at.copy())
+
+    def _run(self, counts: list[int], st: _State, until: int | None = None) -> int | None:
+        # replay's loop, tick for tick. A FIFO queue starts jobs in arrival order, so the first
+        # job seen waiting too long (started late, or at the queue's head past its deadline) is
+        # the first late one. With `until`, it keeps the fleet at each second's start up to that
+        # one, with the first late job so far, and returns None.
+        dt, jobs, allowed, judge = 0.05, self.jobs, self.allowed, until is None
+        queue, workers, k, first = st.queue, st.workers, st.arrived, st.late
+        end = len(counts) * ORACLE_STEP
+        last = int(end / dt)
+        now = st.tick * dt
+        for i in range(st.tick, last + 1):
+            now = i * dt
+            step = int(now / ORACLE_STEP + 1e-9)
+            if until is not None and step not in self.kept:
+                self.kept[step] = _State(i, k, deque(queue), list(workers), first)
+                if step >= until:
+                    return None
+            while k < len(jobs) and jobs[k].at <= now:
+                queue.append(k)
+                k += 1
+            workers = _sized(workers, counts[min(len(counts) - 1, step)], now, self.start_delay)
+            for w, free in enumerate(workers):
+                if not queue:
+                    break
+                if free <= now:
+                    j = queue.popleft()
+                    if first is None and now - jobs[j].at > allowed[j]:
+                        first = j
+                        if judge:
+                            return j
+                    workers[w] = now + jobs[j].seconds
+            if first is None and queue and now - jobs[queue[0]].at > allowed[queue[0]]:
+                first = queue[0]
+                if judge:
+                    return first
+            if judge and k >= len(jobs) and not queue:
+                return None
+        if not judge:
+            return None
+        # Left at the end, as replay reckons their waits: those queued until then, those not arrived.
+        queued = (j for j in queue if now - jobs[j].at > allowed[j])
+        return next(queued, next((j for j in range(k, len(jobs)) if end - jobs[j].at > allowed[j]), None))
 
 
 # ---------------------------------------------------------------- figures
