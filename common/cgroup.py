@@ -282,18 +282,23 @@ def memory_pressure(threshold: float = 0.9, root: str | Path = "/", limit: Found
     return f"cgroup memory {mib(usage)} of {mib(limit.value)} ({usage / limit.value:.0%})"
 
 
-def oom_kills(root: str | Path = "/") -> tuple[int, ...] | None:
-    """The kernel's OOM kill counters of this process's memory cgroup and each visible ancestor
-    (v2: memory.events `oom_kill`; v1: memory.oom_control `oom_kill`): a kill under any of
-    their limits moves one of them. None where no memory controller says."""
+def oom_kills(root: str | Path = "/") -> int | None:
+    """The kernel's OOM kill counter of this process's own memory cgroup, where its workers
+    are: the kernel counts a kill in the victim's cgroup, whichever limit it was under (a
+    pod's, the container's). Its own processes only (v2: memory.events.local `oom_kill`, or
+    memory.events before Linux 5.2; v1: memory.oom_control, never hierarchical): a kill in a
+    neighbouring cgroup, which an ancestor's or a hierarchical counter also counts, is not
+    one of its workers. None where no memory controller says."""
     h = hierarchy("memory", root)
     if h is None:
         return None
-    name = "memory.events" if h.version == 2 else "memory.oom_control"
-    counts = []
-    for d in h.dirs:
-        for line in (_read(d / name) or "").splitlines():
+    names = ("memory.events.local", "memory.events") if h.version == 2 else ("memory.oom_control",)
+    for name in names:
+        text = _read(h.dirs[0] / name)
+        if text is None:
+            continue
+        for line in text.splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill":
-                counts.append(_int(value) or 0)
-    return tuple(counts) if counts else None
+                return _int(value) or 0
+    return None

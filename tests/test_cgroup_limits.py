@@ -305,18 +305,26 @@ def test_mountinfo_escapes_in_a_mount_point_are_read(tmp_path: Path) -> None:
     assert cgroup.memory_limit(root) == 128 * MiB
 
 
-def test_the_oom_kill_counters_of_the_cgroup_and_its_ancestors(tmp_path: Path) -> None:
-    """v2's memory.events and v1's memory.oom_control, this cgroup's then each ancestor's: a kill
-    under the pod's limit moves the pod's counter, not the container's."""
+def test_the_oom_kill_counter_is_of_the_cgroups_own_processes(tmp_path: Path) -> None:
+    """v2's memory.events.local (memory.events on a kernel without it) and v1's
+    memory.oom_control, of this process's own cgroup: the kernel counts a kill in the victim's
+    cgroup, whichever limit it was under. A kill in a neighbour (a sibling container, a child
+    cgroup) moves the pod's counter and a hierarchical one, and is not one of its workers."""
     pod, c1 = "sys/fs/cgroup/kubepods/pod1", "sys/fs/cgroup/kubepods/pod1/c1"
     events = "low 0\nhigh 0\nmax 3\noom {}\noom_kill {}\noom_group_kill 0"
-    files = {f"{c1}/memory.events": events.format(0, 0), f"{pod}/memory.events": events.format(2, 2)}
+    files = {
+        f"{c1}/memory.events.local": events.format(1, 1),
+        f"{c1}/memory.events": events.format(3, 3),  # and two in a child cgroup of its own
+        f"{pod}/memory.events": events.format(5, 5),  # and two more in a sibling container
+    }
     root = fake_root(tmp_path, ["0::/kubepods/pod1/c1"], V2_MOUNT, files)
-    assert cgroup.oom_kills(root) == (0, 2)
+    assert cgroup.oom_kills(root) == 1
+    del files[f"{c1}/memory.events.local"]  # before Linux 5.2: the one file, local then
+    assert cgroup.oom_kills(fake_root(tmp_path / "old", ["0::/kubepods/pod1/c1"], V2_MOUNT, files)) == 3
     mem = "sys/fs/cgroup/memory/docker/abc"
     v1 = fake_root(tmp_path / "v1", V1_CGROUPS, V1_MOUNTS,
                    {f"{mem}/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1"})  # fmt: skip
-    assert cgroup.oom_kills(v1) == (1,)  # the ancestors here have no file: not counted
+    assert cgroup.oom_kills(v1) == 1
     assert cgroup.oom_kills(fake_root(tmp_path / "none", ["0::/"], V2_MOUNT, {})) is None
 
 
@@ -330,10 +338,10 @@ def test_the_kernel_log_names_the_pids_its_oom_killer_killed_since_herder_starte
         f.write(b"6,2,2,-;oom-kill:constraint=CONSTRAINT_MEMCG,task=herder-worker,pid=42,uid=0\n")
         f.write(b"3,3,3,-;Memory cgroup out of memory: Killed process 42 (herder-worker) total-vm:1kB\n")
     assert not log.oom_killed(41) and not log.oom_killed(43)
-    watch = OomWatch(read=lambda: (0,), kernel_log=log)  # the counter did not move: the log says
+    watch = OomWatch(read=lambda: 0, kernel_log=log)  # the counter did not move: the log says
     assert watch.killed(42) and not watch.killed(43)
     assert not watch.killed(42)  # said once: the pid's next process is another
-    assert OomWatch(read=iter([(0,), (1,)]).__next__).killed(43)  # no log: the counter says
+    assert OomWatch(read=iter([0, 1]).__next__).killed(43)  # no log: the counter says
     assert KernelLog(str(kmsg), pid_namespace=lambda: "pid:[4026532999]").fd is None
     assert not KernelLog(str(tmp_path / "absent")).oom_killed(42)
 

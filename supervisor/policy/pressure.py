@@ -116,11 +116,11 @@ class KernelLog:
 
 class OomWatch:
     """Did the kernel's OOM killer kill this worker? Asked when a worker died by a SIGKILL
-    herder did not send: yes when the kernel's log names its pid, or when its cgroup's (or an
-    ancestor's) OOM kill counter moved since the last look."""
+    herder did not send: yes when the kernel's log names its pid, or when the OOM kill counter
+    of herder's own cgroup (its own processes', common/cgroup.py) moved since the last look."""
 
     def __init__(
-        self, read: Callable[[], tuple[int, ...] | None] = oom_kills, kernel_log: KernelLog | None = None
+        self, read: Callable[[], int | None] = oom_kills, kernel_log: KernelLog | None = None
     ) -> None:
         self.read = read
         self.seen = read()
