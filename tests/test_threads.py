@@ -44,9 +44,12 @@ def test_a_threaded_worker_runs_its_jobs_at_once_each_thread_an_rq_worker(
     # All four run at once in the one process: each started before any finished.
     h, proc, tag, ids = busy_threaded_worker(herder, jobs, threads=4, seconds=1.5)
     assert jobs.finished(tag) == []
-    st = h.snapshot()
+    st = h.wait_status(  # as the master reads each thread's `busy` line, a moment after the job's start
+        lambda s: sorted(j["thread"] for j in s["workers"][0]["jobs"]) == [0, 1, 2, 3], 5,
+        what="the four threads' jobs in status",
+    )  # fmt: skip
     (w,) = st["workers"]
-    assert sorted(j["thread"] for j in w["jobs"]) == [0, 1, 2, 3] and w["state"] == "busy"
+    assert w["state"] == "busy" and jobs.finished(tag) == []
     assert worker_pids_of(conn, ids) == {proc.pid}
     names = {Job.fetch(j, connection=conn).worker_name for j in ids}
     assert len(names) == 4  # each job taken by a thread's own RQ worker
