@@ -5,8 +5,10 @@ and what changed is still read at once."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 from redis import Redis
+from rq.registry import StartedJobRegistry
 from rq.scheduler import SCHEDULER_KEY_TEMPLATE, RQScheduler
 
 from harness import RoundTrips, wait_for
@@ -23,7 +25,7 @@ def test_a_sweep_renews_the_leases_of_the_workers_holding_a_job_in_the_round_tri
 ) -> None:
     """The leases ride with the sweep's first read, and only those of workers that hold a job
     (an idle worker renews its own; nobody looks at it until it takes a job, which renews it
-    too). An idle fleet's sweep sends no renewal at all. A Redis that forgot the renewal script
+    too). An idle fleet's sweep renews no lease at all. A Redis that forgot the renewal script
     (a restart, SCRIPT FLUSH) has it loaded again, and the leases are still renewed."""
     cfg = Config(redis_url=redis_url)
     r = RecoveryThread(Redis.from_url(redis_url), cfg)  # not started: swept here
@@ -42,13 +44,56 @@ def test_a_sweep_renews_the_leases_of_the_workers_holding_a_job_in_the_round_tri
     r._sweep_once()
     assert all(conn.ttl(lease_key(n)) > 0 for n in busy), "no lease renewed after SCRIPT FLUSH"
 
-    def evalshas() -> int:
-        return int(conn.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    def sets() -> int:  # a renewal is a SET (inside the script: counted all the same)
+        return int(conn.info("commandstats").get("cmdstat_set", {}).get("calls", 0))
 
     r.tell({n: None for n in busy + idle})
-    calls = evalshas()
+    calls = sets()
     r._sweep_once()
-    assert evalshas() == calls, "an idle fleet's sweep renewed leases"
+    assert sets() == calls, "an idle fleet's sweep renewed leases"
+
+
+def test_a_sweep_reads_back_only_the_entries_of_jobs_no_worker_of_ours_holds(
+    conn: Redis, redis_url: str
+) -> None:
+    """A busy fleet's lists are mostly its own jobs: the sweep's look leaves those out inside
+    Redis (its CPU follows the orphans, not the fleet), and what it leaves out is exactly what
+    the sweep would pass by: a started entry by its job id (the member less its last
+    `:<execution>`), a popped one by the whole entry. A job held by a worker of another host,
+    or none, still comes back."""
+    r = RecoveryThread(Redis.from_url(redis_url), Config(redis_url=redis_url))  # not started
+    mine = {f"herder.host.{i}.{i}": f"job-{i}" for i in range(3)}
+    r.tell({**mine, "herder.host.9.9": None})
+    wip, popped = StartedJobRegistry("default", connection=conn).key, "rq:queue:default:intermediate"
+    conn.zadd(wip, {"job-0:e0": 1, "job-1:e1": 2, "job-x:ex": 3, "job-2": 4, "job-2x:e": 5})
+    conn.rpush(popped, "job-1", "job-y", "job-0x")
+    lists = r._first_look(["default"], frozenset(mine), frozenset(mine.values()))[:2]
+    assert lists == [[b"job-y", b"job-0x"], [b"job-x:ex", b"job-2x:e"]]
+    assert all(conn.ttl(lease_key(n)) > 0 for n in mine), "the holders' leases were not renewed"
+    conn.delete(wip, popped)
+
+
+def test_a_busy_queues_reading_and_its_oldest_jobs_wait_are_one_round_trip(
+    conn: Redis, redis_url: str
+) -> None:
+    """How long the oldest waiting job has waited is read with the queue's length, inside
+    Redis: a busy fleet's queue is never empty, and its reading stays one round trip, also
+    after Redis forgot the script (a restart, SCRIPT FLUSH)."""
+    reader = LoadReader(Redis.from_url(redis_url), ["default"], 1.0)  # not started: read here
+    enqueued = datetime.now(UTC) - timedelta(seconds=30)
+    conn.hset("rq:job:old-1", "enqueued_at", enqueued.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+    conn.rpush("rq:queue:default", "old-1", "new-2")
+    reader._read()  # the first loads the script
+    for flushed in (False, True):
+        if flushed:
+            conn.script_flush()
+        trips = RoundTrips(reader.connection)
+        load = reader._read().load
+        assert load is not None and load.backlog == 2
+        assert 29 < load.oldest_age < 60, f"the oldest job waited {load.oldest_age:.1f} s"
+        # Forgotten: the reading that finds it so, the script loaded again, the reading again.
+        assert trips.count == (3 if flushed else 1), f"a reading took {trips.count} round trips"
+    conn.delete("rq:queue:default", "rq:job:old-1")
 
 
 def test_the_host_list_is_read_with_the_load_and_a_new_host_shows_at_the_next_reading(

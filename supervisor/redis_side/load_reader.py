@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 from redis import Redis
 from redis.client import Pipeline
+from redis.exceptions import NoScriptError
+from rq.job import Job
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
@@ -30,6 +32,22 @@ from herder.supervisor.redis_side.cluster import HOSTS_KEY, RESERVE, RESERVED_KE
 from herder.supervisor.redis_side.load import Load
 
 log = logging.getLogger("herder")
+
+# Each queue's length, its unexpired started entries, and when its oldest waiting job was
+# enqueued (RQ pops from the left), in one call: the oldest job's hash is read inside Redis,
+# not in a second round trip (a busy fleet's queue is never empty).
+# KEYS: each queue's list and started registry, in turn; ARGV: 1 now (a started entry's expiry
+# is a score), 2 the job hash prefix
+QUEUE_LOAD = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  local head = redis.call('LINDEX', KEYS[i], 0)
+  out[#out + 1] = redis.call('LLEN', KEYS[i])
+  out[#out + 1] = redis.call('ZCOUNT', KEYS[i + 1], ARGV[1], '+inf')
+  out[#out + 1] = head and redis.call('HGET', ARGV[2] .. head, 'enqueued_at')
+end
+return out
+"""
 
 
 @dataclass(frozen=True)
@@ -118,6 +136,7 @@ class LoadReader:
         self._hosts: tuple[float, list[dict[str, Any]]] = (0.0, [])  # (read at, wall; records)
         self._host_ids: list[bytes] = []  # the index as last read: their records ride along next time
         self._reserve = connection.register_script(RESERVE)
+        self._queue_load = connection.register_script(QUEUE_LOAD)
         self._riders: list[Rider] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-reader", daemon=True)
@@ -220,28 +239,54 @@ class LoadReader:
         self._host_ids = ids
         self._hosts = (time.time(), hosts.parse(values))
 
-    def _ages(self, heads: list[bytes | None]) -> list[float]:
+    @staticmethod
+    def _ages(stamps: list[bytes | None]) -> list[float]:
         """Seconds each queue's oldest waiting job has waited (RQ's `enqueued_at`), 0 for an
-        empty queue or an unreadable time; one more round trip, only for non-empty queues."""
-        ages = [0.0] * len(heads)
-        ids = [(i, h.decode()) for i, h in enumerate(heads) if h]
-        if not ids:
-            return ages
-        try:
-            with self.connection.pipeline(transaction=False) as pipe:
-                for _, job_id in ids:
-                    pipe.hget(f"rq:job:{job_id}", "enqueued_at")
-                stamps = pipe.execute()
-        except Exception:  # the next reading tries again; the lengths above still count
-            return ages
+        empty queue or an unreadable time."""
         now = time.time()
-        for (i, _), stamp in zip(ids, stamps, strict=True):
+        ages = [0.0] * len(stamps)
+        for i, stamp in enumerate(stamps):
             if stamp:
                 try:
                     ages[i] = max(0.0, now - datetime.fromisoformat(stamp.decode()).timestamp())
                 except ValueError:
                     pass
         return ages
+
+    def _round_trip(
+        self,
+        riders: list[Rider],
+        keys: list[tuple[str, str, str]],
+        clusters: dict[str, ClusterSettings],
+        told: dict[str, tuple[int, int]],
+        host: dict[str, Any] | None,
+        now_redis: float,
+    ) -> tuple[list[Any], float]:
+        """The reading's one pipeline: the riders', the queues' load (QUEUE_LOAD), the cluster's
+        kill counters and reservations, this host's record; its replies, and when it was sent."""
+        cluster = next(iter(clusters.values()), None)  # the kill budget's window: the host's
+        pipe = self.connection.pipeline(transaction=False)
+        for rider in riders:
+            rider.ride(pipe)
+        queue_keys = [k for _, queue_key, wip_key in keys for k in (queue_key, wip_key)]
+        # EVALSHA, not the Script: a Script in a pipeline asks SCRIPT EXISTS first
+        prefix = Job.redis_job_namespace_prefix
+        pipe.evalsha(self._queue_load.sha, len(queue_keys), *queue_keys, now_redis, prefix)
+        read_at = time.time()
+        if cluster:
+            pipe.mget(*cluster_keys(read_at, cluster.kill_window))
+        for pool, c in clusters.items():
+            target, running = told.get(pool, (0, 0))
+            self._reserve(
+                keys=[cluster_key(HOSTS_KEY, pool), cluster_key(RESERVED_KEY, pool)],
+                args=[c.host_id, target, running, c.ttl, c.cap],
+                client=pipe,
+            )
+        if host is not None:
+            hosts.publish(pipe, host, read_at)
+            if self._host_ids:
+                pipe.mget(hosts.record_keys(self._host_ids))
+        return pipe.execute(), read_at
 
     def _read(self) -> Reading:
         now_redis = time.time()  # for ZCOUNT of unexpired started entries; skew only blurs abandoned ones
@@ -250,30 +295,13 @@ class LoadReader:
             riders = self._riders
         cluster = next(iter(clusters.values()), None)  # the kill budget's window: the host's
         try:
-            pipe = self.connection.pipeline(transaction=False)
-            for rider in riders:
-                rider.ride(pipe)
-            for _, queue_key, wip_key in keys:
-                pipe.llen(queue_key)
-                pipe.zcount(wip_key, now_redis, "+inf")
-                pipe.lindex(queue_key, 0)  # the oldest waiting job (RQ pops from the left)
-            read_at = time.time()
-            if cluster:
-                pipe.mget(*cluster_keys(read_at, cluster.kill_window))
-            for pool, c in clusters.items():
-                target, running = told.get(pool, (0, 0))
-                self._reserve(
-                    keys=[cluster_key(HOSTS_KEY, pool), cluster_key(RESERVED_KEY, pool)],
-                    args=[c.host_id, target, running, c.ttl, c.cap],
-                    client=pipe,
-                )
+            try:
+                replies, read_at = self._round_trip(riders, keys, clusters, told, host, now_redis)
+            except NoScriptError:  # a restarted or flushed Redis forgot the script: load it, again
+                self.connection.script_load(QUEUE_LOAD)
+                replies, read_at = self._round_trip(riders, keys, clusters, told, host, now_redis)
+            carried, (loads, *replies) = replies[: len(riders)], replies[len(riders) :]
             known = self._host_ids
-            if host is not None:
-                hosts.publish(pipe, host, read_at)
-                if known:
-                    pipe.mget(hosts.record_keys(known))
-            replies = pipe.execute()
-            carried, replies = replies[: len(riders)], replies[len(riders) :]
             if host is not None:
                 values = replies.pop() if known else None
                 self._read_hosts(replies.pop(), values)
@@ -295,13 +323,11 @@ class LoadReader:
             self._outage_since = None
         for rider, reply in zip(riders, carried, strict=True):
             rider.arrived(reply)
-        heads = [replies[3 * i + 2] for i in range(len(keys))]
-        ages = self._ages(heads)
+        ages = self._ages([loads[3 * i + 2] for i in range(len(keys))])
         per_queue = tuple(
-            (name, int(replies[3 * i]), int(replies[3 * i + 1]), ages[i])
-            for i, (name, _, _) in enumerate(keys)
+            (name, int(loads[3 * i]), int(loads[3 * i + 1]), ages[i]) for i, (name, _, _) in enumerate(keys)
         )
-        rest = replies[3 * len(keys) :]  # the kill counters, then each pool's reservation
+        rest = replies  # the kill counters, then each pool's reservation
         grants = {pool: parse_grant(reply) for pool, reply in zip(clusters, rest[1:], strict=True)}
         kills = None
         if cluster:
