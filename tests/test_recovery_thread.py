@@ -10,7 +10,7 @@ from redis import Redis
 from rq import Queue
 from rq.registry import StartedJobRegistry
 
-from harness import wait_for
+from harness import RoundTrips, wait_for
 from herder.common.config import Config
 from herder.supervisor.redis_side import recovery as recovery_mod
 from herder.supervisor.redis_side.recovery import RecoveryThread
@@ -97,3 +97,30 @@ def test_a_sweep_reads_an_entry_only_at_its_second_sighting_and_moves_an_orphan_
     assert hgets() > before
     assert conn.lrange("rq:queue:default", 0, -1) == [job_id.encode()], "the orphan was not moved"
     assert conn.zcard("rq:wip:default") == 0
+
+
+def test_a_sweeps_moves_go_in_one_round_trip_also_after_redis_forgot_the_script(
+    conn: Redis, redis_url: str
+) -> None:
+    """A busy fleet's sweep may find a few entries to move at once (jobs a starved worker took a
+    moment ago, litter): all its moves go in one round trip, each atomic on its own, and a Redis
+    that forgot the move script (a restart, SCRIPT FLUSH) has it loaded again and loses none."""
+    r = RecoveryThread(conn, Config(redis_url=redis_url, sweep_interval=0.2))  # not started: swept here
+    trips = RoundTrips(r.connection)
+    for flushed in (False, True):
+        orphans = [started(conn, "default") for _ in range(3)]
+        for job_id in orphans:
+            conn.hdel(f"rq:job:{job_id}", "worker_name")  # its worker died before it put its name on it
+        r._sweep_once()  # the first sighting
+        time.sleep(0.3)  # the grace: one sweep interval since
+        if flushed:
+            conn.script_flush()
+            r._sweep_once()  # the look loads its script again, and so do the moves
+        else:
+            before = trips.count
+            r._sweep_once()
+            # the look, the entries' hashes, the moves; then each requeued job's note (its meta)
+            assert trips.count - before == 3 + 2 * len(orphans), f"{trips.count - before} round trips"
+        assert sorted(conn.lrange("rq:queue:default", 0, -1)) == sorted(j.encode() for j in orphans)
+        assert r.counts.swept == 3 * (1 + flushed) and conn.zcard("rq:wip:default") == 0
+        conn.delete("rq:queue:default")

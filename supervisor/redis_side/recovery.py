@@ -541,13 +541,16 @@ class RecoveryThread:
         )
         for key in sighted:  # not read yet: its grace runs from its first sighting
             self._first_seen.setdefault(key, now)
-        for move in moves:
-            try:
-                outcome = self._move_one(move)
-            except Exception as exc:
-                log.warning("could not recover job %s (%s: %s)", move.job_id, exc.__class__.__name__, exc)
-                continue
-            if outcome in ("requeued", "over"):
+        try:
+            outcomes: list[str | Exception] = self._move_many(moves)
+        except Exception as exc:  # Redis went away: the next sweep finds them again
+            outcomes = [exc] * len(moves)
+        for move, outcome in zip(moves, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                log.warning(
+                    "could not recover job %s (%s: %s)", move.job_id, outcome.__class__.__name__, outcome
+                )
+            elif outcome in ("requeued", "over"):
                 self.counts.swept += 1
 
     def _first_look(self, queues: list[str], holders: frozenset[str], held: frozenset[str]) -> list[Any]:
@@ -648,6 +651,30 @@ class RecoveryThread:
     def _move_one(self, r: Recover, workers: tuple[str, ...] = ()) -> str:
         """One atomic move (MOVE); logs and counts what happened. `workers`: a started job is
         moved only while its worker_name is one of them (or none)."""
+        outcome = self._move_many([r], workers)[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def _move_many(self, moves: list[Recover], workers: tuple[str, ...] = ()) -> list[str | Exception]:
+        """Each move atomic on its own (MOVE), all of them in one round trip: a busy fleet's
+        sweep may find a few jobs a worker took a moment ago, and each of those, a round trip of
+        its own, cost a starved master more than the sweep's look. Each one's outcome (logged and
+        counted), or what it raised."""
+        if not moves:
+            return []
+        calls = [self._move_call(r, workers) for r in moves]
+        replies = self._run_moves(calls)
+        out: list[str | Exception] = []
+        for r, reply in zip(moves, replies, strict=True):
+            try:
+                out.append(reply if isinstance(reply, Exception) else self._moved(r, *reply))
+            except Exception as exc:  # a give-up's failure not written: this one's, not the others'
+                out.append(exc)
+        return out
+
+    def _move_call(self, r: Recover, workers: tuple[str, ...]) -> tuple[list[str], list[Any]]:
+        """MOVE's keys and arguments for one move."""
         c = self.connection
         queue = Queue(r.queue, connection=c)
         wip = StartedJobRegistry(r.queue, connection=c).key
@@ -656,11 +683,34 @@ class RecoveryThread:
         keys.append(ENDINGS_KEY)
         check = "1" if r.holder else "0"
         limit = self.limit(r.queue)
-        args = [r.source, r.member, r.job_id, limit, check, DEFAULT_FAILURE_TTL, COUNT_FIELD]
+        args: list[Any] = [r.source, r.member, r.job_id, limit, check, DEFAULT_FAILURE_TTL, COUNT_FIELD]
         ending = {"why": r.why, "cause": r.cause, "limit": limit}
         args += ["1" if self.sweeping else "0", json.dumps(ending), ",".join(workers)]
-        outcome, count = self._move(keys=keys, args=args)
-        outcome, count = outcome.decode(), int(count)
+        return keys, args
+
+    def _run_moves(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """The calls' replies (an error reply as its exception), in one pipeline; those a Redis
+        that forgot the script refused are sent again once it is loaded (they did nothing)."""
+
+        def run(todo: list[tuple[list[str], list[Any]]]) -> list[Any]:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for keys, args in todo:  # EVALSHA, not the Script: that asks SCRIPT EXISTS first
+                    pipe.evalsha(self._move.sha, len(keys), *keys, *args)
+                return pipe.execute(raise_on_error=False)
+
+        replies = run(calls)
+        forgot = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if forgot:
+            self.connection.script_load(MOVE)
+            for i, reply in zip(forgot, run([calls[i] for i in forgot]), strict=True):
+                replies[i] = reply
+        return replies
+
+    def _moved(self, r: Recover, said: bytes, moves: bytes | int) -> str:
+        """What one move did (MOVE's reply: the outcome and the job's moves), logged and counted."""
+        c = self.connection
+        limit = self.limit(r.queue)
+        outcome, count = said.decode(), int(moves)
         if outcome == "requeued":
             self.counts.requeued += 1
             self.counts.requeued_by[r.label] += 1
