@@ -11,12 +11,16 @@ master Sentinel names; the Sentinels themselves are asked without a password unl
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis import Redis
+from redis.exceptions import NoScriptError
 from redis.sentinel import Sentinel
+
+T = TypeVar("T")
 
 SENTINEL_SCHEME = "redis+sentinel"
 
@@ -122,3 +126,13 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, 
         kwargs["ssl"] = True
     sentinel_kwargs = {"password": query["sentinel_password"]} if "sentinel_password" in query else {}
     return hosts, path[0], kwargs, sentinel_kwargs
+
+
+def with_script(client: Redis, source: str, call: Callable[[], T]) -> T:
+    """`call()`, which sends `source` by its SHA (EVALSHA, in a pipeline or not); a Redis that
+    forgot it (a restart, SCRIPT FLUSH) has it loaded and `call()` made once more."""
+    try:
+        return call()
+    except NoScriptError:
+        client.script_load(source)
+        return call()

@@ -20,12 +20,12 @@ from typing import Any, Protocol
 
 from redis import Redis
 from redis.client import Pipeline
-from redis.exceptions import NoScriptError
 from rq.job import Job
 from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
 from herder.common.config import DEFAULT_POOL
+from herder.common.redis_connect import with_script
 from herder.supervisor.redis_side import hosts
 from herder.supervisor.redis_side.budget import cluster_keys
 from herder.supervisor.redis_side.cluster import HOSTS_KEY, RESERVE, RESERVED_KEY, Grant, parse_grant
@@ -295,11 +295,11 @@ class LoadReader:
             riders = self._riders
         cluster = next(iter(clusters.values()), None)  # the kill budget's window: the host's
         try:
-            try:
-                replies, read_at = self._round_trip(riders, keys, clusters, told, host, now_redis)
-            except NoScriptError:  # a restarted or flushed Redis forgot the script: load it, again
-                self.connection.script_load(QUEUE_LOAD)
-                replies, read_at = self._round_trip(riders, keys, clusters, told, host, now_redis)
+
+            def trip() -> tuple[list[Any], float]:
+                return self._round_trip(riders, keys, clusters, told, host, now_redis)
+
+            replies, read_at = with_script(self.connection, QUEUE_LOAD, trip)
             carried, (loads, *replies) = replies[: len(riders)], replies[len(riders) :]
             known = self._host_ids
             if host is not None:

@@ -49,6 +49,7 @@ from rq.worker_registration import unregister
 
 from herder.common import rq_seam
 from herder.common.config import Config, pool_configs
+from herder.common.redis_connect import with_script
 from herder.common.rq_names import ENDINGS_KEY, MOVED_PREFIX, MOVED_TTL, MOVES_LUA, REQUEUES_FIELD, lease_key
 from herder.supervisor.redis_side.budget import CULL_TAKE, cull_keys
 from herder.supervisor.redis_side.sweep import Fleet, Popped, Recover, Started, plan
@@ -571,11 +572,7 @@ class RecoveryThread:
                 lists, endings = pipe.execute()
             return [*lists, endings]
 
-        try:
-            return look()
-        except NoScriptError:  # a restarted or flushed Redis forgot the script: load it, again
-            c.script_load(LOOK)
-            return look()
+        return with_script(c, LOOK, look)
 
     def _read(
         self, queues: list[str], held: frozenset[str], holders: frozenset[str]
