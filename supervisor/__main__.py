@@ -342,7 +342,8 @@ def main() -> int:
         locks = SchedulerLocks(client(), all_queues(cfg))  # also read with the setting off: status says who
         locks.ride_with(reader)  # its reading in the load's: one wake-up, one round trip for both
     # The loop waits for the GIL after each wake-up while the pipe hub parses a busy fleet's
-    # lines: a millisecond at most, not Python's default five (a death is handled at once).
+    # lines: a millisecond at most, not Python's default five (a death is handled at once). The
+    # hub relaxes it while a big fleet is settled (pipes.RELAXED_SWITCH_INTERVAL).
     sys.setswitchinterval(SWITCH_INTERVAL)
     clock = SystemClock()
     master = compose(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from herder.supervisor.children.pipes import (
     LONG_AFTER,
     QUIET_AFTER,
     QUIET_COALESCE,
+    RELAXED_SWITCH_INTERVAL,
     SETTLED_COALESCE,
     PipeHub,
 )
@@ -450,3 +452,48 @@ def test_hurry_takes_a_pipe_out_of_a_floods_pause() -> None:
     assert rec.ended.wait(5), "the paused pipe's EOF was not read after hurry(fd)"
     assert rec.data == b"flood\nlast words\n"
     os.close(r)
+
+
+def test_a_settled_big_fleets_hub_relaxes_the_switch_interval_until_the_loop_unsettles() -> None:
+    """The master hands the GIL over every millisecond, so its loop waits little for a hub
+    parsing lines. A big settled fleet (20 workers' stdout and stderr) relaxes that to Python's default,
+    where a starved master's waits for the GIL are what cost; the loop unsettling (a death, a
+    start) sets it back at once. A small settled fleet never relaxes it."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    hub = PipeHub()
+    pipes = [os.pipe() for _ in range(40)]
+    readers = [Busy() for _ in pipes]
+    try:
+        for (r, _), rec in zip(pipes, readers, strict=True):
+            hub.add(r, rec)
+
+        def read_once_more() -> None:
+            seen = len(readers[0].passes)
+            os.write(pipes[0][1], b"done 1.0 1\n")
+            wait_for(lambda: len(readers[0].passes) > seen, 5, what="a pass of the hub")
+
+        read_once_more()
+        assert sys.getswitchinterval() == 0.001  # not settled
+        hub.settle(True)
+        read_once_more()
+        wait_for(lambda: sys.getswitchinterval() == RELAXED_SWITCH_INTERVAL, 5, what="the relaxed interval")
+        hub.settle(False)
+        wait_for(lambda: sys.getswitchinterval() == 0.001, 5, what="the interval set back")
+        for _, w in pipes[16:]:  # 8 workers' pipes left: a small fleet
+            os.close(w)
+        wait_for(lambda: all(rec.ended.is_set() for rec in readers[16:]), 5, what="24 pipes' EOF")
+        hub.settle(True)
+        read_once_more()
+        read_once_more()
+        assert sys.getswitchinterval() == 0.001
+    finally:
+        hub.settle(False)
+        for _, w in pipes:
+            with contextlib.suppress(OSError):
+                os.close(w)
+        wait_for(lambda: all(rec.ended.is_set() for rec in readers), 5, what="every pipe's EOF")
+        for r, _ in pipes:
+            with contextlib.suppress(OSError):
+                os.close(r)
+        sys.setswitchinterval(before)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +67,14 @@ SETTLED_BUSY_CHUNK = CHUNK // 4
 # which does not ring.
 LONG_PAUSE_MAX = 2.5
 LONG_AFTER = 2 * RING_AFTER  # a worker rings news after RING_AFTER quiet (doorbell.py)
+# The master hands the GIL over every millisecond (supervisor/__main__.py), so its loop, woken
+# by a death, waits little for a hub parsing lines. While a big fleet is settled, the hub
+# relaxes that to Python's default: there its threads' waits for the GIL are what cost, not
+# what a handover delays. 256 busy workers on 2 cores leave the master a few percent of a core,
+# so a thread holding the GIL is often off the CPU, and each waiting thread wakes every
+# interval to ask for it: at 1 ms that was a third of the master's CPU outside the hub
+# (docs/benchmarks.md). The loop ends the relaxed spell as it unsettles (a death, a start).
+RELAXED_SWITCH_INTERVAL = 0.005
 
 
 class PipeReader(Protocol):
@@ -119,6 +128,7 @@ class PipeHub:
         self.after_pass: list[Callable[[], None]] = []  # run after each pass that read anything
         self._woke_at = 0.0  # monotonic: the last pass with a line that wakes the loop
         self._settled = False  # the master's loop is settled (settle())
+        self._brisk: float | None = None  # the switch interval the hub relaxed from, while relaxed
         self._thread = threading.Thread(target=self._run, name="pipes", daemon=True)
         self._thread.start()
 
@@ -159,6 +169,7 @@ class PipeHub:
             if self._paused:
                 timeout = max(0.0, min(at for at, _ in self._paused.values()) - time.monotonic())
             events = sorted(self._sel.select(timeout), key=lambda e: e[0].data.order if e[0].data else -1)
+            self._relax(self._settled and len(self._sel.get_map()) > SETTLED_BUSY_PIPES)
             now = time.monotonic()
             wakes: set[Callable[[], None]] = set()
             read_any = active = False
@@ -218,6 +229,16 @@ class PipeHub:
                     if settled and self._long_wait(now, pause):
                         continue
                 self._pause.select(pause)
+
+    def _relax(self, relaxed: bool) -> None:
+        """Relax the process's switch interval (a big settled fleet), or set it back; only the
+        hub's thread switches it, so the two never cross."""
+        if relaxed and self._brisk is None:
+            self._brisk = sys.getswitchinterval()
+            sys.setswitchinterval(max(self._brisk, RELAXED_SWITCH_INTERVAL))
+        elif not relaxed and self._brisk is not None:
+            sys.setswitchinterval(self._brisk)
+            self._brisk = None
 
     def _long_wait(self, now: float, pause: float) -> bool:
         """The long pause, if the fleet has said nothing but "alive" for LONG_AFTER and no ring
