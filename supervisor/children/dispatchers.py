@@ -109,8 +109,8 @@ class StdoutReader:
         change = self.proc.changing()
         with change as obs:
             change.quiet = True
-            if obs.waiting is not None or obs.paused is not None:
-                return False  # news: the general way says what ended
+            if obs.waiting is not None or obs.paused is not None or not obs.listed:
+                return False  # news: the general way says what ended, or that RQ lists it
             obs.last_seen = time.monotonic()
         return True
 
@@ -133,6 +133,7 @@ class StdoutReader:
             # its silence deadline is murder's own to look at (changes.py), not a change.
             change.quiet = msg.verb == "idle" and obs.waiting is None and obs.paused == msg.paused
             important = record(obs, proc.finished, msg, time.monotonic())
+            change.quiet = change.quiet and not important  # the first `idle` after `ready` is news
             news = wait_to_log(obs) if msg.verb == "wait" else None
         self.active = self.active or not change.quiet
         if news is not None:

@@ -47,6 +47,10 @@ class Observations:
 
     last_seen: float  # monotonic time of the last valid line
     ready: bool = False
+    # It said `idle` or `busy` since `ready`: RQ lists it idle or busy (`ready` comes when RQ
+    # has registered it, still "started"; RQ marks it idle at its first dequeue, after its
+    # maintenance, and the worker says `idle` after that). A hand-over counts it serving only then.
+    listed: bool = False
     jobs: dict[int, Held] = field(default_factory=dict)  # by thread (0 for a one-job worker)
     jobs_ok: int = 0
     jobs_failed: int = 0
@@ -113,7 +117,8 @@ FINISHED_KEPT = 10_000
 
 def record(o: Observations, finished: deque[FinishedJob], msg: Message, now: float) -> bool:
     """Record one parsed line (`now`: monotonic, on receipt); True if the loop should look now
-    (a `ready` or a `stop`: a state to change at once, not at the next tick).
+    (a `ready`, the first `idle` after it, a `stop`: a state to change at once, not at the
+    next tick).
 
     A `wait` is a sign of life like `idle`: before `ready` it turns the start deadline into the
     heartbeat deadline (docs/design.md, "The network is not reliable")."""
@@ -127,15 +132,18 @@ def record(o: Observations, finished: deque[FinishedJob], msg: Message, now: flo
         case "beat" if held is not None and held.job_id == msg.job_id:
             o.jobs[msg.thread] = replace(held, stuck_since=now - msg.stuck if msg.stuck > 0 else None)
         case "idle":
+            listing = o.ready and not o.listed  # a hand-over counts it serving from now on
+            o.listed = o.ready
             retiring = msg.paused == RETIRING and o.paused != RETIRING
             o.paused = msg.paused
             o.waiting = None
-            return retiring  # it takes no more jobs: its replacement is due now, not at the tick
+            return retiring or listing  # retiring: it takes no more jobs, its replacement is due now
         case "wait":
             assert msg.what is not None
             o.waiting = Waiting(msg.what, now - msg.waited)
         case "busy":
             assert msg.job_id is not None
+            o.listed = o.ready
             o.jobs[msg.thread] = Held(msg.job_id, now, msg.timeout, msg.queue, msg.func, msg.ts)
             o.paused = o.waiting = o.wait_logged = None
         case "done" if msg.ok is None:  # an ending (`end`) is over: no job of its own

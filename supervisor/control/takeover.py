@@ -6,10 +6,12 @@ docs/design.md, "Upgrading in place").
   (the cluster never counts this host twice), A's targets, `herder scale`'s bounds and pauses.
 - Each pool of B may run `cap` workers: its max plus the surge (upgrade_protocol.SURGE) less
   A's workers still running, stopping ones included; so A's and B's together never exceed it.
-- The gate: B is `ready` (to the watchdog) once each pool has a worker ready, listed in RQ.
-  Only then does B serve the control socket and the HTTP port beside A, and ask A to stop its
-  workers: one of A's for each of B's ready beyond the pool's target, so the workers taking
-  jobs never fall below it. A exits when its last has; the channel's end tells B.
+- The gate: B is `ready` (to the watchdog) once each pool has a worker listed in RQ as idle or
+  busy (`serving`). Only then does B serve the control socket and the HTTP port beside A, and
+  ask A to stop its workers: one of A's for each of B's serving beyond the pool's target, so
+  the workers taking jobs never fall below it. A exits when its last has; the channel's end
+  tells B. A worker's `ready` is not enough: RQ lists it "started" until its first dequeue,
+  after RQ's maintenance; one of A's stopped then would leave RQ a worker short.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterable
 from herder.common.control_protocol import LOOP_TIMEOUT, MAX_REPLY, encode, socket_path
 from herder.common.upgrade_protocol import SURGE
 from herder.supervisor import __version__
+from herder.supervisor.children.fleet import Worker
 from herder.supervisor.children.states import WORKING
 from herder.supervisor.control.handoff import summary
 from herder.supervisor.policy.pool import Pool
@@ -33,6 +36,11 @@ log = logging.getLogger("herder")
 
 EVERY = 0.05  # seconds between B's steps on the channel
 CONNECT_TIMEOUT = 10.0
+
+
+def serving(w: Worker) -> bool:
+    """Idle or busy, as RQ lists it: ready, and it said `idle` or `busy` since."""
+    return w.life.state in WORKING and w.proc.snapshot().listed
 
 
 class TakeoverRefused(Exception):
@@ -115,13 +123,11 @@ class Takeover:
 
     @staticmethod
     def gate(pools: Iterable[Pool]) -> bool:
-        """B's first workers: each running pool that wants any has one ready (registered in RQ)."""
-        return all(
-            any(w.life.state in WORKING for w in p.live()) for p in pools if not p.draining and p.target > 0
-        )
+        """B's first workers: each running pool that wants any has one serving."""
+        return all(any(serving(w) for w in p.live()) for p in pools if not p.draining and p.target > 0)
 
     def step(self, pools: list[Pool], wake: Callable[[], None]) -> None:
-        """After the gate: ask A to stop one of its workers for each of B's ready beyond the
+        """After the gate: ask A to stop one of its workers for each of B's serving beyond the
         pool's target (A's still taking jobs counted), and start the channel's thread, which
         wakes the loop (`wake`) when one of A's has gone: B's cap grew."""
         if self.done or not self.passed:
@@ -130,9 +136,9 @@ class Takeover:
         with self._lock:
             self._mine = summary(w for p in pools for w in p.workers.values())
             for pool in pools:
-                ready = sum(w.life.state in WORKING for w in pool.live())
-                serving = self.a_serving.get(pool.name, 0) - self.pending[pool.name]
-                extra = min(serving, ready + serving - pool.target)
+                mine = sum(serving(w) for w in pool.live())
+                theirs = self.a_serving.get(pool.name, 0) - self.pending[pool.name]
+                extra = min(theirs, mine + theirs - pool.target)
                 if extra > 0:
                     self._outbox[pool.name] += extra
                     self.pending[pool.name] += extra
