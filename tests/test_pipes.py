@@ -497,3 +497,45 @@ def test_a_settled_big_fleets_hub_relaxes_the_switch_interval_until_the_loop_uns
             with contextlib.suppress(OSError):
                 os.close(r)
         sys.setswitchinterval(before)
+
+
+class Slow(Recorder):
+    """A reader that takes 50 ms a chunk: a pass over 30 of them takes 1.5 s, as a pass over a
+    big busy fleet's pipes can on a starved master."""
+
+    def feed(self, chunk: bytes, now: float) -> tuple[bool, float | None]:
+        time.sleep(0.05)
+        return super().feed(chunk, now)
+
+
+def test_a_pipe_hurried_mid_pass_is_read_to_its_end_before_the_rest_of_the_pass() -> None:
+    """The loop reaping a dead worker waits for its last lines (hurry(fd)): the hub reads them
+    between two pipes of the pass under way, not after it."""
+    hub = PipeHub()
+    pipes = [os.pipe() for _ in range(30)]
+    readers = [Slow() for _ in pipes]
+    dead_r, dead_w = os.pipe()
+    dead = Recorder()
+    try:
+        for (r, _), rec in zip(pipes, readers, strict=True):
+            hub.add(r, rec)
+        hub.add(dead_r, dead)
+        for _, w in pipes:
+            os.write(w, b"idle 1.0\n")
+        wait_for(lambda: any(rec.feeds for rec in readers), 5, what="the pass under way")
+        os.write(dead_w, b"done j 1.0 ok\n")  # its last line, then its death
+        os.close(dead_w)
+        asked = time.monotonic()
+        hub.hurry(dead_r)
+        assert dead.ended.wait(5), "the dead pipe's end was never read"
+        waited = time.monotonic() - asked
+        assert dead.data == b"done j 1.0 ok\n"
+        assert waited < 0.5, f"read {waited:.2f} s after the hurry, behind the pass"
+        assert not all(rec.feeds for rec in readers)  # the pass was still under way
+    finally:
+        for _, w in pipes:
+            os.close(w)
+        wait_for(lambda: all(rec.ended.is_set() for rec in readers), 10, what="every pipe's EOF")
+        for r, _ in [*pipes, (dead_r, None)]:
+            with contextlib.suppress(OSError):
+                os.close(r)

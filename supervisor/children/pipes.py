@@ -10,9 +10,9 @@ chunk. After a pass that read anything the hub pauses COALESCE (longer when many
 something): lines pile up in the pipes, so a busy fleet costs fewer wake-ups and reads. The
 pause waits on the hub's poke pipe, so `hurry()` (the master reaping a worker, whose last
 lines it must read first) and a new pipe end it at once; `hurry(fd)` also takes a pipe out of
-a flood's pause. A reader may ask to be paused (a
-flooding worker): its pipe leaves the selector until then, and the worker blocks on its full
-pipe (back-pressure), never the master.
+a flood's pause, and has it read between two pipes of a pass under way, not after it. A
+reader may ask to be paused (a flooding worker): its pipe leaves the selector until then, and
+the worker blocks on its full pipe (back-pressure), never the master.
 
 A settled, quiet fleet says nothing but "alive" for seconds on end: the hub then reads its
 pipes only every few seconds (the long pause, a quarter of heartbeat_timeout at most), and the
@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from herder.common.config import Config
@@ -75,6 +76,19 @@ LONG_AFTER = 2 * RING_AFTER  # a worker rings news after RING_AFTER quiet (doorb
 # interval to ask for it: at 1 ms that was a third of the master's CPU outside the hub
 # (docs/benchmarks.md). The loop ends the relaxed spell as it unsettles (a death, a start).
 RELAXED_SWITCH_INTERVAL = 0.005
+
+
+HURRIED_READS = 4  # chunks a pass reads at most out of turn from a pipe hurry(fd) asked for
+
+
+@dataclass(slots=True)
+class _Pass:
+    """What one pass of the hub read, for what it does after: whom to wake, how long to pause."""
+
+    wakes: set[Callable[[], None]] = field(default_factory=set)
+    read_any: bool = False
+    active: bool = False  # a reader heard more than "alive"
+    biggest: int = 0  # the most one pipe had, in bytes
 
 
 class PipeReader(Protocol):
@@ -171,44 +185,27 @@ class PipeHub:
             events = sorted(self._sel.select(timeout), key=lambda e: e[0].data.order if e[0].data else -1)
             self._relax(self._settled and len(self._sel.get_map()) > SETTLED_BUSY_PIPES)
             now = time.monotonic()
-            wakes: set[Callable[[], None]] = set()
-            read_any = active = False
-            biggest = 0  # the most one pipe had, in bytes
+            p = _Pass()
+            hurried = False  # a pipe was read out of turn: some events may be for pipes gone since
             for key, _ in events:
+                if self._resume:
+                    hurried = True
+                    self._read_hurried(now, p)
+                if hurried and self._sel.get_map().get(key.fd) is not key:
+                    continue  # read to its end out of turn (its number may be a new pipe's by now)
                 if key.data is None:
                     self._take_new()
-                    continue
-                reader: PipeReader = key.data
-                try:
-                    chunk = os.read(key.fd, CHUNK)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    self._sel.unregister(key.fd)
-                    self._draining.discard(key.fd)
-                    reader.eof()
-                    wakes.add(reader.wake)
-                    continue
-                read_any = True
-                biggest = max(biggest, len(chunk))
-                important, pause_until = reader.feed(chunk, now)
-                active = active or reader.active
-                if important:
-                    wakes.add(reader.wake)
-                if pause_until is not None and key.fd not in self._draining:
-                    self._sel.unregister(key.fd)
-                    self._paused[key.fd] = (pause_until, reader)
+                else:
+                    self._read(key, now, p)
             for fd, (at, reader) in list(self._paused.items()):
                 if at <= now:
                     del self._paused[fd]
                     self._sel.register(fd, selectors.EVENT_READ, reader)
-            for wake in wakes:
+            for wake in p.wakes:
                 wake()
-            if wakes:
+            if p.wakes:
                 self._woke_at = now
-            if read_any:
+            if p.read_any:
                 for after in self.after_pass:
                     after()
                 # Let busy workers' lines pile up: fewer wake-ups and reads. Longer when many pipes
@@ -216,19 +213,58 @@ class PipeHub:
                 # the master's cost per job stays flat as the fleet grows. A poke ends it.
                 pause = self.coalesce * min(COALESCE_MAX_FACTOR, max(1.0, len(events) / BUSY_PIPES))
                 big = len(self._sel.get_map()) > SETTLED_BUSY_PIPES  # its pipes, and the poke pipe
-                if self._settled and big and biggest < SETTLED_BUSY_CHUNK:
+                if self._settled and big and p.biggest < SETTLED_BUSY_CHUNK:
                     pause = max(pause, min(SETTLED_BUSY_MAX, self.coalesce * len(events)))
-                if active:
+                if p.active:
                     self._active_at = now
                 if now - self._woke_at >= QUIET_AFTER:
                     # A quiet fleet: its `idle` lines (one a worker a second) read in batches,
                     # not one wake-up each. A `ready` or `stop` then waits up to this pause once;
                     # a death does not (the reap pokes).
-                    settled = self._settled and not active and biggest <= SETTLED_CHUNK
+                    settled = self._settled and not p.active and p.biggest <= SETTLED_CHUNK
                     pause = max(pause, SETTLED_COALESCE if settled else QUIET_COALESCE)
                     if settled and self._long_wait(now, pause):
                         continue
                 self._pause.select(pause)
+
+    def _read(self, key: selectors.SelectorKey, now: float, p: _Pass) -> bool | None:
+        """One read of a pipe, fed to its reader: True at its end (the reader closes it), False
+        after a chunk, None with nothing to read."""
+        reader: PipeReader = key.data
+        try:
+            chunk = os.read(key.fd, CHUNK)
+        except BlockingIOError:
+            return None
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._sel.unregister(key.fd)
+            self._draining.discard(key.fd)
+            reader.eof()
+            p.wakes.add(reader.wake)
+            return True
+        p.read_any = True
+        p.biggest = max(p.biggest, len(chunk))
+        important, pause_until = reader.feed(chunk, now)
+        p.active = p.active or reader.active
+        if important:
+            p.wakes.add(reader.wake)
+        if pause_until is not None and key.fd not in self._draining:
+            self._sel.unregister(key.fd)
+            self._paused[key.fd] = (pause_until, reader)
+        return False
+
+    def _read_hurried(self, now: float, p: _Pass) -> None:
+        """The pipes hurry(fd) asked for, read before the rest of the pass: the loop reaping a
+        dead worker waits for its last lines, and a pass over a big busy fleet's pipes can take
+        a second of wall time on a starved master. A dead worker's pipe holds a pipe buffer
+        (64 KB) at most; HURRIED_READS bounds a live one's (a flood's, let out of its pause)."""
+        self._take_new()
+        for fd in list(self._draining):
+            key = self._sel.get_map().get(fd)
+            for _ in range(HURRIED_READS if key is not None else 0):
+                if self._read(key, now, p) is not False:
+                    break  # its end, or nothing more yet (a job's child may hold it open)
 
     def _relax(self, relaxed: bool) -> None:
         """Relax the process's switch interval (a big settled fleet), or set it back; only the
