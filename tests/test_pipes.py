@@ -539,3 +539,36 @@ def test_a_pipe_hurried_mid_pass_is_read_to_its_end_before_the_rest_of_the_pass(
         for r, _ in [*pipes, (dead_r, None)]:
             with contextlib.suppress(OSError):
                 os.close(r)
+
+
+def test_a_new_workers_first_line_is_read_within_a_long_pass() -> None:
+    """A worker spawned while a long pass is under way: its `ready` is read between two pipes of
+    that pass (the hub peeks at new workers' stdout every PEEK_EVERY), not two passes later."""
+    hub = PipeHub()
+    pipes = [os.pipe() for _ in range(30)]
+    readers = [Slow() for _ in pipes]
+    new_r, new_w = os.pipe()
+    new = Recorder()
+    try:
+        for (r, _), rec in zip(pipes, readers, strict=True):
+            hub.add(r, rec)
+        for _, w in pipes:
+            os.write(w, b"idle 1.0\n")
+        wait_for(lambda: any(rec.feeds for rec in readers), 5, what="the pass under way")
+        hub.add(new_r, new)  # spawned now; its first words a moment later
+        time.sleep(pipes_mod.PEEK_EVERY)
+        os.write(new_w, b"ready 1 1.0 10\n")
+        said = time.monotonic()
+        wait_for(lambda: new.feeds, 5, what="the new worker's `ready` read")
+        waited = time.monotonic() - said
+        assert waited < 0.5, f"read {waited:.2f} s after it was written, behind the pass"
+        assert not all(rec.feeds for rec in readers)  # the pass was still under way
+        os.write(new_w, b"idle 2.0\n")  # read from now on with the rest, in its turn
+        wait_for(lambda: new.data == b"ready 1 1.0 10\nidle 2.0\n", 5, what="its next line")
+    finally:
+        for _, w in [*pipes, (None, new_w)]:
+            os.close(w)
+        wait_for(lambda: all(rec.ended.is_set() for rec in [*readers, new]), 10, what="every pipe's EOF")
+        for r, _ in [*pipes, (new_r, None)]:
+            with contextlib.suppress(OSError):
+                os.close(r)

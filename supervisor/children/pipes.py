@@ -79,16 +79,30 @@ RELAXED_SWITCH_INTERVAL = 0.005
 
 
 HURRIED_READS = 4  # chunks a pass reads at most out of turn from a pipe hurry(fd) asked for
+# A pass over a big busy fleet's pipes can take seconds of wall time on a starved master (64
+# noisy workers on 2 cores): every PEEK_EVERY of it, the hub looks between two pipes at the
+# new workers' stdout it has not read yet, so a replacement's `ready` is read then, not two
+# passes later (it was 7 s after the kill, median; docs/benchmarks.md). Only those: reading
+# every busy stdout more often would cost a big busy fleet's batching.
+PEEK_EVERY = 0.05
 
 
 @dataclass(slots=True)
 class _Pass:
     """What one pass of the hub read, for what it does after: whom to wake, how long to pause."""
 
+    events: list[tuple[selectors.SelectorKey, int]]  # what it reads in turn
     wakes: set[Callable[[], None]] = field(default_factory=set)
     read_any: bool = False
     active: bool = False  # a reader heard more than "alive"
     biggest: int = 0  # the most one pipe had, in bytes
+    _in_turn: set[int] | None = None
+
+    def in_turn(self) -> set[int]:
+        """The pipes this pass reads in its turn (a peek leaves those alone)."""
+        if self._in_turn is None:
+            self._in_turn = {key.fd for key, _ in self.events}
+        return self._in_turn
 
 
 class PipeReader(Protocol):
@@ -139,6 +153,8 @@ class PipeHub:
         self._resume: set[int] = set()  # fds hurry() asked to read to their end, paused or not
         self._draining: set[int] = set()  # those, in the hub's hands: read on, never paused
         self._paused: dict[int, tuple[float, PipeReader]] = {}  # fd -> (resume at, reader)
+        self._fresh = selectors.DefaultSelector()  # new workers' stdout, not read yet (PEEK_EVERY)
+        self._fresh_fds: set[int] = set()  # the same fds, for a cheap look on every read
         self.after_pass: list[Callable[[], None]] = []  # run after each pass that read anything
         self._woke_at = 0.0  # monotonic: the last pass with a line that wakes the loop
         self._settled = False  # the master's loop is settled (settle())
@@ -185,13 +201,18 @@ class PipeHub:
             events = sorted(self._sel.select(timeout), key=lambda e: e[0].data.order if e[0].data else -1)
             self._relax(self._settled and len(self._sel.get_map()) > SETTLED_BUSY_PIPES)
             now = time.monotonic()
-            p = _Pass()
-            hurried = False  # a pipe was read out of turn: some events may be for pipes gone since
+            p = _Pass(events)
+            peek_at = now + PEEK_EVERY
+            out_of_turn = False  # a pipe was read out of turn: some events may be for pipes gone since
             for key, _ in events:
                 if self._resume:
-                    hurried = True
-                    self._read_hurried(now, p)
-                if hurried and self._sel.get_map().get(key.fd) is not key:
+                    out_of_turn = True
+                    self._read_out_of_turn(now, p)
+                elif (self._fresh_fds or self._new) and time.monotonic() >= peek_at:
+                    out_of_turn = True
+                    self._read_out_of_turn(now, p, peek=True)
+                    peek_at = time.monotonic() + PEEK_EVERY
+                if out_of_turn and self._sel.get_map().get(key.fd) is not key:
                     continue  # read to its end out of turn (its number may be a new pipe's by now)
                 if key.data is None:
                     self._take_new()
@@ -237,6 +258,9 @@ class PipeHub:
             return None
         except OSError:
             chunk = b""
+        if self._fresh_fds and key.fd in self._fresh_fds:
+            self._fresh_fds.discard(key.fd)
+            self._fresh.unregister(key.fd)  # before its reader may close it (EOF)
         if not chunk:
             self._sel.unregister(key.fd)
             self._draining.discard(key.fd)
@@ -254,17 +278,27 @@ class PipeHub:
             self._paused[key.fd] = (pause_until, reader)
         return False
 
-    def _read_hurried(self, now: float, p: _Pass) -> None:
-        """The pipes hurry(fd) asked for, read before the rest of the pass: the loop reaping a
-        dead worker waits for its last lines, and a pass over a big busy fleet's pipes can take
-        a second of wall time on a starved master. A dead worker's pipe holds a pipe buffer
-        (64 KB) at most; HURRIED_READS bounds a live one's (a flood's, let out of its pause)."""
-        self._take_new()
+    def _read_out_of_turn(self, now: float, p: _Pass, peek: bool = False) -> None:
+        """Between two pipes of a pass: the pipes hurry(fd) asked for, to their end (the loop
+        reaping a dead worker waits for its last lines; a dead worker's pipe holds a pipe
+        buffer at most, and HURRIED_READS bounds a live one's, a flood's let out of its pause);
+        and at a `peek`, the new workers' stdout that has something and that the pass does not read
+        in its turn (PEEK_EVERY). The pipes of
+        workers spawned since the pass began are taken in; a peek leaves the poke, so the pause
+        after the pass still ends at once."""
+        self._take_new(drain_poke=not peek)
         for fd in list(self._draining):
             key = self._sel.get_map().get(fd)
             for _ in range(HURRIED_READS if key is not None else 0):
                 if self._read(key, now, p) is not False:
                     break  # its end, or nothing more yet (a job's child may hold it open)
+        if peek:
+            for fresh, _ in self._fresh.select(0):
+                if self._resume:
+                    break  # a reap waits: its pipe first (the caller's next look)
+                key = self._sel.get_map().get(fresh.fd)
+                if key is not None and fresh.fd not in p.in_turn():
+                    self._read(key, now, p)
 
     def _relax(self, relaxed: bool) -> None:
         """Relax the process's switch interval (a big settled fleet), or set it back; only the
@@ -291,9 +325,9 @@ class PipeHub:
         bell.drain()  # what rang is in the pipes, read next
         return True
 
-    def _take_new(self) -> None:
+    def _take_new(self, drain_poke: bool = True) -> None:
         try:
-            while os.read(self._poke_r, 4096):
+            while drain_poke and os.read(self._poke_r, 4096):
                 pass
         except BlockingIOError:
             pass
@@ -306,6 +340,9 @@ class PipeHub:
         self._draining |= resume
         for fd, reader in new:
             self._sel.register(fd, selectors.EVENT_READ, reader)
+            if reader.order == 0:  # a worker's stdout: its first words are its start (PEEK_EVERY)
+                self._fresh.register(fd, selectors.EVENT_READ)
+                self._fresh_fds.add(fd)
         for fd in resume & self._paused.keys():
             _, reader = self._paused.pop(fd)
             self._sel.register(fd, selectors.EVENT_READ, reader)
