@@ -76,8 +76,6 @@ LONG_AFTER = 2 * RING_AFTER  # a worker rings news after RING_AFTER quiet (doorb
 # interval to ask for it: at 1 ms that was a third of the master's CPU outside the hub
 # (docs/benchmarks.md). The loop ends the relaxed spell as it unsettles (a death, a start).
 RELAXED_SWITCH_INTERVAL = 0.005
-
-
 HURRIED_READS = 4  # chunks a pass reads at most out of turn from a pipe hurry(fd) asked for
 # A pass over a big busy fleet's pipes can take seconds of wall time on a starved master (64
 # noisy workers on 2 cores): every PEEK_EVERY of it, the hub looks between two pipes at the
@@ -282,10 +280,9 @@ class PipeHub:
         """Between two pipes of a pass: the pipes hurry(fd) asked for, to their end (the loop
         reaping a dead worker waits for its last lines; a dead worker's pipe holds a pipe
         buffer at most, and HURRIED_READS bounds a live one's, a flood's let out of its pause);
-        and at a `peek`, the new workers' stdout that has something and that the pass does not read
-        in its turn (PEEK_EVERY). The pipes of
-        workers spawned since the pass began are taken in; a peek leaves the poke, so the pause
-        after the pass still ends at once."""
+        and at a `peek`, the new workers' stdout that has something and that the pass does not
+        read in its turn (PEEK_EVERY). The pipes of workers spawned since the pass began are
+        taken in; a peek leaves the poke, so the pause after the pass still ends at once."""
         self._take_new(drain_poke=not peek)
         for fd in list(self._draining):
             key = self._sel.get_map().get(fd)
