@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -511,6 +512,23 @@ class Slow(Recorder):
         return super().feed(chunk, now)
 
 
+@contextlib.contextmanager
+def slow_fleet(hub: PipeHub, n: int = 30) -> Iterator[tuple[list[tuple[int, int]], list[Slow]]]:
+    """n pipes read by Slow readers, added to `hub`; at the end each closed, its EOF read."""
+    pipes = [os.pipe() for _ in range(n)]
+    readers = [Slow() for _ in pipes]
+    try:
+        for (r, _), rec in zip(pipes, readers, strict=True):
+            hub.add(r, rec)
+        yield pipes, readers
+    finally:
+        for _, w in pipes:
+            os.close(w)
+        wait_for(lambda: all(rec.ended.is_set() for rec in readers), 10, what="every pipe's EOF")
+        for r, _ in pipes:
+            os.close(r)
+
+
 def long_pass(pipes: list[tuple[int, int]], readers: list[Slow]) -> None:
     """Every pipe read once (a worker's pipe the hub has read is no longer new), then a pass over
     them all that takes 1.5 s, under way when this returns."""
@@ -549,13 +567,9 @@ def test_a_pipe_hurried_mid_pass_is_read_to_its_end_before_the_rest_of_the_pass(
     """The loop reaping a dead worker waits for its last lines (hurry(fd)): the hub reads them
     between two pipes of the pass under way, not after it."""
     hub = PipeHub()
-    pipes = [os.pipe() for _ in range(30)]
-    readers = [Slow() for _ in pipes]
     dead_r, dead_w = os.pipe()
-    dead = Witness(readers)
-    try:
-        for (r, _), rec in zip(pipes, readers, strict=True):
-            hub.add(r, rec)
+    with slow_fleet(hub) as (pipes, readers):
+        dead = Witness(readers)
         hub.add(dead_r, dead)
         os.write(dead_w, b"ready 1 0.5 10\n")
         wait_for(lambda: dead.feeds, 5, what="the worker's `ready`")
@@ -568,40 +582,29 @@ def test_a_pipe_hurried_mid_pass_is_read_to_its_end_before_the_rest_of_the_pass(
         assert dead.others_read_at_eof is not None and dead.others_read_at_eof < len(readers), (
             "read only once the pass had read every other pipe"
         )
-    finally:
-        for _, w in pipes:
-            os.close(w)
-        wait_for(lambda: all(rec.ended.is_set() for rec in readers), 10, what="every pipe's EOF")
-        for r, _ in [*pipes, (dead_r, None)]:
-            with contextlib.suppress(OSError):
-                os.close(r)
+    with contextlib.suppress(OSError):
+        os.close(dead_r)
 
 
 def test_a_new_workers_first_line_is_read_within_a_long_pass() -> None:
     """A worker spawned while a long pass is under way: its `ready` is read between two pipes of
     that pass (the hub peeks at new workers' stdout every PEEK_EVERY), not two passes later."""
     hub = PipeHub()
-    pipes = [os.pipe() for _ in range(30)]
-    readers = [Slow() for _ in pipes]
     new_r, new_w = os.pipe()
-    new = Witness(readers)
-    try:
-        for (r, _), rec in zip(pipes, readers, strict=True):
-            hub.add(r, rec)
-        long_pass(pipes, readers)
-        hub.add(new_r, new)  # spawned now; its first words a moment later
-        time.sleep(pipes_mod.PEEK_EVERY)
-        os.write(new_w, b"ready 1 1.0 10\n")
-        wait_for(lambda: new.feeds, 10, what="the new worker's `ready` read")
-        assert new.others_read_at_feed is not None and new.others_read_at_feed < len(readers), (
-            "read only once the pass had read every other pipe"
-        )
-        os.write(new_w, b"idle 2.0\n")  # read from now on with the rest, in its turn
-        wait_for(lambda: new.data == b"ready 1 1.0 10\nidle 2.0\n", 10, what="its next line")
-    finally:
-        for _, w in [*pipes, (None, new_w)]:
-            os.close(w)
-        wait_for(lambda: all(rec.ended.is_set() for rec in [*readers, new]), 10, what="every pipe's EOF")
-        for r, _ in [*pipes, (new_r, None)]:
-            with contextlib.suppress(OSError):
-                os.close(r)
+    with slow_fleet(hub) as (pipes, readers):
+        new = Witness(readers)
+        try:
+            long_pass(pipes, readers)
+            hub.add(new_r, new)  # spawned now; its first words a moment later
+            time.sleep(pipes_mod.PEEK_EVERY)
+            os.write(new_w, b"ready 1 1.0 10\n")
+            wait_for(lambda: new.feeds, 10, what="the new worker's `ready` read")
+            assert new.others_read_at_feed is not None and new.others_read_at_feed < len(readers), (
+                "read only once the pass had read every other pipe"
+            )
+            os.write(new_w, b"idle 2.0\n")  # read from now on with the rest, in its turn
+            wait_for(lambda: new.data == b"ready 1 1.0 10\nidle 2.0\n", 10, what="its next line")
+        finally:
+            os.close(new_w)
+            wait_for(new.ended.is_set, 10, what="the new pipe's EOF")
+            os.close(new_r)
